@@ -1,0 +1,1 @@
+"""Benchmarks that print Markdown tables (results in BENCHMARKS.md)."""

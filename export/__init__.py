@@ -1,0 +1,1 @@
+"""Export the content-stream QA model to ONNX, TensorRT and Triton."""

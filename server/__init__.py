@@ -1,0 +1,1 @@
+"""HTTP serving of the QA model (FastAPI + uvicorn)."""

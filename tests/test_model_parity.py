@@ -1,0 +1,288 @@
+"""Numerical parity with HuggingFace transformers (the oracle): same weights in, same numbers out."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from train import checkpoint
+from train.model import XLNetConfig, XLNetForQuestionAnswering
+
+TOL = 1e-5
+V = 97
+
+
+def hf_config(**kw) -> transformers.XLNetConfig:
+    base = dict(
+        vocab_size=V,
+        d_model=32,
+        n_layer=2,
+        n_head=4,
+        d_inner=64,
+        dropout=0.0,
+        ff_activation="gelu",
+        mem_len=None,
+        reuse_len=None,
+        bi_data=False,
+        clamp_len=-1,
+        start_n_top=3,
+        end_n_top=2,
+    )
+    base.update(kw)
+    return transformers.XLNetConfig(**base)
+
+
+def hf_roundtrip(hf_cls, cfg, tmp_path, prepare=None):
+    torch.manual_seed(0)
+    hf = hf_cls(cfg).eval()
+    with torch.no_grad():  # random non-zero biases/LayerNorms so every parameter matters
+        for name, p in hf.named_parameters():
+            if "bias" in name or "LayerNorm" in name or "layer_norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+        if prepare:
+            prepare(hf)
+    hf.save_pretrained(tmp_path)
+    ours = checkpoint.load(tmp_path).model.eval()
+    return hf, ours
+
+
+def inputs(b=2, t=9, seed=1, pad=True):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(9, V, (b, t), generator=g)
+    types = torch.zeros(b, t, dtype=torch.long)
+    types[:, t // 2 :] = 1
+    types[:, -1] = 2
+    mask = torch.ones(b, t, dtype=torch.long)
+    if pad and b > 1:
+        mask[1, -3:] = 0
+    return ids, types, mask
+
+
+def close(a, b, what):
+    diff = (a - b).abs().max().item()
+    assert diff <= TOL, f"{what}: max |diff| {diff:.3g} > {TOL}"
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(ff_activation="relu"),
+        dict(ff_activation="gelu"),
+        dict(ff_activation="gelu", bi_data=True, clamp_len=4),
+        dict(ff_activation="relu", clamp_len=3),
+        dict(attn_type="uni"),
+    ],
+    ids=["relu", "gelu", "bi_data+clamp", "clamp", "uni"],
+)
+def test_base_model_hidden_states(kw, tmp_path):
+    hf, ours = hf_roundtrip(transformers.XLNetModel, hf_config(**kw), tmp_path)
+    ids, types, mask = inputs()
+    hf_mask = mask.float()
+    if kw.get("attn_type") == "uni":  # HF's in-place mask sum breaks on uni + padding mask + batch > 1
+        mask, hf_mask = None, None
+    with torch.no_grad():
+        ref = hf(ids, token_type_ids=types, attention_mask=hf_mask)
+        got = ours(ids, token_type_ids=types, attention_mask=mask)
+    close(got.last_hidden_state, ref.last_hidden_state, "content stream")
+    for a, b in zip(got.mems, ref.mems, strict=True):
+        close(a, b, "mems")
+
+
+def test_untie_r_false_ties_biases(tmp_path):
+    def same_biases(hf):
+        first = hf.layer[0].rel_attn
+        for layer in hf.layer[1:]:
+            for n in ("r_w_bias", "r_r_bias", "r_s_bias"):
+                getattr(layer.rel_attn, n).copy_(getattr(first, n))
+
+    cfg = hf_config()
+    cfg.untie_r = False
+    hf, ours = hf_roundtrip(transformers.XLNetModel, cfg, tmp_path, prepare=same_biases)
+    assert ours.config.untie_r is False
+    assert ours.layer[1].rel_attn.r_w_bias is ours.layer[0].rel_attn.r_w_bias
+    ids, types, mask = inputs()
+    with torch.no_grad():
+        close(
+            ours(ids, types, mask).last_hidden_state,
+            hf(ids, token_type_ids=types, attention_mask=mask.float())[0],
+            "h",
+        )
+
+
+def test_untie_r_false_with_distinct_biases_loads_untied(tmp_path):
+    cfg = hf_config()
+    cfg.untie_r = False
+    hf, ours = hf_roundtrip(transformers.XLNetModel, cfg, tmp_path)
+    assert ours.config.untie_r is True  # the file holds per-layer values; keep them
+    ids, types, mask = inputs()
+    with torch.no_grad():
+        close(
+            ours(ids, types, mask).last_hidden_state,
+            hf(ids, token_type_ids=types, attention_mask=mask.float())[0],
+            "h",
+        )
+
+
+@pytest.mark.parametrize("bi_data", [False, True])
+def test_mems_across_two_segments(bi_data, tmp_path):
+    hf, ours = hf_roundtrip(
+        transformers.XLNetModel, hf_config(mem_len=6, reuse_len=5, bi_data=bi_data), tmp_path
+    )
+    ids1, types1, _ = inputs(seed=1)
+    ids2, types2, mask2 = inputs(seed=2)
+    with torch.no_grad():
+        ref1 = hf(ids1, token_type_ids=types1, use_mems=True)
+        got1 = ours(ids1, token_type_ids=types1)
+        ref2 = hf(ids2, token_type_ids=types2, attention_mask=mask2.float(), mems=ref1.mems, use_mems=True)
+        got2 = ours(ids2, token_type_ids=types2, attention_mask=mask2, mems=got1.mems)
+    assert got1.mems[0].shape == (5, 2, 32)
+    for a, b in zip(got1.mems, ref1.mems, strict=True):
+        close(a, b, "segment 1 mems")
+    close(got2.last_hidden_state, ref2.last_hidden_state, "segment 2 content stream")
+    for a, b in zip(got2.mems, ref2.mems, strict=True):
+        close(a, b, "segment 2 mems")
+    assert got2.mems[0].shape == (6, 2, 32)
+
+
+def perm_inputs(b=2, t=8, p=3, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    perm = (torch.rand(b, t, t, generator=g) > 0.6).float()
+    tm = torch.zeros(b, p, t)
+    for i in range(b):
+        for j, pos in enumerate(torch.randperm(t, generator=g)[:p]):
+            tm[i, j, pos] = 1.0
+    tm[1, -1] = 0.0  # a padding row
+    return perm, tm
+
+
+@pytest.mark.parametrize("with_mems", [False, True])
+def test_two_stream_and_lm_logits(with_mems, tmp_path):
+    hf, ours = hf_roundtrip(
+        transformers.XLNetLMHeadModel, hf_config(mem_len=4, reuse_len=3, ff_activation="relu"), tmp_path
+    )
+    ids, types, mask = inputs(t=8)
+    perm, tm = perm_inputs()
+    kw_hf, kw_ours = {}, {}
+    if with_mems:
+        with torch.no_grad():
+            kw_hf["mems"] = hf(ids, token_type_ids=types, use_mems=True).mems
+            kw_ours["mems"] = ours(ids, token_type_ids=types).mems
+    with torch.no_grad():
+        ref = hf(
+            ids,
+            token_type_ids=types,
+            attention_mask=mask.float(),
+            perm_mask=perm,
+            target_mapping=tm,
+            output_hidden_states=True,
+            use_mems=True,
+            **kw_hf,
+        )
+        got = ours(
+            ids, token_type_ids=types, attention_mask=mask, perm_mask=perm, target_mapping=tm, **kw_ours
+        )
+        got_base = ours.transformer(
+            ids, token_type_ids=types, attention_mask=mask, perm_mask=perm, target_mapping=tm, **kw_ours
+        )
+    close(got.logits, ref.logits, "LM logits (query stream)")
+    assert got.logits.shape == (2, 3, V)
+    close(got_base.query_hidden_state, ref.hidden_states[-1], "query stream")
+    close(got_base.last_hidden_state, ref.hidden_states[-2], "content stream")
+    for a, b in zip(got.mems, ref.mems, strict=True):
+        close(a, b, "mems")
+
+
+def test_lm_logits_without_target_mapping(tmp_path):
+    hf, ours = hf_roundtrip(transformers.XLNetLMHeadModel, hf_config(), tmp_path)
+    ids, types, mask = inputs()
+    with torch.no_grad():
+        close(
+            ours(ids, types, mask).logits,
+            hf(ids, token_type_ids=types, attention_mask=mask.float()).logits,
+            "logits",
+        )
+
+
+def test_qa_simple_start_end(tmp_path):
+    hf, ours = hf_roundtrip(transformers.XLNetForQuestionAnsweringSimple, hf_config(), tmp_path)
+    assert isinstance(ours, XLNetForQuestionAnswering) and ours.head == "simple"
+    ids, types, mask = inputs()
+    with torch.no_grad():
+        ref = hf(ids, token_type_ids=types, attention_mask=mask.float())
+        got = ours(ids, token_type_ids=types, attention_mask=mask)
+    close(got.start_logits, ref.start_logits, "start")
+    close(got.end_logits, ref.end_logits, "end")
+
+
+def test_qa_beam_head_inference_and_loss(tmp_path):
+    hf, ours = hf_roundtrip(transformers.XLNetForQuestionAnswering, hf_config(), tmp_path)
+    assert ours.head == "beam"
+    ids, types, _ = inputs(pad=False)
+    p_mask = (types != 0).float()
+    p_mask[:, -1] = 0.0
+    k1, k2 = 3, 2
+    with torch.no_grad():
+        ref = hf(ids, token_type_ids=types, p_mask=p_mask)
+        got = ours(ids, token_type_ids=types, p_mask=p_mask)
+    # HF's "*_log_probs" are softmax probabilities laid out end-major; ours are log-probs, start-major.
+    close(got.start_top_log_probs.exp(), ref.start_top_log_probs, "start top probs")
+    assert torch.equal(got.start_top_index, ref.start_top_index)
+    ref_end = ref.end_top_log_probs.reshape(-1, k2, k1).transpose(1, 2).reshape(-1, k1 * k2)
+    ref_end_idx = ref.end_top_index.reshape(-1, k2, k1).transpose(1, 2).reshape(-1, k1 * k2)
+    close(got.end_top_log_probs.exp(), ref_end, "end top probs")
+    assert torch.equal(got.end_top_index, ref_end_idx)
+    close(got.cls_logits, ref.cls_logits, "cls logits")
+    starts, ends = torch.tensor([1, 2]), torch.tensor([3, 2])
+    impossible = torch.tensor([0.0, 1.0])
+    cls_index = torch.full((2,), ids.shape[1] - 1)
+    with torch.no_grad():
+        ref_loss = hf(
+            ids,
+            token_type_ids=types,
+            start_positions=starts,
+            end_positions=ends,
+            cls_index=cls_index,
+            is_impossible=impossible,
+        ).loss
+        got_loss = ours(
+            ids, token_type_ids=types, start_positions=starts, end_positions=ends, is_impossible=impossible
+        ).loss
+    close(got_loss, ref_loss, "beam loss")
+
+
+@pytest.mark.parametrize(
+    "hf_cls",
+    [
+        transformers.XLNetLMHeadModel,
+        transformers.XLNetForQuestionAnsweringSimple,
+        transformers.XLNetForQuestionAnswering,
+        transformers.XLNetModel,
+    ],
+)
+def test_our_save_loads_in_transformers(hf_cls, tmp_path):
+    kind = {
+        "XLNetLMHeadModel": "lm",
+        "XLNetForQuestionAnsweringSimple": "qa:simple",
+        "XLNetForQuestionAnswering": "qa:beam",
+        "XLNetModel": "base",
+    }[hf_cls.__name__]
+    torch.manual_seed(5)
+    config = XLNetConfig.preset("tiny", vocab_size=V, dropout=0.0, start_n_top=3, end_n_top=2)
+    ours = checkpoint.build_model(config, kind).eval()
+    checkpoint.save(ours, tmp_path / "ckpt")
+    hf = hf_cls.from_pretrained(tmp_path / "ckpt").eval()
+    ids, types, mask = inputs()
+    with torch.no_grad():
+        ref = hf(ids, token_type_ids=types, attention_mask=mask.float())
+        got = ours(ids, token_type_ids=types, attention_mask=mask)
+    if kind == "lm":
+        close(got.logits, ref.logits, "logits")
+    elif kind == "qa:simple":
+        close(got.start_logits, ref.start_logits, "start")
+    elif kind == "qa:beam":
+        close(got.cls_logits, ref.cls_logits, "cls")
+    else:
+        close(got.last_hidden_state, ref.last_hidden_state, "h")
+    again = checkpoint.load(tmp_path / "ckpt")
+    assert again.kind == kind

@@ -1,0 +1,18 @@
+"""XLNet in PyTorch: config, backbone (two streams + memory), LM head and QA heads."""
+
+from train.model.config import ACTIVATIONS, HEADS, PRESETS, XLNetConfig
+from train.model.heads import QAOutput, XLNetForQuestionAnswering
+from train.model.xlnet import XLNetLMHeadModel, XLNetLMOutput, XLNetModel, XLNetModelOutput
+
+__all__ = [
+    "ACTIVATIONS",
+    "HEADS",
+    "PRESETS",
+    "QAOutput",
+    "XLNetConfig",
+    "XLNetForQuestionAnswering",
+    "XLNetLMHeadModel",
+    "XLNetLMOutput",
+    "XLNetModel",
+    "XLNetModelOutput",
+]

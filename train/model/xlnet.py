@@ -1,0 +1,183 @@
+"""The XLNet backbone: embeddings, relative positions, memory, two streams; and the LM head model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from train.model.config import XLNetConfig
+from train.model.layers import XLNetLayer
+from train.model.position import attention_masks, relative_positions, segment_difference
+
+
+@dataclass
+class XLNetModelOutput:
+    last_hidden_state: torch.Tensor  # [B, T, D] content stream
+    query_hidden_state: torch.Tensor | None = None  # [B, P, D] when target_mapping is given
+    mems: list[torch.Tensor] | None = None  # n_layer x [M, B, D]
+    hidden_states: list[torch.Tensor] | None = None  # content stream after embeddings and each layer
+
+
+@dataclass
+class XLNetLMOutput:
+    logits: torch.Tensor  # [B, P, V] with target_mapping, else [B, T, V]
+    mems: list[torch.Tensor] | None = None
+    loss: torch.Tensor | None = None
+    query_hidden_state: torch.Tensor | None = None
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """Normal(0, std) for every weight, zeros for biases, ones for LayerNorm gains (original XLNet)."""
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, std=std)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+    for name, param in module.named_parameters(recurse=False):
+        if name in ("q", "k", "v", "o", "r", "r_r_bias", "r_s_bias", "r_w_bias", "seg_embed", "mask_emb"):
+            nn.init.normal_(param, std=std)
+
+
+class XLNetModel(nn.Module):
+    """Batch-first inputs ([B, T]); memories time-major ([M, B, D]) as HF's, so they interoperate."""
+
+    def __init__(self, config: XLNetConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.word_embedding = nn.Embedding(config.vocab_size, config.d_model)
+        self.mask_emb = nn.Parameter(torch.empty(1, 1, config.d_model))
+        self.layer = nn.ModuleList([XLNetLayer(config) for _ in range(config.n_layer)])
+        self.dropout = nn.Dropout(config.dropout)
+        self.apply(lambda m: init_weights(m, config.initializer_range))
+        if not config.untie_r:
+            self.tie_relative_biases()
+
+    def tie_relative_biases(self) -> None:
+        """untie_r=False: one r_w/r_r/r_s bias shared by all layers (the original's default)."""
+        first = self.layer[0].rel_attn
+        for layer in self.layer[1:]:
+            for name in ("r_w_bias", "r_r_bias", "r_s_bias"):
+                setattr(layer.rel_attn, name, getattr(first, name))
+
+    def _cache(self, h: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
+        """New memory from a layer's input: the first reuse_len positions, last mem_len kept, no grad."""
+        cur = h.transpose(0, 1)
+        reuse = self.config.reuse_len
+        if reuse is not None and reuse > 0:
+            cur = cur[:reuse]
+        new = cur if prev is None else torch.cat([prev, cur], dim=0)
+        mem_len = self.config.mem_len
+        if mem_len is not None and mem_len > 0:
+            new = new[-mem_len:]
+        return new.detach()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        perm_mask: torch.Tensor | None = None,
+        target_mapping: torch.Tensor | None = None,
+        mems: list[torch.Tensor] | None = None,
+        use_mems: bool = True,
+        output_hidden_states: bool = False,
+    ) -> XLNetModelOutput:
+        cfg = self.config
+        bsz, qlen = input_ids.shape
+        mlen = mems[0].shape[0] if mems is not None else 0
+        klen = mlen + qlen
+        device = input_ids.device
+        mask_h, mask_g = attention_masks(
+            qlen,
+            mlen,
+            attention_mask=attention_mask,
+            perm_mask=perm_mask,
+            attn_type=cfg.attn_type,
+            same_length=cfg.same_length,
+            device=device,
+        )
+        h = self.dropout(self.word_embedding(input_ids))
+        g = None
+        if target_mapping is not None:
+            g = self.dropout(self.mask_emb.expand(bsz, target_mapping.shape[1], -1))
+        seg_diff = segment_difference(token_type_ids, mlen)
+        pos_emb = relative_positions(
+            qlen,
+            klen,
+            cfg.d_model,
+            attn_type=cfg.attn_type,
+            bi_data=cfg.bi_data,
+            clamp_len=cfg.clamp_len,
+            batch_size=bsz,
+            device=device,
+        ).to(h.dtype)
+        pos_emb = self.dropout(pos_emb)
+        new_mems: list[torch.Tensor] = []
+        hidden: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layer):
+            prev = mems[i] if mems is not None else None
+            if use_mems:
+                new_mems.append(self._cache(h, prev))
+            if output_hidden_states:
+                hidden.append(h)
+            mem_b = prev.transpose(0, 1).to(h.dtype) if prev is not None else None
+            h, g = layer(h, g, mask_h, mask_g, pos_emb, seg_diff, mem=mem_b, target_mapping=target_mapping)
+        if output_hidden_states:
+            hidden.append(h)
+        return XLNetModelOutput(
+            last_hidden_state=self.dropout(h),
+            query_hidden_state=self.dropout(g) if g is not None else None,
+            mems=new_mems if use_mems else None,
+            hidden_states=hidden if output_hidden_states else None,
+        )
+
+
+class XLNetLMHeadModel(nn.Module):
+    """Backbone + output layer tied to the word embedding (plus its own bias)."""
+
+    def __init__(self, config: XLNetConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = XLNetModel(config)
+        self.lm_loss = nn.Linear(config.d_model, config.vocab_size)
+        nn.init.zeros_(self.lm_loss.bias)
+        self.lm_loss.weight = self.transformer.word_embedding.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        perm_mask: torch.Tensor | None = None,
+        target_mapping: torch.Tensor | None = None,
+        mems: list[torch.Tensor] | None = None,
+        labels: torch.Tensor | None = None,
+        use_mems: bool = True,
+    ) -> XLNetLMOutput:
+        """With target_mapping, logits come from the query stream (what pretraining predicts)."""
+        out = self.transformer(
+            input_ids,
+            token_type_ids=token_type_ids,
+            attention_mask=attention_mask,
+            perm_mask=perm_mask,
+            target_mapping=target_mapping,
+            mems=mems,
+            use_mems=use_mems,
+        )
+        hidden = out.query_hidden_state if out.query_hidden_state is not None else out.last_hidden_state
+        logits = self.lm_loss(hidden)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100
+            )
+        return XLNetLMOutput(
+            logits=logits, mems=out.mems, loss=loss, query_hidden_state=out.query_hidden_state
+        )
