@@ -231,7 +231,7 @@ class XLNetForQuestionAnswering(nn.Module):
         )  # [B, k1, T]
         end_log_probs = F.log_softmax(end_logits, dim=-1)
         end_top_log_probs, end_top_index = torch.topk(end_log_probs, k2, dim=-1)  # [B, k1, k2]
-        weighted_start = torch.einsum("btd,bt->bd", hidden, start_log_probs.exp())
+        weighted_start = (start_log_probs.exp()[:, None] @ hidden).squeeze(1)  # [B, D]
         cls_logits = self.answer_class(weighted_start, cls_states)
         return QAOutput(
             start_logits=start_logits,

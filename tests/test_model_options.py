@@ -1,0 +1,127 @@
+"""Model options beyond the original (mish, Attention-on-Attention) and export-friendliness."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel, XLNetModel
+
+
+def tiny(**kw) -> XLNetConfig:
+    return XLNetConfig.preset("tiny", vocab_size=50, dropout=0.0, **kw)
+
+
+def batch(b=2, t=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(9, 50, (b, t), generator=g)
+    types = torch.zeros(b, t, dtype=torch.long)
+    types[:, t // 2 :] = 1
+    types[:, -1] = 2
+    return ids, types, torch.ones(b, t, dtype=torch.long)
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_new", "mish"])
+@pytest.mark.parametrize("aoa", [False, True])
+def test_shapes_and_gradients_flow(act, aoa):
+    torch.manual_seed(0)
+    model = XLNetLMHeadModel(tiny(ff_activation=act, use_aoa=aoa))
+    ids, types, mask = batch()
+    perm = (torch.rand(2, 10, 10) > 0.5).float()
+    tm = torch.zeros(2, 3, 10)
+    tm[:, 0, 1] = tm[:, 1, 4] = tm[:, 2, 7] = 1
+    out = model(ids, token_type_ids=types, attention_mask=mask, perm_mask=perm, target_mapping=tm)
+    assert out.logits.shape == (2, 3, 50)
+    out.logits.logsumexp(-1).sum().backward()
+    no_grad = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+    assert not no_grad, f"parameters without finite gradient: {no_grad}"
+    if aoa:
+        assert model.transformer.layer[0].rel_attn.aoa.proj.weight.grad.abs().sum() > 0
+
+
+def test_activations_differ():
+    ids, types, mask = batch()
+    outs = {}
+    for act in ("relu", "gelu", "mish"):
+        torch.manual_seed(0)
+        outs[act] = XLNetModel(tiny(ff_activation=act)).eval()(ids, types, mask).last_hidden_state
+    assert not torch.allclose(outs["relu"], outs["mish"])
+    assert not torch.allclose(outs["gelu"], outs["mish"])
+
+
+def test_aoa_off_is_exactly_the_plain_model():
+    torch.manual_seed(0)
+    plain = XLNetModel(tiny()).eval()
+    torch.manual_seed(0)
+    with_aoa = XLNetModel(tiny(use_aoa=True)).eval()
+    # Same backbone weights; AoA adds only its own parameters.
+    missing, unexpected = with_aoa.load_state_dict(plain.state_dict(), strict=False)
+    assert all(".aoa." in k for k in missing) and not unexpected
+    assert not any(".aoa." in n for n, _ in plain.named_parameters())
+    ids, types, mask = batch()
+    again = XLNetModel(tiny(use_aoa=False)).eval()
+    again.load_state_dict(plain.state_dict())
+    assert torch.equal(again(ids, types, mask).last_hidden_state, plain(ids, types, mask).last_hidden_state)
+    assert not torch.allclose(
+        with_aoa(ids, types, mask).last_hidden_state, plain(ids, types, mask).last_hidden_state
+    )
+
+
+def test_bi_data_needs_even_batch():
+    model = XLNetModel(tiny(bi_data=True)).eval()
+    ids, types, mask = batch(b=3)
+    with pytest.raises(ValueError, match="even batch"):
+        model(ids, types, mask)
+
+
+@pytest.mark.parametrize("head", ["simple", "shallow", "deep", "beam"])
+def test_content_stream_exports_without_eye_or_onehot(head):
+    """The QA graph keeps dynamic axes and contains no EyeLike/OneHot (TensorRT rejects them)."""
+    torch.manual_seed(0)
+    model = XLNetForQuestionAnswering(tiny(), head=head).eval()
+    ids, types, mask = batch(t=12)
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            o = self.m(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+            if head == "beam":
+                return (
+                    o.start_top_log_probs,
+                    o.start_top_index,
+                    o.end_top_log_probs,
+                    o.end_top_index,
+                    o.cls_logits,
+                )
+            return o.start_logits, o.end_logits
+
+    buf = io.BytesIO()
+    torch.onnx.export(
+        Wrapper(model),
+        (ids, mask, types),
+        buf,
+        input_names=["input_ids", "attention_mask", "token_type_ids"],
+        dynamic_axes={n: {0: "batch", 1: "seq"} for n in ("input_ids", "attention_mask", "token_type_ids")},
+        opset_version=17,
+        dynamo=False,
+    )
+    graph = onnx.load_from_string(buf.getvalue()).graph
+    ops = {n.op_type for n in graph.node}
+    assert not ops & {"EyeLike", "OneHot", "Einsum"}, ops
+    sess = ort.InferenceSession(buf.getvalue(), providers=["CPUExecutionProvider"])
+    for b, t in ((1, 7), (3, 20)):
+        ids, types, mask = batch(b=b, t=t, seed=b)
+        feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "token_type_ids": types.numpy()}
+        got = sess.run(None, feeds)
+        with torch.no_grad():
+            ref = Wrapper(model)(ids, mask, types)
+        for g_, r_ in zip(got, ref, strict=True):
+            np.testing.assert_allclose(g_, r_.numpy(), atol=1e-4)
