@@ -12,7 +12,9 @@ SHARED = REPO.parent / "shared" / "data" / "squad2"
 SAMPLE = REPO / "data" / "sample"
 
 # Keep the suite predictable on 2 cores.
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+# One intra-op thread: subprocesses (servers, torchrun ranks) share 2 cores with the test process,
+# and OpenMP spin-waiting under oversubscription makes 2-thread runs 10-30x slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -263,3 +263,33 @@ def save(
         for name, data in (extra_files or {}).items():
             (tmp / name).write_bytes(data)
     return directory
+
+
+def save_into(
+    model: nn.Module,
+    directory: str | os.PathLike,
+    *,
+    tokenizer: Any = None,
+    metadata: dict[str, Any] | None = None,
+) -> Path:
+    """Write the checkpoint files into an existing run directory (beside metrics, plots, ...).
+
+    Each file is written to a temporary name and renamed, weights before config, so `load(directory)`
+    sees either the previous model or the new one.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    with atomic_directory(directory / ".model-staging") as tmp:
+        save(model, tmp / "m", tokenizer=tokenizer, metadata=metadata)
+    staged = directory / ".model-staging" / "m"
+    for name in (
+        "model.safetensors",
+        "spiece.model",
+        "tokenizer_config.json",
+        "metadata.json",
+        "config.json",
+    ):
+        if (staged / name).exists():
+            os.replace(staged / name, directory / name)
+    shutil.rmtree(directory / ".model-staging", ignore_errors=True)
+    return directory

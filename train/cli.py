@@ -1,0 +1,34 @@
+"""Shared command-line plumbing: user errors become one clear line and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that shows defaults in --help and exits 2 with a one-line message on bad flags."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def run(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None, prog: str = "") -> int:
+    """Call `main`; turn expected user errors into `prog: error: ...` + exit 2."""
+    try:
+        return main(argv)
+    except USER_ERRORS as exc:
+        print(f"{prog or 'error'}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
