@@ -28,7 +28,7 @@ from train.optim import make_optimizer, make_scheduler
 from train.runlog import MetricsLog
 from train.runtime import Dist, StopFlag, all_reduce_mean, autocast, init_distributed, seed_everything
 from train.tokenizer import XLNetTokenizer, train_spm
-from train.train_state import latest_checkpoint, load_training_state, save_training_state, unwrap
+from train.train_state import latest_checkpoint, load_training_state, save_training_state
 
 DEFAULT_CORPUS = (
     Path(__file__).resolve().parents[1].parent / "shared" / "data" / "squad2" / "test-v2.0.cs224n.json"
@@ -231,7 +231,7 @@ def pretrain(args) -> dict:
     bar = tqdm(
         total=args.steps, initial=start_step, disable=not d.is_main or args.no_progress, dynamic_ncols=True
     )
-    step, last_loss, t0, steps_since = start_step, float("nan"), time.time(), 0
+    step, last_loss, t0, steps_since, loss_sum = start_step, float("nan"), time.time(), 0, 0.0
     done_this_run = 0
     with StopFlag() as stop:
         while step < args.steps:
@@ -251,16 +251,19 @@ def pretrain(args) -> dict:
             step += 1
             steps_since += 1
             done_this_run += 1
-            last_loss = all_reduce_mean(total, d)
-            if not math.isfinite(last_loss):
-                raise FloatingPointError(f"loss became {last_loss} at step {step}; lower --lr or use fp32")
-            if step % args.log_every == 0 or step == args.steps:
+            step_loss = all_reduce_mean(total, d)
+            if not math.isfinite(step_loss):
+                raise FloatingPointError(f"loss became {step_loss} at step {step}; lower --lr or use fp32")
+            loss_sum += step_loss
+            if step % args.log_every == 0 or step == args.steps or stop.requested:
                 elapsed = time.time() - t0
                 tps = tokens_per_step * steps_since / max(elapsed, 1e-9)
                 lr = scheduler.get_last_lr()[0]
+                last_loss = loss_sum / steps_since  # mean over the log interval: a readable curve
                 log.log(
                     step,
                     loss=last_loss,
+                    step_loss=step_loss,
                     lr=lr,
                     grad_norm=grad_norm,
                     tokens_per_s=tps,
@@ -268,7 +271,7 @@ def pretrain(args) -> dict:
                 )
                 log.plot()
                 bar.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{tps:.0f}", lr=f"{lr:.2e}")
-                t0, steps_since = time.time(), 0
+                t0, steps_since, loss_sum = time.time(), 0, 0.0
             bar.update(1)
             stopping = stop.requested or (args.stop_after is not None and done_this_run >= args.stop_after)
             if step % args.save_every == 0 or step == args.steps or stopping:

@@ -1,0 +1,170 @@
+"""Read raw text corpora for pretraining and tokenizer training (torch-free).
+
+Two input formats are understood, chosen by file extension:
+
+* plain text (any extension but ``.json``): one sentence or paragraph per line, a blank line between
+  documents -- the format of the original XLNet ``data_utils.py``;
+* SQuAD JSON (``.json``, the official ``{"data": [{"title", "paragraphs": [{"context", "qas"}]}]}``
+  layout): every paragraph context is one document, split into sentences so that pretraining can put
+  segment boundaries at sentence ends.
+
+A document is a ``list[str]`` of non-empty, whitespace-stripped lines.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["iter_documents", "iter_texts", "read_documents", "read_squad_contexts", "split_sentences"]
+
+PathLike = str | Path
+
+# Candidate boundary: sentence-final punctuation, optional closing quotes/brackets, whitespace, then
+# something that can open a sentence (capital letter, digit, opening quote/bracket).
+_BOUNDARY = re.compile(r"""[.!?]+["'\u201d\u2019)\]]*(\s+)(?=["'\u201c\u2018(\[]?[A-Z0-9\u00c0-\u00de])""")
+# Abbreviations that end in a period but rarely end a sentence (compared case-insensitively).
+_ABBREVIATIONS = frozenset(
+    {"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "mt", "ft", "vs", "etc", "e.g", "i.e", "cf", "al"}
+    | {"approx", "gen", "lt", "sgt", "capt", "gov", "rev", "jan", "feb", "apr", "jun", "jul", "aug", "sept"}
+    | {"oct", "nov", "dec", "fig", "figs", "vol", "eq", "inc", "ltd", "corp", "dept", "pp"}
+)
+_INITIALS = re.compile(r"^(?:[A-Za-z]\.)*[A-Za-z]$")  # "J", "U.S", "e.g" (before the final period)
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split a paragraph into sentences with a small regex splitter.
+
+    Deliberately simple and predictable: splits after ``.``, ``!`` or ``?`` (plus closing quotes) when
+    whitespace and a capital letter, digit or opening quote follow, except after common abbreviations
+    and initials ("Mr. Smith", "U.S. state", "J. R. R. Tolkien"). Joining the result with single
+    spaces gives back the paragraph with its whitespace runs collapsed.
+    """
+    sentences: list[str] = []
+    start = 0
+    for m in _BOUNDARY.finditer(text):
+        end = m.start(1)  # sentence ends before the whitespace
+        word = text[start:end].rsplit(None, 1)[-1] if text[start:end].strip() else ""
+        word = word.rstrip("\"'\u201d\u2019)]").rstrip(".!?").lstrip("\"'\u201c\u2018([")
+        if text[m.start()] == "." and (word.lower() in _ABBREVIATIONS or _INITIALS.match(word)):
+            continue
+        sentence = " ".join(text[start:end].split())
+        if sentence:
+            sentences.append(sentence)
+        start = m.end(1)
+    tail = " ".join(text[start:].split())
+    if tail:
+        sentences.append(tail)
+    return sentences
+
+
+def _check_path(path: PathLike) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"corpus file not found: {p}")
+    if not p.is_file():
+        raise ValueError(f"{p}: not a regular file (pass text or SQuAD .json files, not directories)")
+    return p
+
+
+def _is_json(path: Path) -> bool:
+    return path.suffix.lower() == ".json"
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def read_squad_contexts(path: PathLike) -> list[str]:
+    """Return every paragraph context of a SQuAD JSON file, validating the layout on the way.
+
+    Raises ``ValueError`` naming the file and the offending element on anything that is not the
+    official SQuAD format, so that a wrong ``--input`` fails loudly instead of training on nothing.
+    """
+    p = _check_path(path)
+    try:
+        obj: Any = json.loads(_read_text(p))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: invalid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+
+    def bad(where: str, what: str) -> ValueError:
+        return ValueError(f"{p}: not a SQuAD JSON file: {where} {what}")
+
+    if not isinstance(obj, dict) or not isinstance(obj.get("data"), list):
+        got = type(obj).__name__
+        raise bad("top level", f'must be an object with a "data" list (got {got})')
+    contexts: list[str] = []
+    for i, article in enumerate(obj["data"]):
+        if not isinstance(article, dict) or not isinstance(article.get("paragraphs"), list):
+            raise bad(f"data[{i}]", 'must be an object with a "paragraphs" list')
+        for j, para in enumerate(article["paragraphs"]):
+            if not isinstance(para, dict) or not isinstance(para.get("context"), str):
+                raise bad(f"data[{i}].paragraphs[{j}]", 'must be an object with a string "context"')
+            contexts.append(para["context"])
+    return contexts
+
+
+def _iter_text_documents(path: Path) -> Iterator[list[str]]:
+    doc: list[str] = []
+    try:
+        with path.open(encoding="utf-8-sig") as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    doc.append(line)
+                elif doc:
+                    yield doc
+                    doc = []
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if doc:
+        yield doc
+
+
+def _checked_paths(paths: Sequence[PathLike]) -> list[Path]:
+    """Check every path up front (a typo in the last of many files should fail before any work)."""
+    if isinstance(paths, str | Path):  # a lone path is an easy mistake; accept it
+        paths = [paths]
+    if not paths:
+        raise ValueError("no corpus files given")
+    return [_check_path(p) for p in paths]
+
+
+def iter_documents(paths: Sequence[PathLike]) -> Iterator[list[str]]:
+    """Yield documents (lists of lines) from text and SQuAD JSON files, in order, streaming text files.
+
+    Every path is checked when this is called, so a typo fails before any work is done.
+    """
+    checked = _checked_paths(paths)
+
+    def generate() -> Iterator[list[str]]:
+        for p in checked:
+            if _is_json(p):
+                for context in read_squad_contexts(p):
+                    sentences = split_sentences(context)
+                    if sentences:
+                        yield sentences
+            else:
+                yield from _iter_text_documents(p)
+
+    return generate()
+
+
+def read_documents(paths: Sequence[PathLike]) -> list[list[str]]:
+    """All documents of all files: plain text split on blank lines, SQuAD contexts split into sentences."""
+    return list(iter_documents(paths))
+
+
+def iter_texts(paths: Sequence[PathLike]) -> Iterator[str]:
+    """Yield the corpus one line (sentence or paragraph) at a time, e.g. for sentencepiece training.
+
+    Paths are checked when this is called (see :func:`iter_documents`).
+    """
+    docs = iter_documents(paths)
+    return (line for doc in docs for line in doc)

@@ -1,0 +1,373 @@
+"""`python -m train.finetune`: SQuAD 2.0 fine-tuning (answer span + answerability), original XLNet recipe.
+
+Thin CLI over `finetune(args)`: features `P <sep> Q <sep> <cls>` with windows and max-context
+(`train.squad`), one of the heads shallow / deep / beam / simple, layer freezing and layer-wise lr
+decay, evaluation every N steps with the official metrics, keeping the best checkpoint by best_f1 in
+`--out` (its metadata carries the no-answer threshold that export and serving use by default).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from train import checkpoint
+from train.cli import Parser, run
+from train.model import ACTIVATIONS, HEADS, PRESETS, XLNetConfig, XLNetForQuestionAnswering
+from train.optim import make_optimizer, make_scheduler
+from train.qa import run_evaluation, write_prediction_files
+from train.runlog import MetricsLog
+from train.runtime import StopFlag, all_reduce_mean, autocast, init_distributed, seed_everything
+from train.squad import featurize, pad_batch, read_squad
+from train.tokenizer import XLNetTokenizer, train_spm
+from train.train_state import latest_checkpoint, load_training_state, save_training_state
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m train.finetune", description=__doc__.splitlines()[0])
+    g = p.add_argument_group("data")
+    g.add_argument("--train-file", required=True, help="SQuAD 2.0 JSON (e.g. train-v2.0.json)")
+    g.add_argument("--dev-file", required=True, help="SQuAD 2.0 JSON with answers (e.g. dev-v2.0.json)")
+    g.add_argument("--max-seq-len", type=int, default=384, help="window length in tokens (512 allowed)")
+    g.add_argument("--doc-stride", type=int, default=128, help="stride between windows of long paragraphs")
+    g.add_argument("--max-query-len", type=int, default=64, help="question tokens kept")
+    g.add_argument(
+        "--max-dev-examples", type=int, default=None, help="evaluate on the first N dev questions only"
+    )
+    g = p.add_argument_group("model")
+    g.add_argument("--init", help="our pretraining/fine-tuned checkpoint or a HuggingFace XLNet directory")
+    g.add_argument(
+        "--config", choices=sorted(PRESETS), help="random init of this preset (needs --spm/--train-spm)"
+    )
+    g.add_argument("--spm", help="sentencepiece model (file or directory) for random init")
+    g.add_argument(
+        "--train-spm", type=int, metavar="VOCAB_SIZE", help="train a sentencepiece model on the data"
+    )
+    g.add_argument("--head", choices=HEADS, default="shallow", help="QA head")
+    g.add_argument("--activation", choices=ACTIVATIONS, default=None, help="activation for random init")
+    g.add_argument("--aoa", action="store_true", help="Attention-on-Attention (random init only)")
+    g.add_argument("--dropout", type=float, default=None, help="override dropout")
+    g.add_argument("--freeze-layers", type=int, default=0, help="freeze the bottom N transformer layers")
+    g.add_argument("--freeze-embeddings", action="store_true", help="freeze the word embedding")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--steps", type=int, default=None, help="optimizer steps (overrides --epochs)")
+    g.add_argument("--epochs", type=float, default=2.0, help="passes over the training features")
+    g.add_argument("--batch-size", type=int, default=8, help="features per micro-batch per rank")
+    g.add_argument("--grad-accum", type=int, default=1)
+    g.add_argument("--lr", type=float, default=3e-5, help="peak learning rate of the top layer/head")
+    g.add_argument("--layer-decay", type=float, default=0.75, help="lr multiplier per layer going down")
+    g.add_argument("--warmup", type=int, default=None, help="warmup steps (default 10%% of the steps)")
+    g.add_argument("--decay", choices=["linear", "cosine", "constant"], default="linear")
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--adam-eps", type=float, default=1e-6)
+    g.add_argument("--clip", type=float, default=1.0)
+    g.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    g.add_argument("--device", default="auto")
+    g.add_argument("--seed", type=int, default=42)
+    g.add_argument("--threads", type=int, default=None)
+    g = p.add_argument_group("evaluation and run")
+    g.add_argument("--out", required=True, help="run directory; holds the best checkpoint")
+    g.add_argument("--eval-every", type=int, default=500, help="evaluate on the dev file every N steps")
+    g.add_argument("--eval-batch-size", type=int, default=32)
+    g.add_argument("--n-best", type=int, default=20)
+    g.add_argument("--max-answer-len", type=int, default=30, help="longest answer in tokens")
+    g.add_argument("--log-every", type=int, default=10)
+    g.add_argument("--save-every", type=int, default=500)
+    g.add_argument("--keep-last", type=int, default=2)
+    g.add_argument("--resume", action="store_true")
+    g.add_argument(
+        "--stop-after", type=int, default=None, help="exit with a checkpoint after N steps (tests)"
+    )
+    g.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def load_tokenizer_and_model(args, out: Path):
+    """--init PATH (backbone, and head if it matches) or a random --config model with its tokenizer."""
+    overrides = {"dropout": args.dropout} if args.dropout is not None else None
+    if args.init:
+        loaded = checkpoint.load(args.init, head=args.head, config_overrides=overrides)
+        tokenizer = loaded.tokenizer
+        if args.spm:
+            tokenizer = _spm(args.spm)
+        if tokenizer is None:
+            raise ValueError(f"{args.init} has no spiece.model; pass --spm")
+        if tokenizer.vocab_size > loaded.config.vocab_size:
+            raise ValueError(
+                f"tokenizer vocab {tokenizer.vocab_size} > model vocab {loaded.config.vocab_size}"
+            )
+        return tokenizer, loaded.model, loaded.metadata
+    if not args.config:
+        raise ValueError("give --init PATH, or --config PRESET with --spm or --train-spm")
+    if args.spm:
+        tokenizer = _spm(args.spm)
+    else:
+        tok_dir = out / "tokenizer"
+        if not (tok_dir / "spiece.model").exists():
+            train_spm([args.train_file, args.dev_file], tok_dir, args.train_spm or 8000)
+        tokenizer = XLNetTokenizer.from_dir(tok_dir)
+    config = XLNetConfig.preset(
+        args.config,
+        vocab_size=tokenizer.vocab_size,
+        ff_activation=args.activation,
+        use_aoa=args.aoa or None,
+        dropout=args.dropout,
+    )
+    return tokenizer, XLNetForQuestionAnswering(config, head=args.head), {}
+
+
+def _spm(path: str) -> XLNetTokenizer:
+    p = Path(path)
+    return XLNetTokenizer.from_dir(p) if p.is_dir() else XLNetTokenizer(p)
+
+
+def freeze(model: XLNetForQuestionAnswering, n_layers: int, embeddings: bool) -> int:
+    """Freeze the word embedding and/or the bottom N layers; returns the trainable parameter count."""
+    if n_layers > model.config.n_layer:
+        raise ValueError(f"--freeze-layers {n_layers} > n_layer {model.config.n_layer}")
+    if embeddings:
+        model.transformer.word_embedding.weight.requires_grad_(False)
+    for layer in model.transformer.layer[:n_layers]:
+        for p in layer.parameters():
+            p.requires_grad_(False)
+    if not model.config.untie_r and 0 < n_layers < model.config.n_layer:
+        for name in ("r_w_bias", "r_r_bias", "r_s_bias"):  # shared by all layers: keep them trainable
+            getattr(model.transformer.layer[0].rel_attn, name).requires_grad_(True)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+class FeatureBatches:
+    """Shuffled epochs over training features, resumable (epoch, position, RNG state)."""
+
+    def __init__(self, n: int, batch_size: int, seed: int, rank: int = 0, world: int = 1) -> None:
+        self.n, self.batch_size, self.rank, self.world = n, batch_size, rank, world
+        self.rng = np.random.default_rng(seed)
+        self.epoch, self.pos = 0, 0
+        self.order = self.rng.permutation(n)
+
+    def next_indices(self) -> list[int]:
+        span = self.batch_size * self.world
+        if self.pos + span > self.n:
+            self.epoch += 1
+            self.pos = 0
+            self.order = self.rng.permutation(self.n)
+        chunk = self.order[self.pos : self.pos + span]
+        self.pos += span
+        return chunk[self.rank :: self.world].tolist()
+
+    def state_dict(self) -> dict:
+        return {
+            "epoch": self.epoch,
+            "pos": self.pos,
+            "order": self.order,
+            "rng": self.rng.bit_generator.state,
+        }
+
+    def load_state_dict(self, s: dict) -> None:
+        self.epoch, self.pos = int(s["epoch"]), int(s["pos"])
+        self.order = np.asarray(s["order"])
+        self.rng.bit_generator.state = s["rng"]
+
+
+def finetune(args) -> dict:
+    d = init_distributed(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    seed_everything(args.seed)
+    tokenizer, model, init_meta = load_tokenizer_and_model(args, out)
+    model.to(d.device)
+    trainable = freeze(model, args.freeze_layers, args.freeze_embeddings)
+    train_examples = read_squad(args.train_file)
+    dev_examples = read_squad(args.dev_file)
+    if args.max_dev_examples:
+        dev_examples = dev_examples[: args.max_dev_examples]
+    fkw = {
+        "max_seq_len": args.max_seq_len,
+        "doc_stride": args.doc_stride,
+        "max_query_len": args.max_query_len,
+    }
+    train_features = featurize(train_examples, tokenizer, is_training=True, **fkw)
+    dev_features = featurize(dev_examples, tokenizer, **fkw)
+    if not train_features:
+        raise ValueError(f"{args.train_file}: no training features")
+    per_epoch = max(1, len(train_features) // (args.batch_size * d.world_size * args.grad_accum))
+    total_steps = args.steps if args.steps is not None else max(1, math.ceil(args.epochs * per_epoch))
+    warmup = args.warmup if args.warmup is not None else int(0.1 * total_steps)
+    optimizer = make_optimizer(
+        model, lr=args.lr, weight_decay=args.weight_decay, layer_decay=args.layer_decay, eps=args.adam_eps
+    )
+    scheduler = make_scheduler(optimizer, total_steps, warmup, args.decay)
+    batches = FeatureBatches(len(train_features), args.batch_size, args.seed, d.rank, d.world_size)
+    step, best_f1, best_step = 0, -1.0, None
+    resume_from = latest_checkpoint(out) if args.resume else None
+    if resume_from is not None:
+        state = load_training_state(resume_from, model, optimizer, scheduler)
+        step = state["step"]
+        batches.load_state_dict(state["data"])
+        best_f1 = state["extra"].get("best_f1", -1.0)
+        best_step = state["extra"].get("best_step")
+        if d.is_main:
+            print(f"Resumed from {resume_from} at step {step} (best_f1 so far {best_f1:.2f})", flush=True)
+    train_model = (
+        torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True) if d.enabled else model
+    )
+    log = MetricsLog(
+        out,
+        enabled=d.is_main,
+        resume_step=step,
+        plots={"loss.png": ["loss"], "dev_f1.png": ["dev_f1", "dev_best_f1", "dev_exact"]},
+    )
+    if d.is_main:
+        n_imp = sum(f.is_impossible for f in train_features)
+        print(
+            f"Fine-tuning head={args.head} ({trainable / 1e6:.2f}M trainable params) on {len(train_examples)} "
+            f"questions -> {len(train_features)} features ({n_imp} no-answer); dev {len(dev_examples)} questions; "
+            f"{total_steps} steps, warmup {warmup}",
+            flush=True,
+        )
+    bar = tqdm(total=total_steps, initial=step, disable=not d.is_main or args.no_progress, dynamic_ncols=True)
+    last_loss, t0, done_here, seen = float("nan"), time.time(), 0, 0
+
+    def evaluate_and_keep_best() -> dict:
+        nonlocal best_f1, best_step
+        result = run_evaluation(
+            model,
+            dev_examples,
+            dev_features,
+            batch_size=args.eval_batch_size,
+            device=d.device,
+            n_best=args.n_best,
+            max_answer_len=args.max_answer_len,
+        )
+        m = result.metrics
+        # Decide the serving threshold where dev best_f1 is reached, then re-score at it.
+        from train.qa import evaluate_predictions
+
+        thr = float(m.get("best_f1_thresh", 0.5))
+        thr = min(max(thr, 0.0), 1.0)
+        m = evaluate_predictions(dev_examples, result.predictions, thr)
+        log.log(step, dev_exact=m["exact"], dev_f1=m["f1"], dev_best_f1=m["best_f1"], dev_threshold=thr)
+        log.plot()
+        if m["best_f1"] > best_f1:
+            best_f1, best_step = m["best_f1"], step
+            meta = {
+                "stage": "finetune",
+                "step": step,
+                "head": args.head,
+                "no_answer_threshold": thr,
+                "max_seq_len": args.max_seq_len,
+                "doc_stride": args.doc_stride,
+                "max_query_len": args.max_query_len,
+                "max_answer_len": args.max_answer_len,
+                "dev_metrics": m,
+                "dev_file": str(args.dev_file),
+                "init": str(args.init) if args.init else None,
+                "init_metadata_stage": init_meta.get("stage"),
+            }
+            checkpoint.save_into(model, out, tokenizer=tokenizer, metadata=meta)
+            result.metrics = m
+            write_prediction_files(out / "dev_predictions", result)
+        return m
+
+    with StopFlag() as stop:
+        while step < total_steps:
+            train_model.train()
+            total = 0.0
+            for _ in range(args.grad_accum):
+                idx = batches.next_indices()
+                arrays = pad_batch([train_features[i] for i in idx], include_labels=True)
+                t = {k: torch.from_numpy(v).to(d.device) for k, v in arrays.items()}
+                with autocast(args.precision, d.device):
+                    res = train_model(
+                        t["input_ids"],
+                        token_type_ids=t["token_type_ids"],
+                        attention_mask=t["attention_mask"],
+                        p_mask=t["p_mask"],
+                        cls_index=t["cls_index"],
+                        start_positions=t["start_positions"],
+                        end_positions=t["end_positions"],
+                        is_impossible=t["is_impossible"],
+                    )
+                (res.loss.float() / args.grad_accum).backward()
+                total += res.loss.item() / args.grad_accum
+                seen += len(idx)
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], args.clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            done_here += 1
+            last_loss = all_reduce_mean(total, d)
+            if not math.isfinite(last_loss):
+                raise FloatingPointError(f"loss became {last_loss} at step {step}; lower --lr or use fp32")
+            if step % args.log_every == 0 or step == total_steps:
+                elapsed = time.time() - t0
+                log.log(
+                    step,
+                    loss=last_loss,
+                    lr=scheduler.get_last_lr()[-1],
+                    epoch=batches.epoch,
+                    features_per_s=seen / max(elapsed, 1e-9),
+                    s_per_step=elapsed / max(1, args.log_every),
+                )
+                log.plot()
+                bar.set_postfix(loss=f"{last_loss:.3f}", best_f1=f"{best_f1:.1f}")
+                t0, seen = time.time(), 0
+            bar.update(1)
+            if d.is_main and (step % args.eval_every == 0 or step == total_steps):
+                m = evaluate_and_keep_best()
+                bar.write(f"step {step}: dev EM {m['exact']:.2f} F1 {m['f1']:.2f} best_f1 {m['best_f1']:.2f}")
+            stopping = stop.requested or (args.stop_after is not None and done_here >= args.stop_after)
+            if d.is_main and (step % args.save_every == 0 or step == total_steps or stopping):
+                save_training_state(
+                    out,
+                    step,
+                    model,
+                    optimizer,
+                    scheduler,
+                    tokenizer=tokenizer,
+                    data_state=batches.state_dict(),
+                    keep_last=args.keep_last,
+                    extra={"best_f1": best_f1, "best_step": best_step},
+                    metadata={"stage": "finetune-state", "head": args.head},
+                )
+            if d.enabled:
+                dist.barrier()
+            if stopping:
+                break
+    bar.close()
+    log.close()
+    if d.is_main and step >= total_steps:
+        print(
+            f"Done: {step} steps, final loss {last_loss:.4f}, best dev best_f1 {best_f1:.2f} at step {best_step}; "
+            f"best checkpoint in {out}",
+            flush=True,
+        )
+    if d.enabled:
+        dist.destroy_process_group()
+    return {"step": step, "loss": last_loss, "best_f1": best_f1, "best_step": best_step}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.spm and args.train_spm:
+        raise ValueError("give either --spm or --train-spm, not both")
+    for f in (args.train_file, args.dev_file):
+        if not Path(f).exists():
+            raise FileNotFoundError(f"data file not found: {f}")
+    finetune(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(main, prog="train.finetune"))

@@ -1,0 +1,91 @@
+"""Torch-free SQuAD 2.0: data files, XLNet features, answer decoding and the official metrics.
+
+Shared by training/evaluation and by the HTTP server, so it imports only numpy, the standard
+library and :mod:`train.tokenizer` (never torch).
+"""
+
+from .data import (
+    Answer,
+    Dataset,
+    SquadExample,
+    article_titles,
+    dataset_stats,
+    examples_from_dataset,
+    load_dataset,
+    read_squad,
+    select_articles,
+    split_by_article,
+    write_squad,
+)
+from .decode import (
+    NBestEntry,
+    Prediction,
+    answers_and_na_probs,
+    decode,
+    decode_all,
+    decode_all_beam,
+    decode_beam,
+    group_features,
+)
+from .features import (
+    AlignmentFailure,
+    Feature,
+    TokenizerLike,
+    align_answer,
+    alignment_report,
+    answer_survives,
+    feature_answer_text,
+    featurize,
+    featurize_one,
+    pad_batch,
+    span_text,
+)
+from .metrics import (
+    apply_no_answer_threshold,
+    compute_exact,
+    compute_f1,
+    evaluate,
+    find_best_thresh,
+    normalize_answer,
+    raw_scores,
+)
+
+__all__ = [
+    "AlignmentFailure",
+    "Answer",
+    "Dataset",
+    "Feature",
+    "NBestEntry",
+    "Prediction",
+    "SquadExample",
+    "TokenizerLike",
+    "align_answer",
+    "alignment_report",
+    "answer_survives",
+    "answers_and_na_probs",
+    "apply_no_answer_threshold",
+    "article_titles",
+    "compute_exact",
+    "compute_f1",
+    "dataset_stats",
+    "decode",
+    "decode_all",
+    "decode_all_beam",
+    "decode_beam",
+    "evaluate",
+    "examples_from_dataset",
+    "feature_answer_text",
+    "featurize",
+    "featurize_one",
+    "find_best_thresh",
+    "group_features",
+    "load_dataset",
+    "normalize_answer",
+    "pad_batch",
+    "raw_scores",
+    "read_squad",
+    "select_articles",
+    "span_text",
+    "split_by_article",
+    "write_squad",
+]

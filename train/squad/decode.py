@@ -1,0 +1,340 @@
+"""Model outputs -> answers in the original context (the original XLNet ``write_predictions``).
+
+Two heads are supported:
+
+* :func:`decode` for independent start/end logits ("shallow" head) plus a no-answer logit;
+* :func:`decode_beam` for the original XLNet beam head, whose top-k start and (start-conditioned)
+  end log-probabilities are computed inside the model (so an ONNX/TensorRT engine returns them).
+
+A span's **score** is ``start_log_prob + end_log_prob`` (log-probabilities within its window);
+n-best probabilities are a softmax over the n-best scores. Spans must start on a token whose
+max-context window is the current one (so each start is decoded once, in the window where it sees
+the most context), end at or after the start, stay within ``max_answer_len`` tokens and lie in the
+paragraph. Offsets are characters of the original context: ``context[start:end] == text``.
+
+The no-answer probability is ``sigmoid(min over windows of cls_logit)``, ``cls_logit`` being the
+logit that the question is unanswerable. The minimum is what the original does, and it is right: a
+window that does not hold the answer *should* call the question unanswerable from what it sees, so
+only the most confident "answerable" window carries evidence. ``is_impossible`` is
+``no_answer_prob > threshold`` (0.5 by default); the answer text is then "" but the n-best list
+keeps the spans, so the threshold can be tuned later (see :func:`answers_and_na_probs`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .data import SquadExample
+from .features import Feature, span_text
+
+ArrayLike = np.ndarray | Sequence[float] | Sequence[np.ndarray]
+
+_MASKED = -1e30
+
+
+@dataclass
+class NBestEntry:
+    """One candidate span: text and character offsets in the context, plus where it came from."""
+
+    text: str
+    start: int
+    end: int
+    score: float
+    probability: float
+    start_log_prob: float
+    end_log_prob: float
+    window_index: int
+    start_token: int
+    end_token: int
+
+
+@dataclass
+class Prediction:
+    """The decoded answer to one question.
+
+    ``text`` is "" and ``start == end == -1`` when the question is judged unanswerable (or no span
+    was valid); ``n_best`` (best first) still holds the spans, ``n_best[0]`` being the best one.
+    """
+
+    qas_id: str
+    text: str
+    start: int
+    end: int
+    score: float
+    no_answer_prob: float
+    null_logit: float
+    is_impossible: bool
+    n_best: list[NBestEntry] = field(default_factory=list)
+
+    @property
+    def best_span_text(self) -> str:
+        """The best non-null span's text, whatever the threshold decided ("" if there is none)."""
+        return self.n_best[0].text if self.n_best else ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (plain Python numbers)."""
+        return asdict(self)
+
+
+def sigmoid(x: float) -> float:
+    """Numerically stable logistic function."""
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    z = math.exp(x)
+    return z / (1.0 + z)
+
+
+def _masked_log_softmax(logits: np.ndarray, p_mask: np.ndarray) -> np.ndarray:
+    """log-softmax over positions with p_mask == 0 (paragraph and <cls>), as the original head."""
+    x = np.where(p_mask.astype(bool), _MASKED, logits.astype(np.float64))
+    m = x.max()
+    return x - (m + np.log(np.exp(x - m).sum()))
+
+
+def _row(values: ArrayLike, i: int, length: int) -> np.ndarray:
+    """Feature ``i``'s row of a [F, T] array or a list of per-feature arrays, cut to its length."""
+    row = np.asarray(values[i], dtype=np.float64).reshape(-1)
+    if row.shape[0] < length:
+        raise ValueError(f"logits for feature {i} have {row.shape[0]} positions, the feature has {length}")
+    return row[:length]
+
+
+def _top(indices: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` indices (from ``indices``) with the highest scores, best first."""
+    if indices.size > k:
+        part = np.argpartition(-scores[indices], k - 1)[:k]
+        indices = indices[part]
+    return indices[np.argsort(-scores[indices], kind="stable")]
+
+
+def _context_and_id(example_or_context: SquadExample | str) -> tuple[str, str]:
+    if isinstance(example_or_context, SquadExample):
+        return example_or_context.context, example_or_context.qas_id
+    return example_or_context, ""
+
+
+class _Candidates:
+    """Valid spans of all windows as parallel arrays (ranked once, turned into text lazily)."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[np.ndarray, ...]] = []
+
+    def add(
+        self, window: int, start_lp: np.ndarray, end_lp: np.ndarray, start: np.ndarray, end: np.ndarray
+    ) -> None:
+        if start.size:
+            self.parts.append((start_lp + end_lp, start_lp, end_lp, np.full(start.size, window), start, end))
+
+    def ranked(self) -> list[tuple[float, float, float, int, int, int]]:
+        """``(score, start_lp, end_lp, window, start_tok, end_tok)``, best score first (stable)."""
+        if not self.parts:
+            return []
+        cols = [np.concatenate(c) for c in zip(*self.parts, strict=True)]
+        order = np.argsort(-cols[0], kind="stable")
+        return list(zip(*(c[order].tolist() for c in cols), strict=True))
+
+
+def _finish(
+    context: str,
+    qas_id: str,
+    features: Sequence[Feature],
+    candidates: _Candidates,
+    null_logit: float,
+    n_best: int,
+    threshold: float | None,
+) -> Prediction:
+    """Rank the candidates into a Prediction (n-best, probabilities, no-answer decision)."""
+    entries: list[NBestEntry] = []
+    seen: set[tuple[int, int]] = set()
+    for score, slp, elp, w, s, e in candidates.ranked():
+        if len(entries) >= n_best:
+            break
+        text, a, b = span_text(context, features[w].token_to_char, s, e)
+        if not text or (a, b) in seen:  # whitespace-only spans say nothing; equal spans count once
+            continue
+        seen.add((a, b))
+        entries.append(NBestEntry(text, a, b, score, 0.0, slp, elp, w, s, e))
+    if entries:
+        scores = np.array([x.score for x in entries])
+        probs = np.exp(scores - scores.max())
+        probs /= probs.sum()
+        for x, p in zip(entries, probs, strict=True):
+            x.probability = float(p)
+    no_answer_prob = sigmoid(null_logit)
+    thresh = 0.5 if threshold is None else threshold
+    impossible = no_answer_prob > thresh or not entries
+    best = entries[0] if entries else None
+    return Prediction(
+        qas_id=qas_id,
+        text="" if impossible or best is None else best.text,
+        start=-1 if impossible or best is None else best.start,
+        end=-1 if impossible or best is None else best.end,
+        score=best.score if best is not None else float("-inf"),
+        no_answer_prob=no_answer_prob,
+        null_logit=null_logit,
+        is_impossible=impossible,
+        n_best=entries,
+    )
+
+
+def decode(
+    example_or_context: SquadExample | str,
+    features: Sequence[Feature],
+    start_logits: ArrayLike,
+    end_logits: ArrayLike,
+    cls_logits: ArrayLike,
+    *,
+    n_best: int = 20,
+    max_answer_len: int = 30,
+    threshold: float | None = None,
+) -> Prediction:
+    """Decode one question from the outputs of its windows (shallow head).
+
+    ``features`` are this question's windows; ``start_logits``/``end_logits`` are ``[W, T]`` (T >=
+    each window's length, e.g. a padded batch) or a list of W per-window arrays; ``cls_logits`` is
+    ``[W]``. Per window, log-softmax over the positions with p_mask 0, keep the ``n_best`` best
+    starts (paragraph tokens in their max-context window) and ends (paragraph tokens), and pair them.
+    """
+    context, qas_id = _context_and_id(example_or_context)
+    if not features:
+        raise ValueError("decode: no features")
+    cls = np.asarray(cls_logits, dtype=np.float64).reshape(-1)
+    if cls.shape[0] != len(features):
+        raise ValueError(f"decode: {cls.shape[0]} cls_logits for {len(features)} features")
+    candidates = _Candidates()
+    for w, f in enumerate(features):
+        length = len(f.input_ids)
+        slp = _masked_log_softmax(_row(start_logits, w, length), f.p_mask)
+        elp = _masked_log_softmax(_row(end_logits, w, length), f.p_mask)
+        starts = _top(np.flatnonzero(f.token_is_max_context[: f.paragraph_len]), slp, n_best)
+        ends = _top(np.arange(f.paragraph_len), elp, n_best)
+        s, e = starts[:, None], ends[None, :]
+        ok = (e >= s) & (e - s < max_answer_len)
+        s, e = np.broadcast_to(s, ok.shape)[ok], np.broadcast_to(e, ok.shape)[ok]
+        candidates.add(w, slp[s], elp[e], s, e)
+    return _finish(context, qas_id, features, candidates, float(cls.min()), n_best, threshold)
+
+
+def decode_beam(
+    example_or_context: SquadExample | str,
+    features: Sequence[Feature],
+    start_top_log_probs: ArrayLike,
+    start_top_index: ArrayLike,
+    end_top_log_probs: ArrayLike,
+    end_top_index: ArrayLike,
+    cls_logits: ArrayLike,
+    *,
+    n_best: int = 20,
+    max_answer_len: int = 30,
+    threshold: float | None = None,
+) -> Prediction:
+    """Decode one question from the XLNet beam head's outputs (the original ``write_predictions``).
+
+    Per window: ``start_top_*`` are ``[k1]`` (log-prob, position); ``end_top_*`` are ``[k1 * k2]``
+    flattened start-major (entry ``i * k2 + j`` is the j-th end for the i-th start, as in the
+    original TF head) or ``[k1, k2]``. Positions index the (right-padded) feature. Unlike the
+    original, a span may end on the last paragraph token (the original's ``>= paragraph_len - 1``
+    test is an off-by-one), and spans with equal character offsets are listed once.
+    """
+    context, qas_id = _context_and_id(example_or_context)
+    if not features:
+        raise ValueError("decode_beam: no features")
+    cls = np.asarray(cls_logits, dtype=np.float64).reshape(-1)
+    if cls.shape[0] != len(features):
+        raise ValueError(f"decode_beam: {cls.shape[0]} cls_logits for {len(features)} features")
+    candidates = _Candidates()
+    for w, f in enumerate(features):
+        s_lp = np.asarray(start_top_log_probs[w], dtype=np.float64).reshape(-1)
+        s_ix = np.asarray(start_top_index[w], dtype=np.int64).reshape(-1)
+        k1 = s_lp.shape[0]
+        e_lp = np.asarray(end_top_log_probs[w], dtype=np.float64).reshape(k1, -1)
+        e_ix = np.asarray(end_top_index[w], dtype=np.int64).reshape(k1, -1)
+        s = np.broadcast_to(s_ix[:, None], e_ix.shape)
+        slp = np.broadcast_to(s_lp[:, None], e_lp.shape)
+        in_para = (s >= 0) & (s < f.paragraph_len) & (e_ix >= 0) & (e_ix < f.paragraph_len)
+        ok = in_para & (e_ix >= s) & (e_ix - s + 1 <= max_answer_len)
+        ok[ok] = f.token_is_max_context[s[ok]]
+        candidates.add(w, slp[ok], e_lp[ok], s[ok], e_ix[ok])
+    return _finish(context, qas_id, features, candidates, float(cls.min()), n_best, threshold)
+
+
+def group_features(features: Sequence[Feature]) -> dict[int, list[int]]:
+    """example_index -> indices (into ``features``) of its windows, in window order."""
+    groups: dict[int, list[int]] = {}
+    for i, f in enumerate(features):
+        groups.setdefault(f.example_index, []).append(i)
+    return groups
+
+
+def _pick(values: ArrayLike, idx: list[int]) -> list[Any]:
+    return [values[i] for i in idx]
+
+
+def decode_all(
+    examples: Sequence[SquadExample],
+    features: Sequence[Feature],
+    start_logits: ArrayLike,
+    end_logits: ArrayLike,
+    cls_logits: ArrayLike,
+    **kwargs: Any,
+) -> dict[str, Prediction]:
+    """Decode every example from flat per-feature outputs (row i belongs to ``features[i]``).
+
+    Rows may be a ``[F, T]`` array or a list of F arrays of any lengths >= their feature's (so
+    batches padded to different lengths can simply be concatenated as lists). Keyword arguments go
+    to :func:`decode`. Returns qas_id -> Prediction for the examples that have features.
+    """
+    cls = np.asarray(cls_logits, dtype=np.float64).reshape(-1)
+    out: dict[str, Prediction] = {}
+    for ex_i, idx in group_features(features).items():
+        feats = [features[i] for i in idx]
+        out[examples[ex_i].qas_id] = decode(
+            examples[ex_i], feats, _pick(start_logits, idx), _pick(end_logits, idx), cls[idx], **kwargs
+        )
+    return out
+
+
+def decode_all_beam(
+    examples: Sequence[SquadExample],
+    features: Sequence[Feature],
+    start_top_log_probs: ArrayLike,
+    start_top_index: ArrayLike,
+    end_top_log_probs: ArrayLike,
+    end_top_index: ArrayLike,
+    cls_logits: ArrayLike,
+    **kwargs: Any,
+) -> dict[str, Prediction]:
+    """:func:`decode_all` for the beam head's flat per-feature outputs."""
+    cls = np.asarray(cls_logits, dtype=np.float64).reshape(-1)
+    out: dict[str, Prediction] = {}
+    for ex_i, idx in group_features(features).items():
+        feats = [features[i] for i in idx]
+        out[examples[ex_i].qas_id] = decode_beam(
+            examples[ex_i],
+            feats,
+            _pick(start_top_log_probs, idx),
+            _pick(start_top_index, idx),
+            _pick(end_top_log_probs, idx),
+            _pick(end_top_index, idx),
+            cls[idx],
+            **kwargs,
+        )
+    return out
+
+
+def answers_and_na_probs(
+    predictions: Mapping[str, Prediction], apply_threshold: bool = False
+) -> tuple[dict[str, str], dict[str, float]]:
+    """``(answers, na_probs)`` for :func:`train.squad.metrics.evaluate`.
+
+    By default the answers are the best spans (never ""), as the original XLNet writes them, and the
+    no-answer decision is left to ``evaluate(..., na_probs, na_prob_thresh=t)``, which then reports
+    the score at ``t`` and the best threshold. ``apply_threshold=True`` gives the decided answers.
+    """
+    answers = {q: (p.text if apply_threshold else p.best_span_text) for q, p in predictions.items()}
+    return answers, {q: p.no_answer_prob for q, p in predictions.items()}
