@@ -33,7 +33,7 @@ WINDOW = {"max_seq_len": 128, "doc_stride": 48, "max_query_len": 32}
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory: pytest.TempPathFactory) -> XLNetTokenizer:
     out = tmp_path_factory.mktemp("spm")
-    return XLNetTokenizer(train_spm([SAMPLE / "corpus.json", SAMPLE / "train.json"], out, 1000))
+    return XLNetTokenizer(train_spm([SAMPLE / "corpus.json", SAMPLE / "train.json"], out, 2000))
 
 
 @pytest.fixture(scope="module")

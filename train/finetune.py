@@ -133,6 +133,7 @@ def freeze(model: XLNetForQuestionAnswering, n_layers: int, embeddings: bool) ->
     """Freeze the word embedding and/or the bottom N layers; returns the trainable parameter count."""
     if n_layers > model.config.n_layer:
         raise ValueError(f"--freeze-layers {n_layers} > n_layer {model.config.n_layer}")
+    model.transformer.mask_emb.requires_grad_(False)  # query stream only: unused by QA
     if embeddings:
         model.transformer.word_embedding.weight.requires_grad_(False)
     for layer in model.transformer.layer[:n_layers]:
@@ -219,7 +220,7 @@ def finetune(args) -> dict:
         if d.is_main:
             print(f"Resumed from {resume_from} at step {step} (best_f1 so far {best_f1:.2f})", flush=True)
     train_model = (
-        torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True) if d.enabled else model
+        torch.nn.parallel.DistributedDataParallel(model) if d.enabled else model
     )
     log = MetricsLog(
         out,

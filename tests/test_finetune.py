@@ -1,0 +1,176 @@
+"""Fine-tuning and evaluation end to end in miniature: every head trains, files are well formed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from fixtures_spm import spm_dir  # noqa: F401 - pytest fixture
+
+from train import checkpoint
+from train.evaluate import main as evaluate_main
+from train.finetune import main as finetune_main
+from train.model import XLNetConfig, XLNetForQuestionAnswering
+from train.optim import param_groups
+from train.squad import read_squad, split_by_article, write_squad
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "data" / "sample"
+METRIC_KEYS = {"exact", "f1", "total", "HasAns_exact", "HasAns_f1", "HasAns_total", "NoAns_exact", "NoAns_f1",
+               "NoAns_total", "best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh"}
+
+
+@pytest.fixture(scope="module")
+def small_split(tmp_path_factory) -> tuple[Path, Path]:
+    """A few paragraphs of the sample: train on the first article's start, evaluate on the dev article's."""
+    root = tmp_path_factory.mktemp("squad")
+    train = json.loads((SAMPLE / "train.json").read_text())
+    dev = json.loads((SAMPLE / "dev.json").read_text())
+    train["data"] = [{**train["data"][0], "paragraphs": train["data"][0]["paragraphs"][:4]}]
+    dev["data"] = [{**dev["data"][0], "paragraphs": dev["data"][0]["paragraphs"][:2]}]
+    write_squad(train, root / "train.json")
+    write_squad(dev, root / "dev.json")
+    return root / "train.json", root / "dev.json"
+
+
+def read_metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+COMMON = ["--max-seq-len", "96", "--doc-stride", "48", "--max-query-len", "24", "--batch-size", "8",
+          "--log-every", "5", "--no-progress", "--seed", "1"]
+
+
+@pytest.mark.parametrize("head", ["shallow", "deep", "beam", "simple"])
+def test_each_head_trains_and_evaluates(head, small_split, spm_dir, tmp_path):  # noqa: F811
+    train_file, dev_file = small_split
+    out = tmp_path / head
+    args = ["--train-file", str(train_file), "--dev-file", str(dev_file), "--out", str(out), "--config", "tiny",
+            "--spm", str(spm_dir), "--head", head, "--steps", "40", "--eval-every", "20", "--lr", "2e-3",
+            "--layer-decay", "1.0", "--warmup", "0", "--dropout", "0", *COMMON, "--log-every", "1"]
+    assert finetune_main(args) == 0
+    losses = [r["loss"] for r in read_metrics(out) if "loss" in r]
+    first, last = losses[0], sum(losses[-5:]) / 5
+    print(f"{head}: loss {first:.3f} at step 1 -> {last:.3f} (mean of the last 5 steps)")
+    assert last < 0.7 * first
+    evals = [r for r in read_metrics(out) if "dev_f1" in r]
+    assert [r["step"] for r in evals] == [20, 40]
+    loaded = checkpoint.load(out)
+    assert loaded.kind == f"qa:{head}" and loaded.tokenizer is not None
+    meta = loaded.metadata
+    assert 0.0 <= meta["no_answer_threshold"] <= 1.0 and meta["max_seq_len"] == 96 and meta["head"] == head
+    assert (out / "loss.png").exists() and (out / "dev_f1.png").exists()
+
+    ev = tmp_path / f"eval-{head}"
+    assert evaluate_main(["--checkpoint", str(out), "--data", str(dev_file), "--out", str(ev), "--no-progress"]) == 0
+    metrics = json.loads((ev / "metrics.json").read_text())
+    assert METRIC_KEYS <= set(metrics)
+    preds = json.loads((ev / "predictions.json").read_text())
+    na = json.loads((ev / "na_probs.json").read_text())
+    nbest = json.loads((ev / "nbest.json").read_text())
+    ids = {ex.qas_id for ex in read_squad(dev_file)}
+    assert set(preds) == set(na) == set(nbest) == ids
+    assert all(0.0 <= p <= 1.0 for p in na.values())
+    assert metrics["total"] == len(ids)
+    # evaluation with the stored threshold reproduces what fine-tuning measured on the same file
+    assert metrics["best_f1"] == pytest.approx(meta["dev_metrics"]["best_f1"])
+
+
+def test_freezing_keeps_bottom_layers_and_embeddings_fixed(small_split, spm_dir, tmp_path):  # noqa: F811
+    train_file, dev_file = small_split
+    out = tmp_path / "frozen"
+    torch.manual_seed(0)
+    init = tmp_path / "init"
+    from train.tokenizer import XLNetTokenizer
+
+    tok = XLNetTokenizer.from_dir(spm_dir)
+    config = XLNetConfig.preset("tiny", vocab_size=tok.vocab_size, n_layer=3)
+    checkpoint.save(XLNetForQuestionAnswering(config, head="shallow"), init, tokenizer=tok)
+    before = checkpoint.load(init).model.state_dict()
+    args = ["--train-file", str(train_file), "--dev-file", str(dev_file), "--out", str(out), "--init", str(init),
+            "--head", "shallow", "--steps", "6", "--eval-every", "6", "--freeze-layers", "2",
+            "--freeze-embeddings", "--lr", "1e-3", *COMMON]
+    assert finetune_main(args) == 0
+    after = checkpoint.load(out).model.state_dict()
+    for key in before:
+        same = torch.equal(before[key], after[key])
+        frozen = "word_embedding" in key or "mask_emb" in key or ".layer.0." in key or ".layer.1." in key
+        assert same == frozen, key
+
+
+def test_layer_decay_gives_lower_rates_to_lower_layers():
+    model = XLNetForQuestionAnswering(XLNetConfig.preset("tiny", vocab_size=50, n_layer=3), head="shallow")
+    groups = param_groups(model, lr=1.0, weight_decay=0.01, layer_decay=0.5)
+    rate = {}
+    for g in groups:
+        for p in g["params"]:
+            for name, q in model.named_parameters():
+                if q is p:
+                    rate[name] = g["lr"]
+    assert rate["start_head.weight"] == 1.0
+    assert rate["transformer.layer.2.ff.layer_1.weight"] == 0.5
+    assert rate["transformer.layer.0.ff.layer_1.weight"] == 0.125
+    assert rate["transformer.word_embedding.weight"] == 0.0625
+    no_decay = {n for g in groups if g["weight_decay"] == 0.0 for p in g["params"]
+                for n, q in model.named_parameters() if q is p}
+    assert "transformer.layer.0.ff.layer_norm.weight" in no_decay and "start_head.bias" in no_decay
+    assert "transformer.layer.0.ff.layer_1.weight" not in no_decay
+
+
+def test_init_from_huggingface_directory(small_split, spm_dir, tmp_path):  # noqa: F811
+    """A local HF XLNet checkpoint (here random weights + our spm) fine-tunes directly."""
+    train_file, dev_file = small_split
+    from train.tokenizer import XLNetTokenizer
+
+    tok = XLNetTokenizer.from_dir(spm_dir)
+    hf_dir = tmp_path / "hf-xlnet"
+    cfg = transformers.XLNetConfig(vocab_size=tok.vocab_size, d_model=32, n_layer=2, n_head=2, d_inner=64)
+    transformers.XLNetLMHeadModel(cfg).save_pretrained(hf_dir)
+    shutil.copy(spm_dir / "spiece.model", hf_dir / "spiece.model")
+    out = tmp_path / "from-hf"
+    args = ["--train-file", str(train_file), "--dev-file", str(dev_file), "--out", str(out), "--init", str(hf_dir),
+            "--head", "beam", "--steps", "4", "--eval-every", "4", *COMMON]
+    assert finetune_main(args) == 0
+    loaded = checkpoint.load(out)
+    assert loaded.kind == "qa:beam" and loaded.config.d_model == 32
+    hf = transformers.XLNetForQuestionAnswering.from_pretrained(out)  # and HF reads our result back
+    assert hf.config.d_model == 32
+
+
+def test_resume_continues_the_same_run(small_split, spm_dir, tmp_path):  # noqa: F811
+    train_file, dev_file = small_split
+    base = ["--train-file", str(train_file), "--dev-file", str(dev_file), "--config", "tiny", "--spm",
+            str(spm_dir), "--steps", "10", "--eval-every", "100", "--lr", "1e-3", "--log-every", "1",
+            "--max-seq-len", "96", "--doc-stride", "48", "--max-query-len", "24", "--batch-size", "4",
+            "--no-progress", "--seed", "3", "--dropout", "0"]
+    assert finetune_main([*base, "--out", str(tmp_path / "a")]) == 0
+    assert finetune_main([*base, "--out", str(tmp_path / "b"), "--stop-after", "4"]) == 0
+    assert finetune_main([*base, "--out", str(tmp_path / "b"), "--resume"]) == 0
+    a = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "a") if "loss" in r}
+    b = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "b") if "loss" in r}
+    assert sorted(b) == list(range(1, 11))
+    for step in range(5, 11):
+        assert abs(a[step] - b[step]) <= 1e-5, (step, a[step], b[step])
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "train.finetune", "--train-file", str(tmp_path / "x.json"),
+                        "--dev-file", str(tmp_path / "y.json"), "--out", str(tmp_path / "o")],
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 2 and "not found" in r.stderr and "Traceback" not in r.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"data": [{"title": "t", "paragraphs": [{"context": 3}]}]}')
+    r = subprocess.run([sys.executable, "-m", "train.evaluate", "--checkpoint", str(tmp_path), "--data", str(bad),
+                        "--out", str(tmp_path / "o")], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_split_helper_for_the_end_to_end_study(tmp_path):
+    chosen, rest = split_by_article(SAMPLE / "train.json", 1)
+    assert len(chosen["data"]) == 1 and len(rest["data"]) == 1
