@@ -27,6 +27,7 @@ from train.squad import (
     decode_all_beam,
     evaluate,
     pad_batch,
+    simple_null_logit,
 )
 
 DEFAULT_THRESHOLD = 0.5
@@ -44,13 +45,6 @@ class FeatureOutputs:
     start_top_index: list[np.ndarray] = field(default_factory=list)
     end_top_log_probs: list[np.ndarray] = field(default_factory=list)
     end_top_index: list[np.ndarray] = field(default_factory=list)
-
-
-def simple_head_null_logit(start: np.ndarray, end: np.ndarray, feature: Feature) -> float:
-    """The simple head has no answerability output: use BERT's null score (cls span vs best span)."""
-    para = slice(0, feature.paragraph_len)
-    best_span = float(start[para].max() + end[para].max()) if feature.paragraph_len else -1e9
-    return float(start[feature.cls_index] + end[feature.cls_index]) - best_span
 
 
 @torch.no_grad()
@@ -100,7 +94,7 @@ def predict_features(
                 cls = (
                     float(res.cls_logits[j])
                     if res.cls_logits is not None
-                    else simple_head_null_logit(s, e, features[i])
+                    else simple_null_logit(s, e, features[i])
                 )
                 rows[i] = {"s": s, "e": e, "cls": cls}
     for i in range(len(features)):

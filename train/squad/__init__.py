@@ -26,6 +26,7 @@ from .decode import (
     decode_all_beam,
     decode_beam,
     group_features,
+    simple_null_logit,
 )
 from .features import (
     AlignmentFailure,
@@ -85,6 +86,7 @@ __all__ = [
     "raw_scores",
     "read_squad",
     "select_articles",
+    "simple_null_logit",
     "span_text",
     "split_by_article",
     "write_squad",

@@ -338,3 +338,17 @@ def answers_and_na_probs(
     """
     answers = {q: (p.text if apply_threshold else p.best_span_text) for q, p in predictions.items()}
     return answers, {q: p.no_answer_prob for q, p in predictions.items()}
+
+
+def simple_null_logit(start_logits: np.ndarray, end_logits: np.ndarray, feature: Feature) -> float:
+    """No-answer logit for heads without an answerability output ("simple"): BERT's null score.
+
+    ``start[cls] + end[cls]`` minus the best paragraph start + end logit: positive when the model
+    prefers the `<cls>` "span" over every real one.
+    """
+    start = np.asarray(start_logits, dtype=np.float64)
+    end = np.asarray(end_logits, dtype=np.float64)
+    if feature.paragraph_len == 0:
+        return 1e9
+    best = float(start[: feature.paragraph_len].max() + end[: feature.paragraph_len].max())
+    return float(start[feature.cls_index] + end[feature.cls_index]) - best

@@ -1,0 +1,61 @@
+"""The content-stream QA model as a pure function of (input_ids, attention_mask, token_type_ids).
+
+This is what gets exported (ONNX/TensorRT) and what the torch server backend runs, so the two agree
+by construction. No query stream, no memory. Outputs are a tuple in `output_names(head)` order:
+
+- simple:           start_logits [B,T], end_logits [B,T]
+- shallow / deep:   start_logits [B,T], end_logits [B,T], cls_logits [B]
+- beam:             start_top_log_probs [B,k1], start_top_index [B,k1], end_top_log_probs [B,k1*k2],
+                    end_top_index [B,k1*k2], cls_logits [B]   (top-k computed inside the graph)
+
+Per-token logits are raw (decoding applies the feature's p_mask); the beam head needs the mask
+before its top-k, so it is derived inside the graph from the inputs: a token may be an answer only
+if it is a paragraph token (segment 0, not `<sep>`, not padding) or the `<cls>` token.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from train.model.heads import XLNetForQuestionAnswering
+
+SEP_ID = 4
+SEG_ID_CLS = 2
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def output_names(head: str) -> tuple[str, ...]:
+    if head == "simple":
+        return ("start_logits", "end_logits")
+    if head in ("shallow", "deep"):
+        return ("start_logits", "end_logits", "cls_logits")
+    if head == "beam":
+        return ("start_top_log_probs", "start_top_index", "end_top_log_probs", "end_top_index", "cls_logits")
+    raise ValueError(f"unknown head {head!r}")
+
+
+def derive_p_mask(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+) -> torch.Tensor:
+    """1.0 where a token cannot be (part of) an answer, from the XLNet SQuAD layout `P <sep> Q <sep> <cls>`."""
+    paragraph = (token_type_ids == 0) & (input_ids != SEP_ID) & (attention_mask != 0)
+    allowed = paragraph | (token_type_ids == SEG_ID_CLS)
+    return (~allowed).to(torch.float32)
+
+
+class QAInference(nn.Module):
+    """Wraps a QA model; forward(input_ids, attention_mask, token_type_ids) -> tuple of outputs."""
+
+    def __init__(self, model: XLNetForQuestionAnswering) -> None:
+        super().__init__()
+        self.model = model.eval()
+        self.head = model.head
+        self.names = output_names(model.head)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor):
+        p_mask = derive_p_mask(input_ids, attention_mask, token_type_ids) if self.head == "beam" else None
+        out = self.model(
+            input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask, p_mask=p_mask
+        )
+        return tuple(getattr(out, name) for name in self.names)
