@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 demo: venv
-	$(PY) -m train.demo --out $(DEMO_DIR)
+	$(PY) demo.py --out $(DEMO_DIR)
 
 test: venv
 	$(PY) -m pytest tests

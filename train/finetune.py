@@ -219,9 +219,7 @@ def finetune(args) -> dict:
         best_step = state["extra"].get("best_step")
         if d.is_main:
             print(f"Resumed from {resume_from} at step {step} (best_f1 so far {best_f1:.2f})", flush=True)
-    train_model = (
-        torch.nn.parallel.DistributedDataParallel(model) if d.enabled else model
-    )
+    train_model = torch.nn.parallel.DistributedDataParallel(model) if d.enabled else model
     log = MetricsLog(
         out,
         enabled=d.is_main,
@@ -356,7 +354,13 @@ def finetune(args) -> dict:
         )
     if d.enabled:
         dist.destroy_process_group()
-    return {"step": step, "loss": last_loss, "best_f1": best_f1, "best_step": best_step}
+    return {
+        "step": step,
+        "loss": last_loss,
+        "best_f1": best_f1,
+        "best_step": best_step,
+        "trainable_params": trainable,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
