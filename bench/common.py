@@ -1,0 +1,74 @@
+"""Timing helpers shared by the benchmarks: warm-up, repeated runs, percentiles, Markdown tables."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+
+def time_runs(
+    fn: Callable[[], object], *, warmup: int = 3, runs: int = 20, min_seconds: float = 0.0
+) -> np.ndarray:
+    """Seconds per call over `runs` calls (at least `min_seconds` in total) after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < runs or time.perf_counter() - start < min_seconds:
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return np.asarray(times)
+
+
+def pct(times: np.ndarray, q: float) -> float:
+    return float(np.percentile(times, q))
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    def fmt(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def machine_line(threads: int) -> str:
+    import torch
+
+    parts = [
+        f"{platform.processor() or platform.machine()}",
+        f"{os.cpu_count()} cores visible, {threads} thread(s) used",
+        f"python {platform.python_version()}",
+        f"torch {torch.__version__}",
+    ]
+    try:
+        import onnxruntime
+
+        parts.append(f"onnxruntime {onnxruntime.__version__}")
+    except ImportError:
+        pass
+    try:
+        import transformers
+
+        parts.append(f"transformers {transformers.__version__}")
+    except ImportError:
+        pass
+    return ", ".join(parts)
+
+
+def xlnet_forward_flops(batch: int, seq: int, d_model: int, d_inner: int, n_layer: int) -> float:
+    """Multiply-adds x 2 of one content-stream forward (no memory, bidirectional: 2T relative positions)."""
+    t, d = seq, d_model
+    proj = 4 * 2 * t * d * d  # q, k, v, o
+    rel = 2 * (2 * t) * d * d  # position projection over 2T distances
+    attn = 2 * t * t * d + 2 * t * (2 * t) * d + 2 * t * t * d  # content, position, weighted sum
+    ff = 2 * 2 * t * d * d_inner
+    return float(batch * n_layer * (proj + rel + attn + ff))

@@ -1,0 +1,185 @@
+"""`python -m bench.latency`: inference latency of the same weights through every path, side by side.
+
+(a) HF transformers eager (the reference), (b) HF's model through `torch.onnx.export` + onnxruntime,
+(c) our torch backend (`QAInference`, eager), (d) our ONNX fp32, (e) our ONNX int8, (f) TensorRT when
+present. Batch 1 and 8, sequence 128 and 384 (xlnet-base shape by default, random weights), warm-up
+then >= 20 runs, p50/p90, GFLOP/s and every figure as a ratio to (a) from the same run. Threads are
+pinned (torch.set_num_threads, ORT intra_op_num_threads). `--realistic` adds the shared dev questions
+at their true lengths (one window each, no padding to max), answered one by one.
+
+HF's graph does not survive dynamic shapes (its exported constants are shape-specialised: wrong
+numbers at any other length), so (b) is exported once per measured shape; ours is exported once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import tempfile
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+from bench.common import machine_line, markdown_table, pct, time_runs, xlnet_forward_flops
+from train import checkpoint
+from train.model import XLNetConfig, XLNetForQuestionAnswering
+from train.model.inference import INPUT_NAMES, QAInference
+
+SHARED_DEV = (
+    Path(__file__).resolve().parents[1].parent / "shared" / "data" / "squad2" / "dev-v2.0.cs224n-13.json"
+)
+
+
+def make_inputs(b: int, t: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(9, vocab, (b, t), dtype=np.int64)
+    types = np.zeros((b, t), dtype=np.int64)
+    types[:, int(t * 0.85) :] = 1
+    types[:, -1] = 2
+    return {"input_ids": ids, "attention_mask": np.ones((b, t), dtype=np.int64), "token_type_ids": types}
+
+
+class HFWrapper(torch.nn.Module):
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask.float(),
+            token_type_ids=token_type_ids,
+            use_mems=False,
+            return_dict=True,
+        )
+        return out.start_logits, out.end_logits
+
+
+def ort_session(model_bytes_or_path, threads: int):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(model_bytes_or_path, so, providers=["CPUExecutionProvider"])
+
+
+def hf_onnx_runner(hf, feeds: dict[str, np.ndarray], threads: int) -> Callable[[], object]:
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            HFWrapper(hf),
+            tuple(torch.from_numpy(feeds[n]) for n in INPUT_NAMES),
+            buf,
+            input_names=list(INPUT_NAMES),
+            output_names=["start_logits", "end_logits"],
+            opset_version=17,
+            dynamo=False,
+        )
+    sess = ort_session(buf.getvalue(), threads)
+    return lambda: sess.run(None, feeds)
+
+
+def export_ours(ckpt: Path, out: Path, precision: str) -> Path | None:
+    """Our exporter's CLI (verification on); returns the model file or None if that export is unavailable."""
+    try:
+        from export import onnx as onnx_export
+    except ImportError:
+        return None
+    code = onnx_export.main(["--checkpoint", str(ckpt), "--out", str(out), "--precision", precision])
+    return out / "model.onnx" if code == 0 else None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.latency", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="base", help="model preset (random weights)")
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--shapes", default="1x128,1x384,8x128,8x384", help="BxT list")
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--skip", default="", help="comma-separated paths to skip: a,b,c,d,e,f")
+    ap.add_argument(
+        "--realistic", type=int, default=0, help="also time N shared dev questions at true lengths"
+    )
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    skip = set(args.skip.split(","))
+    config = XLNetConfig.preset(args.config, vocab_size=args.vocab, dropout=0.0)
+    torch.manual_seed(0)
+    ours = XLNetForQuestionAnswering(config, head="simple").eval()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-latency-"))
+    checkpoint.save(ours, tmp / "ckpt")
+    hf = transformers.XLNetForQuestionAnsweringSimple.from_pretrained(tmp / "ckpt").eval()
+    runners: dict[str, Callable[[dict[str, np.ndarray]], Callable[[], object]]] = {}
+    inference = QAInference(ours)
+
+    def torch_runner(module):
+        def make(feeds):
+            tensors = tuple(torch.from_numpy(feeds[n]) for n in INPUT_NAMES)
+
+            def run():
+                with torch.inference_mode():
+                    return module(*tensors)
+
+            return run
+
+        return make
+
+    if "a" not in skip:
+        runners["(a) HF eager"] = torch_runner(HFWrapper(hf))
+    if "b" not in skip:
+        runners["(b) HF -> ONNX -> ORT"] = lambda feeds: hf_onnx_runner(hf, feeds, args.threads)
+    if "c" not in skip:
+        runners["(c) ours torch eager"] = torch_runner(inference)
+    for key, precision in (("d", "fp32"), ("e", "int8")):
+        if key in skip:
+            continue
+        path = export_ours(tmp / "ckpt", tmp / f"onnx-{precision}", precision)
+        if path is None:
+            print(f"({key}) ours ONNX {precision}: exporter unavailable, skipped")
+            continue
+        sess = ort_session(str(path), args.threads)
+        runners[f"({key}) ours ONNX {precision}"] = lambda feeds, sess=sess: lambda: sess.run(None, feeds)
+    if "f" not in skip:
+        try:
+            import tensorrt  # noqa: F401
+
+            if torch.cuda.is_available():
+                print(
+                    "(f) TensorRT: available; build with `python -m export.trt` and time with bench.latency --trt"
+                )
+        except ImportError:
+            print("(f) TensorRT: not installed on this machine (no NVIDIA GPU), skipped")
+
+    rows = []
+    for shape in args.shapes.split(","):
+        b, t = (int(x) for x in shape.lower().split("x"))
+        feeds = make_inputs(b, t, args.vocab)
+        flops = xlnet_forward_flops(b, t, config.d_model, config.d_inner, config.n_layer)
+        ref_p50 = None
+        for name, make in runners.items():
+            times = time_runs(make(feeds), warmup=args.warmup, runs=args.runs)
+            p50, p90 = pct(times, 50), pct(times, 90)
+            if name.startswith("(a)"):
+                ref_p50 = p50
+            speedup = ref_p50 / p50 if ref_p50 else float("nan")
+            rows.append([name, f"{b}x{t}", p50 * 1e3, p90 * 1e3, flops / p50 / 1e9, speedup])
+            print(f"  {name} {b}x{t}: p50 {p50 * 1e3:.1f} ms", flush=True)
+    print(f"\nMachine: {machine_line(args.threads)}")
+    print(
+        f"Model: {args.config} preset (d_model {config.d_model}, {config.n_layer} layers), random weights, "
+        f"{xlnet_forward_flops(1, 384, config.d_model, config.d_inner, config.n_layer) / 1e9:.0f} GFLOP at 1x384\n"
+    )
+    print(markdown_table(["path", "BxT", "p50 ms", "p90 ms", "GFLOP/s", "speed-up vs (a)"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,139 @@
+"""`python -m bench.train`: training throughput (tokens/s) of our model vs the HF oracle, same config/batch.
+
+Pretraining step: two-stream forward with perm_mask + target_mapping + memory, LM loss over targets,
+backward, AdamW step. Fine-tuning step: content stream + QA loss, backward, AdamW step. Both models
+hold the same weights (ours saved, loaded into `transformers`); the ratio is measured side by side in
+one run with the same thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+
+import torch
+import transformers
+from torch.nn import functional as F
+
+from bench.common import machine_line, markdown_table, pct, time_runs
+from train import checkpoint
+from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel
+
+
+def pretrain_batch(b: int, t: int, p: int, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    tm = torch.zeros(b, p, t)
+    for i in range(b):
+        tm[i, torch.arange(p), torch.randperm(t, generator=g)[:p]] = 1.0
+    return {
+        "input_ids": torch.randint(9, vocab, (b, t), generator=g),
+        "token_type_ids": (torch.arange(t) >= t // 2).long().expand(b, t).contiguous(),
+        "perm_mask": (torch.rand(b, t, t, generator=g) > 0.5).float(),
+        "target_mapping": tm,
+        "target_ids": torch.randint(9, vocab, (b, p), generator=g),
+    }
+
+
+def bench_pretrain(config: XLNetConfig, b: int, t: int, threads: int, runs: int) -> list[list[object]]:
+    torch.manual_seed(0)
+    ours = XLNetLMHeadModel(config)
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint.save(ours, tmp)
+        hf = transformers.XLNetLMHeadModel.from_pretrained(tmp)
+    p = max(1, t // 6)
+    batch = pretrain_batch(b, t, p, config.vocab_size)
+    mems_ours = [torch.zeros(config.mem_len, b, config.d_model)] * config.n_layer
+    rows = []
+    for name, model in (("HF transformers (oracle)", hf), ("ours", ours)):
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        kwargs = {"use_mems": True} if model is hf else {}
+
+        def step(model=model, opt=opt, kwargs=kwargs):
+            out = model(
+                batch["input_ids"],
+                token_type_ids=batch["token_type_ids"],
+                perm_mask=batch["perm_mask"],
+                target_mapping=batch["target_mapping"],
+                mems=mems_ours,
+                **kwargs,
+            )
+            loss = F.cross_entropy(
+                out.logits.reshape(-1, out.logits.shape[-1]), batch["target_ids"].reshape(-1)
+            )
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        times = time_runs(step, warmup=2, runs=runs)
+        rows.append([f"pretrain: {name}", b, t, pct(times, 50) * 1e3, b * t / pct(times, 50)])
+    rows.append(["pretrain: ours / HF (tokens/s)", "", "", "", rows[1][4] / rows[0][4]])
+    return rows
+
+
+def bench_finetune(config: XLNetConfig, b: int, t: int, threads: int, runs: int) -> list[list[object]]:
+    torch.manual_seed(0)
+    ours = XLNetForQuestionAnswering(config, head="beam")
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint.save(ours, tmp)
+        hf = transformers.XLNetForQuestionAnswering.from_pretrained(tmp)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(9, config.vocab_size, (b, t), generator=g)
+    types = (torch.arange(t) >= t - 20).long().expand(b, t).contiguous()
+    mask = torch.ones(b, t, dtype=torch.long)
+    starts = torch.randint(0, t - 30, (b,), generator=g)
+    ends = starts + 3
+    imp = (torch.rand(b, generator=g) > 0.5).float()
+    cls_index = torch.full((b,), t - 1)
+    rows = []
+    for name, model in (("HF transformers (oracle)", hf), ("ours", ours)):
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step(model=model, opt=opt):
+            extra = {"attention_mask": mask.float()} if model is hf else {"attention_mask": mask}
+            out = model(
+                ids,
+                token_type_ids=types,
+                start_positions=starts,
+                end_positions=ends,
+                is_impossible=imp,
+                cls_index=cls_index,
+                **extra,
+            )
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        times = time_runs(step, warmup=2, runs=runs)
+        rows.append([f"fine-tune (beam head): {name}", b, t, pct(times, 50) * 1e3, b * t / pct(times, 50)])
+    rows.append(["fine-tune: ours / HF (tokens/s)", "", "", "", rows[1][4] / rows[0][4]])
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.train", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="small")
+    ap.add_argument("--vocab", type=int, default=8000)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=10)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    config = XLNetConfig.preset(
+        args.config, vocab_size=args.vocab, dropout=0.0, mem_len=args.seq // 2, reuse_len=args.seq // 2
+    )
+    rows = bench_pretrain(config, args.batch, args.seq, args.threads, args.runs)
+    rows += bench_finetune(config, args.batch, args.seq, args.threads, args.runs)
+    print(f"Machine: {machine_line(args.threads)}")
+    print(
+        f"Command: python -m bench.train --config {args.config} --batch {args.batch} --seq {args.seq} "
+        f"--threads {args.threads} --runs {args.runs}\n"
+    )
+    print(markdown_table(["what", "batch", "seq", "p50 ms/step", "tokens/s (or ratio)"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
