@@ -286,3 +286,54 @@ def test_our_save_loads_in_transformers(hf_cls, tmp_path):
         close(got.last_hidden_state, ref.last_hidden_state, "h")
     again = checkpoint.load(tmp_path / "ckpt")
     assert again.kind == kind
+
+
+def test_legacy_hf_directory_with_pytorch_model_bin(tmp_path):
+    """Old HF checkpoints: pytorch_model.bin (read with weights_only=True) and `n_token` in config.json."""
+    import json
+
+    torch.manual_seed(0)
+    hf = transformers.XLNetLMHeadModel(hf_config()).eval()
+    hf.save_pretrained(tmp_path / "new")
+    cfg = json.loads((tmp_path / "new" / "config.json").read_text())
+    cfg["n_token"] = cfg.pop("vocab_size")
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "config.json").write_text(json.dumps(cfg))
+    torch.save(hf.state_dict(), legacy / "pytorch_model.bin")
+    loaded = checkpoint.load(legacy)
+    assert loaded.kind == "lm" and loaded.config.vocab_size == V
+    ids, types, mask = inputs()
+    with torch.no_grad():
+        close(
+            loaded.model(ids, types, mask).logits,
+            hf(ids, token_type_ids=types, attention_mask=mask.float()).logits,
+            "logits",
+        )
+
+
+def test_unsafe_pickle_is_refused(tmp_path):
+    import pickle
+
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "xlnet", "vocab_size": 10, "d_model": 8, "n_layer": 1, "n_head": 2, "d_inner": 16}'
+    )
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    with open(tmp_path / "pytorch_model.bin", "wb") as fh:
+        pickle.dump({"x": Evil()}, fh)
+    with pytest.raises(checkpoint.CheckpointError, match="weights_only"):
+        checkpoint.load(tmp_path)
+
+
+def test_clear_errors_for_non_checkpoints(tmp_path):
+    with pytest.raises(checkpoint.CheckpointError, match="not a directory"):
+        checkpoint.load(tmp_path / "missing")
+    with pytest.raises(checkpoint.CheckpointError, match="no config.json"):
+        checkpoint.load(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(ValueError, match="not an XLNet config"):
+        checkpoint.load(tmp_path)
