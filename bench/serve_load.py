@@ -1,0 +1,249 @@
+"""Bounded HTTP load test of the QA server, with and without micro-batching (loopback only).
+
+    python -m bench.serve_load --model DIR --backend onnx --clients 1,4,16 --seconds 10
+    python -m bench.serve_load --url http://127.0.0.1:8000 --clients 8 --seconds 5
+
+N concurrent clients (asyncio + httpx, closed loop: each sends its next request when the previous one
+returns) post SQuAD dev questions to ``/answer`` for T seconds after a short warm-up. With ``--model``
+the script starts ``python -m server`` itself once per mode: ``batched`` (max_batch_size/delay as
+given) and ``unbatched`` (max_batch_size 1, delay 0). Prints a Markdown table: throughput, p50/p99
+latency, errors and the mean number of windows per backend call (read from ``/metrics``).
+
+Client and server share the machine, so on few cores the client's own CPU use lowers the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+DEV = REPO / "data" / "sample" / "dev.json"
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+MODES = {"batched": None, "unbatched": ("--max-batch-size", "1", "--max-batch-delay-ms", "0")}
+
+
+@dataclass
+class Result:
+    mode: str
+    clients: int
+    seconds: float
+    requests: int
+    errors: int
+    throughput: float
+    p50_ms: float
+    p99_ms: float
+    windows_per_call: float
+
+
+def load_pairs(path: Path = DEV) -> list[tuple[str, str]]:
+    data = json.loads(path.read_text())
+    return [(qa["question"], p["context"]) for a in data["data"] for p in a["paragraphs"] for qa in p["qas"]]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.split("{")[0].split(" ")[0] == name
+    )
+
+
+async def _run_clients(
+    url: str, clients: int, seconds: float, pairs: list[tuple[str, str]]
+) -> tuple[list[float], int]:
+    latencies: list[float] = []
+    errors = 0
+    deadline = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+
+    async def worker(i: int, client: httpx.AsyncClient) -> None:
+        nonlocal errors
+        k = i * 7
+        while time.perf_counter() < deadline:
+            question, context = pairs[k % len(pairs)]
+            k += 1
+            start = time.perf_counter()
+            try:
+                r = await client.post("/answer", json={"question": question, "context": context})
+                ok = r.status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if ok:
+                latencies.append(time.perf_counter() - start)
+            else:
+                errors += 1
+
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        await asyncio.gather(*(worker(i, client) for i in range(clients)))
+    return latencies, errors
+
+
+def measure(url: str, mode: str, clients: int, seconds: float, warmup: float, pairs) -> Result:
+    if warmup > 0:
+        asyncio.run(_run_clients(url, clients, warmup, pairs))
+    before = httpx.get(url + "/metrics").text
+    start = time.perf_counter()
+    latencies, errors = asyncio.run(_run_clients(url, clients, seconds, pairs))
+    elapsed = time.perf_counter() - start
+    after = httpx.get(url + "/metrics").text
+    windows = _metric(after, "xlnetqa_batch_size_sum") - _metric(before, "xlnetqa_batch_size_sum")
+    calls = _metric(after, "xlnetqa_batch_size_count") - _metric(before, "xlnetqa_batch_size_count")
+    return Result(
+        mode=mode,
+        clients=clients,
+        seconds=round(elapsed, 2),
+        requests=len(latencies),
+        errors=errors,
+        throughput=len(latencies) / elapsed,
+        p50_ms=percentile(latencies, 50) * 1000,
+        p99_ms=percentile(latencies, 99) * 1000,
+        windows_per_call=windows / calls if calls else float("nan"),
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    """``python -m server`` on a free loopback port for one mode."""
+
+    def __init__(self, model: str, backend: str, flags: Sequence[str], log: Path) -> None:
+        self.port = _free_port()
+        cmd = [sys.executable, "-m", "server", "--model", model, "--backend", backend]
+        cmd += ["--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning", *flags]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("XLNETQA_")}
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self.log = open(log, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log.name}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"server not ready after {timeout} s; see {self.log.name}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
+def markdown(results: Sequence[Result], title: str) -> str:
+    lines = [
+        f"**{title}**",
+        "",
+        "| batching | clients | requests | req/s | p50 ms | p99 ms | errors | windows/call |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.mode} | {r.clients} | {r.requests} | {r.throughput:.1f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | "
+            f"{r.errors} | {r.windows_per_call:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def _check_loopback(url: str) -> None:
+    host = urlparse(url).hostname or ""
+    if host not in LOOPBACK:
+        raise SystemExit(f"error: --url must point at this machine (127.0.0.1/localhost), got {host!r}")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.serve_load", description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="export dir (onnx/trt) or checkpoint dir (torch): start servers here")
+    src.add_argument("--url", help="a running server on loopback (measured as is, one mode)")
+    p.add_argument("--backend", default="onnx", choices=("onnx", "trt", "torch"))
+    p.add_argument("--clients", default="1,4,16", help="comma-separated concurrency levels")
+    p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per level")
+    p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each level")
+    p.add_argument("--modes", default="batched,unbatched", help="with --model: batched and/or unbatched")
+    p.add_argument("--threads", type=int, default=1, help="server backend intra-op threads")
+    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--max-batch-delay-ms", type=float, default=2.0)
+    p.add_argument("--json", type=Path, help="also write the results as JSON here")
+    p.add_argument("--log-dir", type=Path, default=Path("/tmp"), help="where the servers' logs go")
+    args = p.parse_args(argv)
+    if args.seconds <= 0 or args.seconds > 600:
+        p.error("--seconds must be in (0, 600] (the load test is bounded)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    levels = [int(x) for x in args.clients.split(",") if x.strip()]
+    if not levels or min(levels) < 1 or max(levels) > 256:
+        raise SystemExit("error: --clients must be integers in 1..256")
+    pairs = load_pairs()
+    results: list[Result] = []
+    if args.url:
+        _check_loopback(args.url)
+        for n in levels:
+            results.append(measure(args.url.rstrip("/"), "external", n, args.seconds, args.warmup, pairs))
+        title = f"{args.url}"
+    else:
+        batched = (
+            "--max-batch-size",
+            str(args.max_batch_size),
+            "--max-batch-delay-ms",
+            str(args.max_batch_delay_ms),
+        )
+        for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+            if mode not in MODES:
+                raise SystemExit(f"error: unknown mode {mode!r}; choose from {sorted(MODES)}")
+            flags = (*(MODES[mode] or batched), "--threads", str(args.threads), "--max-queue", "1024")
+            server = _Server(args.model, args.backend, flags, args.log_dir / f"serve_load-{mode}.log")
+            try:
+                server.wait_ready()
+                for n in levels:
+                    results.append(measure(server.url, mode, n, args.seconds, args.warmup, pairs))
+                    print(f"  {mode:9s} clients={n:3d}: {results[-1].throughput:.1f} req/s", file=sys.stderr)
+            finally:
+                server.stop()
+        title = f"{args.backend} backend, {args.threads} intra-op thread(s), {os.cpu_count()} CPU(s), {args.seconds:g} s per row"
+    print(markdown(results, title))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

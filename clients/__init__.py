@@ -1,0 +1,61 @@
+"""Python client for the XLNet QA server (depends on httpx and pydantic only).
+
+Start a server (``python -m server --model runs/demo/export --port 8000``), then:
+
+```python
+from clients import AsyncXLNetQAClient, XLNetQAClient, XLNetQAError
+
+context = "The Normans were the people who in the 10th and 11th centuries gave their name to Normandy."
+
+with XLNetQAClient("http://127.0.0.1:8000", timeout=10.0, retries=3) as qa:
+    assert qa.health() and qa.ready()
+    print(qa.model_info().head)
+    a = qa.answer("Who gave their name to Normandy?", context, top_k=3)
+    print(a.answer, a.start, a.end, a.no_answer_prob, a.is_impossible)
+    assert context[a.start : a.end] == a.answer or a.is_impossible
+    for cand in a.n_best:  # top_k > 1: the best spans, best first
+        print(f"{cand.probability:.2f} {cand.text!r}")
+    results = qa.answer_batch([("When?", context), {"question": "Where?", "context": context}])
+    try:
+        qa.answer("   ", context)  # an empty question is rejected with 422 (never retried)
+    except XLNetQAError as err:
+        print(err.status_code, err.message)
+
+
+async def main() -> None:
+    async with AsyncXLNetQAClient("http://127.0.0.1:8000") as aqa:
+        print((await aqa.answer("Who gave their name to Normandy?", context)).answer)
+
+
+import asyncio
+
+asyncio.run(main())
+```
+
+Unanswerable questions come back with ``answer == ""`` and ``start == end == -1``. Connection errors
+and 503 (not ready / overloaded) are retried with exponential backoff, honouring ``Retry-After``.
+"""
+
+from clients.client import (
+    AsyncXLNetQAClient,
+    XLNetQAClient,
+    XLNetQAClientError,
+    XLNetQAConnectionError,
+    XLNetQAError,
+    XLNetQAServerError,
+)
+from clients.models import Answer, ModelInfo, NBestEntry, QARequest, Timing
+
+__all__ = [
+    "Answer",
+    "AsyncXLNetQAClient",
+    "ModelInfo",
+    "NBestEntry",
+    "QARequest",
+    "Timing",
+    "XLNetQAClient",
+    "XLNetQAClientError",
+    "XLNetQAConnectionError",
+    "XLNetQAError",
+    "XLNetQAServerError",
+]

@@ -1,0 +1,228 @@
+"""The FastAPI app: routes and request/response mapping (lifecycle in :mod:`server.runtime`, errors in
+:mod:`server.errors`).
+
+Routes: ``POST /answer``, ``POST /answer/batch``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics``,
+``GET /v1/model``, and the OpenAPI docs at ``/docs``. On SIGTERM uvicorn stops accepting connections
+and waits for in-flight requests; the lifespan then drains the micro-batcher.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+
+from server.backends import create_backend
+from server.batching import BatcherClosed, InferenceError, QueueFull
+from server.errors import ERROR_RESPONSES, ApiError, BodyLimitMiddleware, install_error_handlers
+from server.metrics import Metrics, MetricsMiddleware
+from server.model_spec import ModelSpec, resolve_spec
+from server.pipeline import Answered, Question, RequestTimeout
+from server.runtime import BackendFactory, Runtime
+from server.schemas import (
+    AnswerRequest,
+    AnswerResponse,
+    BatchRequest,
+    BatchResponse,
+    HealthResponse,
+    ModelInfoResponse,
+    NBestEntry,
+    Timing,
+)
+from server.settings import ServerSettings
+
+# ---- helpers ----------------------------------------------------------------------------------------
+
+
+def _check_sizes(items: list[AnswerRequest], settings: ServerSettings, prefix: bool) -> None:
+    """413 for anything beyond the configured sizes, naming the item and the limit."""
+    if len(items) > settings.max_batch_items:
+        raise ApiError(
+            413,
+            "too_many_items",
+            f"the batch has {len(items)} items; the limit is {settings.max_batch_items} (max_batch_items)",
+        )
+    for i, item in enumerate(items):
+        where = f"items[{i}]." if prefix else ""
+        if len(item.context) > settings.max_context_chars:
+            raise ApiError(
+                413,
+                "context_too_large",
+                f"{where}context has {len(item.context)} characters; the limit is {settings.max_context_chars}",
+            )
+        if len(item.question) > settings.max_question_chars:
+            raise ApiError(
+                413,
+                "question_too_large",
+                f"{where}question has {len(item.question)} characters; the limit is {settings.max_question_chars}",
+            )
+
+
+def _to_question(item: AnswerRequest) -> Question:
+    return Question(item.question, item.context, item.top_k, item.max_answer_len, item.threshold)
+
+
+def _to_response(answered: Answered, top_k: int, model: str) -> AnswerResponse:
+    p = answered.prediction
+    fields: dict[str, Any] = {
+        "answer": p.text,
+        "start": p.start,
+        "end": p.end,
+        "score": p.score if math.isfinite(p.score) else None,
+        "no_answer_prob": p.no_answer_prob,
+        "is_impossible": p.is_impossible,
+        "model": model,
+        "timing_ms": Timing(**answered.timing_ms),
+    }
+    if top_k > 1:
+        fields["n_best"] = [
+            NBestEntry(text=e.text, start=e.start, end=e.end, score=e.score, probability=e.probability)
+            for e in p.n_best[:top_k]
+        ]
+    return AnswerResponse(**fields)
+
+
+async def _answer(runtime: Runtime, items: list[AnswerRequest]) -> list[AnswerResponse]:
+    pipeline = runtime.require_ready()
+    retry = {"Retry-After": str(runtime.settings.retry_after_s)}
+    try:
+        answered = await pipeline.answer_many([_to_question(x) for x in items])
+    except QueueFull as exc:
+        raise ApiError(503, "overloaded", f"server overloaded: {exc}; retry later", retry) from None
+    except BatcherClosed as exc:
+        raise ApiError(503, "shutting_down", str(exc), retry) from None
+    except InferenceError as exc:
+        raise ApiError(500, "inference_failed", str(exc)) from None
+    except RequestTimeout as exc:
+        raise ApiError(504, "timeout", str(exc)) from None
+    runtime.metrics.questions.inc(len(items))
+    for a in answered:
+        runtime.metrics.windows.observe(a.windows)
+        runtime.metrics.queue_time.observe(a.timing_ms["queue"] / 1000.0)
+    return [_to_response(a, x.top_k, runtime.name) for a, x in zip(answered, items, strict=True)]
+
+
+# ---- the app ----------------------------------------------------------------------------------------
+
+
+def create_app(
+    settings: ServerSettings,
+    *,
+    backend_factory: BackendFactory | None = None,
+    on_fatal: Callable[[], None] | None = None,
+    spec: ModelSpec | None = None,
+) -> FastAPI:
+    """Build the app for ``settings`` (the model loads when the app starts, in the background).
+
+    ``backend_factory`` replaces :func:`server.backends.create_backend` (e.g. to wrap a backend);
+    ``on_fatal`` is called if loading fails (``python -m server`` stops the process with exit 1).
+    """
+    if spec is None:
+        if settings.model is None:
+            raise ValueError("no model directory (--model or XLNETQA_MODEL)")
+        spec = resolve_spec(settings.model, settings.backend)
+    metrics = Metrics()
+    runtime = Runtime(settings, spec, metrics, backend_factory or create_backend, on_fatal)
+    metrics.model_info.labels(runtime.name, settings.backend, spec.head, spec.precision).set(1)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        await runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.stop()
+
+    app = FastAPI(
+        title="XLNet QA",
+        version="1.0",
+        description="Extractive question answering (SQuAD 2.0) with XLNet. Answers are character spans of the "
+        "given context; long contexts are split into overlapping windows and the best span of all windows wins.",
+        lifespan=lifespan,
+    )
+    app.state.runtime = runtime
+    app.state.metrics = metrics
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: sees every response
+    install_error_handlers(app, metrics, settings)
+
+    @app.post(
+        "/answer", response_model=AnswerResponse, response_model_exclude_unset=True, responses=ERROR_RESPONSES
+    )
+    async def answer(body: AnswerRequest) -> AnswerResponse:
+        """Answer one question. ``context[start:end] == answer``; unanswerable: answer "" and start = end = -1."""
+        _check_sizes([body], settings, prefix=False)
+        return (await _answer(runtime, [body]))[0]
+
+    @app.post(
+        "/answer/batch",
+        response_model=BatchResponse,
+        response_model_exclude_unset=True,
+        responses=ERROR_RESPONSES,
+    )
+    async def answer_batch(body: BatchRequest) -> BatchResponse:
+        """Answer several questions (at most ``max_batch_items``, else 413); results in request order."""
+        _check_sizes(body.items, settings, prefix=True)
+        return BatchResponse(results=await _answer(runtime, body.items))
+
+    @app.get("/healthz", response_model=HealthResponse, response_model_exclude_none=True)
+    async def healthz() -> HealthResponse:
+        """Liveness: the process serves HTTP (even while the model loads)."""
+        return HealthResponse(status="ok")
+
+    @app.get(
+        "/readyz",
+        response_model=HealthResponse,
+        response_model_exclude_none=True,
+        responses={503: {"model": HealthResponse}},
+    )
+    async def readyz() -> Any:
+        """Readiness: 200 once the model is loaded and warmed up; 503 before, after a failure and while stopping."""
+        if runtime.ready:
+            return HealthResponse(status="ready")
+        body = HealthResponse(status=runtime.state, error=runtime.error).model_dump(exclude_none=True)
+        return JSONResponse(body, status_code=503, headers={"Retry-After": str(settings.retry_after_s)})
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    async def prometheus_metrics() -> Response:
+        """Prometheus text exposition (requests, errors, latencies, batch sizes, queue time)."""
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.get("/v1/model", response_model=ModelInfoResponse)
+    async def model_info() -> ModelInfoResponse:
+        """The served model's metadata (sidecar/checkpoint) and the server's runtime configuration."""
+        public = spec.public()
+        public["name"] = runtime.name
+        threshold = settings.no_answer_threshold
+        public["no_answer_threshold"] = spec.no_answer_threshold if threshold is None else threshold
+        return ModelInfoResponse(
+            **public,
+            backend=settings.backend,
+            ready=runtime.ready,
+            runtime=runtime.backend.describe() if runtime.backend is not None else {"state": runtime.state},
+            limits={
+                "max_context_chars": settings.max_context_chars,
+                "max_question_chars": settings.max_question_chars,
+                "max_batch_items": settings.max_batch_items,
+                "max_queue": settings.max_queue,
+                "max_body_bytes": settings.max_body_bytes,
+                "request_timeout_s": settings.request_timeout_s,
+            },
+            batching={
+                "max_batch_size": runtime.max_batch_size,
+                "max_batch_delay_ms": settings.max_batch_delay_ms,
+                "inference_workers": settings.inference_workers,
+                "pad_multiple_of": settings.pad_multiple_of,
+            },
+        )
+
+    return app
+
+
+def create_app_from_env() -> FastAPI:
+    """App factory for ``uvicorn --factory`` / multi-worker mode: settings from ``XLNETQA_*`` only."""
+    return create_app(ServerSettings())

@@ -1,0 +1,42 @@
+"""Inference backends behind one interface; each is imported only when chosen (torch only for ``torch``)."""
+
+from __future__ import annotations
+
+from server.backends.base import Backend, BackendUnavailable, dummy_batch
+from server.model_spec import ModelSpec
+from server.settings import ServerSettings
+
+BACKENDS = ("onnx", "trt", "torch")
+
+__all__ = ["BACKENDS", "Backend", "BackendUnavailable", "create_backend", "dummy_batch", "preflight"]
+
+
+def preflight(backend: str) -> None:
+    """Cheap checks before the server starts listening (missing packages/GPU -> BackendUnavailable)."""
+    import importlib.util
+
+    if backend == "onnx" and importlib.util.find_spec("onnxruntime") is None:
+        raise BackendUnavailable("--backend onnx needs onnxruntime (pip install 'xlnet-qa[serve]')")
+    if backend == "torch" and importlib.util.find_spec("torch") is None:
+        raise BackendUnavailable("--backend torch needs torch (pip install 'xlnet-qa[train]')")
+    if backend == "trt":
+        from server.backends.trt import _check_available
+
+        _check_available()
+
+
+def create_backend(spec: ModelSpec, settings: ServerSettings) -> Backend:
+    """Build the backend named by ``settings.backend`` for ``spec`` (slow: loads the model)."""
+    if settings.backend == "onnx":
+        from server.backends.onnx import OnnxBackend
+
+        return OnnxBackend(spec, settings.threads, settings.inter_op_threads, settings.provider_list())
+    if settings.backend == "trt":
+        from server.backends.trt import TrtBackend
+
+        return TrtBackend(spec)
+    if settings.backend == "torch":
+        from server.backends.torch import TorchBackend
+
+        return TorchBackend(spec, settings.threads, settings.inter_op_threads)
+    raise BackendUnavailable(f"unknown backend {settings.backend!r}; choose one of {BACKENDS}")

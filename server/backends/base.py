@@ -1,0 +1,78 @@
+"""The one interface every inference backend implements (onnxruntime, TensorRT, torch eager).
+
+The server only ever calls :meth:`Backend.run` on a padded int64 batch and reads outputs by name, so
+the batcher, the decoder and the HTTP layer are identical whatever runs the model.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from server.model_spec import ModelSpec
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run here (package or GPU missing); the server exits 2 with this one line."""
+
+
+class Backend(abc.ABC):
+    """Runs the QA model: ``run({input_ids, attention_mask, token_type_ids} [B, T]) -> {output: [B, ...]}``."""
+
+    name: str = "base"
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self.head = spec.head
+        self.output_names: tuple[str, ...] = spec.output_names
+        self.input_names: tuple[str, ...] = spec.input_names
+
+    @abc.abstractmethod
+    def run(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Outputs for one padded batch, keyed by output name; row i belongs to batch row i.
+
+        Called from a worker thread, never from the event loop; must be safe to call from several
+        threads when ``inference_workers > 1``.
+        """
+
+    def describe(self) -> dict[str, Any]:
+        """Runtime facts for ``/v1/model`` and the startup log (providers, device, threads)."""
+        return {"backend": self.name}
+
+    def warmup(self, lengths: tuple[int, ...] = (16,), batch_sizes: tuple[int, ...] = (1,)) -> None:
+        """Run dummy batches of each shape, so the first real request does not pay for allocation
+        and kernel selection (onnxruntime arenas, TensorRT contexts, torch's first-call overheads)."""
+        for b in batch_sizes:
+            for t in lengths:
+                self.run(dummy_batch(b, t))
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release sessions/engines (called once at shutdown)."""
+
+
+def dummy_batch(batch_size: int, length: int) -> dict[str, np.ndarray]:
+    """A batch with the XLNet layout ``P <sep> Q <sep> <cls>`` (ids from the special range, valid in every vocab)."""
+    length = max(length, 4)
+    ids = np.full((batch_size, length), 9, dtype=np.int64)
+    types = np.zeros((batch_size, length), dtype=np.int64)
+    half = length // 2
+    ids[:, half - 1] = 4  # <sep>
+    types[:, half:] = 1
+    ids[:, -2] = 4
+    ids[:, -1] = 3  # <cls>
+    types[:, -1] = 2
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": types}
+
+
+def check_outputs(outputs: Mapping[str, np.ndarray], names: tuple[str, ...], batch_size: int) -> None:
+    """Fail loudly (and only this batch) when a backend returns something the decoder cannot read."""
+    for name in names:
+        if name not in outputs:
+            raise RuntimeError(f"backend returned no {name!r} (got {sorted(outputs)})")
+        if outputs[name].shape[0] != batch_size:
+            raise RuntimeError(
+                f"backend output {name!r} has batch {outputs[name].shape[0]}, expected {batch_size}"
+            )

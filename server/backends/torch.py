@@ -1,0 +1,66 @@
+"""Torch eager backend: ``QAInference`` (the function that gets exported) under ``inference_mode``.
+
+The only module of the server that imports torch, and only when ``--backend torch`` is chosen; it is
+the reference the ONNX/TensorRT backends are checked against.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from server.backends.base import Backend, BackendUnavailable, check_outputs
+from server.model_spec import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+
+class TorchBackend(Backend):
+    """A checkpoint loaded with ``train.checkpoint.load`` and wrapped in ``QAInference``."""
+
+    name = "torch"
+
+    def __init__(self, spec: ModelSpec, threads: int = 1, inter_op_threads: int = 1) -> None:
+        super().__init__(spec)
+        try:
+            import torch
+
+            from train.checkpoint import load
+            from train.model.inference import QAInference
+        except ImportError as exc:
+            raise BackendUnavailable(f"--backend torch needs torch and the train package ({exc})") from None
+        self.torch = torch
+        torch.set_num_threads(threads)
+        try:
+            torch.set_num_interop_threads(inter_op_threads)
+        except RuntimeError:  # only settable before the first parallel work; harmless if already set
+            logger.debug("torch inter-op threads already fixed at %d", torch.get_num_interop_threads())
+        ckpt = load(spec.directory)
+        if ckpt.kind != f"qa:{spec.head}":
+            raise BackendUnavailable(
+                f"{spec.directory}: checkpoint is {ckpt.kind!r}, the sidecar says qa:{spec.head}"
+            )
+        self.model = QAInference(ckpt.model).eval()
+        self.threads = threads
+        logger.info("torch %s: %s loaded, %d intra-op threads", torch.__version__, ckpt.kind, threads)
+
+    def run(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        torch = self.torch
+        # Intra-op thread counts are per calling thread in some builds; re-assert in the worker thread.
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+        args = [torch.from_numpy(np.ascontiguousarray(batch[n], dtype=np.int64)) for n in self.input_names]
+        with torch.inference_mode():
+            values = self.model(*args)
+        out = {
+            n: v.float().numpy() if v.is_floating_point() else v.numpy()
+            for n, v in zip(self.model.names, values, strict=True)
+        }
+        check_outputs(out, self.output_names, len(batch["input_ids"]))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "device": "cpu", "intra_op_threads": self.threads}

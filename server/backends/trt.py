@@ -1,0 +1,68 @@
+"""TensorRT backend: runs a serialized engine through ``export.trt_runtime.TRTRunner``.
+
+TensorRT needs an NVIDIA GPU and the ``tensorrt`` package; without either the server refuses to
+start with one line (exit 2) instead of a traceback. The engine's optimisation profile (sidecar
+``trt.min_shape``/``max_shape``) caps the micro-batcher's batch size and sets the shortest padding.
+``TRTRunner`` keeps its buffers in torch CUDA tensors, so this backend (only) loads torch, never
+``train.model``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from server.backends.base import Backend, BackendUnavailable, check_outputs
+from server.model_spec import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+
+def _check_available() -> None:
+    """Fail fast with one clear reason: the tensorrt package, then a CUDA device (export.gpu checks both)."""
+    if importlib.util.find_spec("tensorrt") is None:
+        raise BackendUnavailable(
+            "--backend trt needs the 'tensorrt' package and an NVIDIA GPU (pip install \".[gpu]\" on a GPU machine)"
+        )
+    from export.gpu import gpu_stack_problem
+
+    problem = gpu_stack_problem()
+    if problem:
+        raise BackendUnavailable(f"--backend trt: {problem}")
+
+
+class TrtBackend(Backend):
+    """One engine and execution context (``TRTRunner`` serialises calls: a context is not thread-safe)."""
+
+    name = "trt"
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec)
+        _check_available()
+        from export.trt_runtime import TRTRunner
+
+        try:
+            self.runner = TRTRunner(spec.directory)
+        except Exception as exc:  # noqa: BLE001 - CUDA/engine errors come in many types; report them in one line
+            raise BackendUnavailable(
+                f"--backend trt: cannot load the engine in {spec.directory}: {exc}"
+            ) from None
+        logger.info("TensorRT engine loaded from %s", spec.directory)
+
+    def run(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raw = self.runner.run(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        out = {n: np.asarray(raw[n]) for n in self.output_names if n in raw}
+        check_outputs(out, self.output_names, len(batch["input_ids"]))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "device": "cuda",
+            "engine_min_shape": list(self.runner.min_shape),
+            "engine_max_shape": list(self.runner.max_shape),
+        }

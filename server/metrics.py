@@ -1,0 +1,110 @@
+"""Prometheus metrics in a registry of the app's own (several apps per process in tests never collide).
+
+Route labels are route templates, never raw paths, so a scan of random URLs cannot blow up the
+number of time series.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
+
+
+class Metrics:
+    """All server metrics; ``render()`` gives the Prometheus text exposition."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "xlnetqa_requests",
+            "HTTP requests by route, method and status",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "xlnetqa_request_duration_seconds",
+            "HTTP request latency",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.errors = Counter("xlnetqa_errors", "Error responses by kind", ["kind"], registry=r)
+        self.inflight = Gauge("xlnetqa_inflight_requests", "Requests being handled", registry=r)
+        self.questions = Counter(
+            "xlnetqa_questions", "Questions answered (batch items count one each)", registry=r
+        )
+        self.windows = Histogram(
+            "xlnetqa_windows_per_question",
+            "Windows (features) per question",
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "xlnetqa_batch_size", "Windows per backend call", buckets=_BATCH_BUCKETS, registry=r
+        )
+        self.batch_tokens = Histogram(
+            "xlnetqa_batch_padded_length", "Padded sequence length per backend call",
+            buckets=(16, 32, 64, 128, 192, 256, 384, 512, 1024), registry=r,
+        )  # fmt: skip
+        self.padding = Histogram(
+            "xlnetqa_batch_padding_ratio", "Fraction of a batch's tokens that are padding",
+            buckets=(0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0), registry=r,
+        )  # fmt: skip
+        self.queue_time = Histogram(
+            "xlnetqa_queue_time_seconds", "Wait between enqueue and the first backend call", buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.inference_time = Histogram(
+            "xlnetqa_inference_seconds", "Backend call duration", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.batch_failures = Counter("xlnetqa_batch_failures", "Backend calls that raised", registry=r)
+        self.queue_depth = Gauge("xlnetqa_queue_depth", "Windows waiting for a backend call", registry=r)
+        self.ready = Gauge("xlnetqa_ready", "1 once the model is loaded and warmed up", registry=r)
+        self.model_info = Gauge(
+            "xlnetqa_model_info",
+            "Served model (value 1)",
+            ["name", "backend", "head", "precision"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware: counts and times every HTTP request by route template and status."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+        start = time.perf_counter()
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        self.metrics.inflight.inc()
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            self.metrics.inflight.dec()
+            route = scope.get("route")
+            label = getattr(route, "path", None) or "unmatched"
+            self.metrics.requests.labels(label, scope.get("method", ""), str(status)).inc()
+            self.metrics.latency.labels(label).observe(time.perf_counter() - start)

@@ -1,0 +1,224 @@
+"""What the server needs to know about a model, read torch-free from an export or checkpoint directory.
+
+An export directory holds ``export.json`` (read and validated by :mod:`export.sidecar`), the model file
+and the tokenizer; a checkpoint directory (``--backend torch``) holds ``config.json`` + ``metadata.json``,
+read here as plain JSON. Neither path imports torch (the ONNX/TensorRT server must not), and both fail
+at startup with one clear line when a directory is not what it claims to be.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from export.sidecar import INPUT_NAMES, Sidecar, SidecarError
+from export.sidecar import OUTPUT_NAMES as OUTPUTS_BY_HEAD
+
+
+class ModelSpecError(ValueError):
+    """The model directory cannot be served; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Head, sequence lengths and defaults of one servable model (all the server reads from disk)."""
+
+    name: str
+    directory: Path  # where the weights/engine live (a checkpoint dir for the torch backend)
+    tokenizer_dir: Path
+    head: str
+    kind: str  # "export" | "checkpoint"
+    model_file: str | None = None
+    export_backend: str | None = None
+    precision: str = "fp32"
+    max_seq_len: int = 384
+    doc_stride: int = 128
+    max_query_len: int = 64
+    max_answer_len: int = 30
+    no_answer_threshold: float = 0.5
+    start_n_top: int = 5
+    end_n_top: int = 5
+    max_batch_size: int | None = None  # a TensorRT engine's optimisation-profile limits (None: any)
+    max_engine_seq_len: int | None = None
+    min_engine_seq_len: int | None = None  # shorter batches are padded up to it
+    input_names: tuple[str, ...] = INPUT_NAMES
+    output_names: tuple[str, ...] = ()
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    def public(self) -> dict[str, Any]:
+        """JSON-ready metadata for ``GET /v1/model`` (no absolute paths)."""
+        return {
+            "name": self.name,
+            "head": self.head,
+            "precision": self.precision,
+            "max_seq_len": self.max_seq_len,
+            "doc_stride": self.doc_stride,
+            "max_query_len": self.max_query_len,
+            "max_answer_len": self.max_answer_len,
+            "no_answer_threshold": self.no_answer_threshold,
+            "start_n_top": self.start_n_top,
+            "end_n_top": self.end_n_top,
+            "inputs": list(self.input_names),
+            "outputs": list(self.output_names),
+            "source": self.kind,
+            "export_backend": self.export_backend,
+        }
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelSpecError(f"{path}: cannot be read ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ModelSpecError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise ModelSpecError(f"{path}: expected a JSON object")
+    return data
+
+
+def _int(data: dict[str, Any], key: str, default: int, where: Path) -> int:
+    value = data.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ModelSpecError(f"{where}: {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _threshold(data: dict[str, Any], where: Path) -> float:
+    value = data.get("no_answer_threshold", 0.5)
+    if value is None:
+        return 0.5
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
+        raise ModelSpecError(f"{where}: 'no_answer_threshold' must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def _head(value: Any, where: Path) -> str:
+    if value not in OUTPUTS_BY_HEAD:
+        raise ModelSpecError(f"{where}: unknown QA head {value!r}; expected one of {sorted(OUTPUTS_BY_HEAD)}")
+    return str(value)
+
+
+def _lengths(data: dict[str, Any], where: Path) -> dict[str, Any]:
+    out = {
+        "max_seq_len": _int(data, "max_seq_len", 384, where),
+        "doc_stride": _int(data, "doc_stride", 128, where),
+        "max_query_len": _int(data, "max_query_len", 64, where),
+        "max_answer_len": _int(data, "max_answer_len", 30, where),
+        "start_n_top": _int(data, "start_n_top", 5, where),
+        "end_n_top": _int(data, "end_n_top", 5, where),
+        "no_answer_threshold": _threshold(data, where),
+    }
+    if out["max_seq_len"] < out["max_query_len"] + 4:
+        raise ModelSpecError(
+            f"{where}: max_seq_len={out['max_seq_len']} leaves no room for the paragraph "
+            f"(max_query_len={out['max_query_len']})"
+        )
+    return out
+
+
+def _need_tokenizer(directory: Path) -> None:
+    if not (directory / "spiece.model").is_file():
+        raise ModelSpecError(f"{directory}: no spiece.model (the tokenizer must be saved beside the model)")
+
+
+def load_export_spec(directory: str | Path, backend: str = "onnx") -> ModelSpec:
+    """Read and validate an export directory through ``export.sidecar`` (torch-free).
+
+    The sidecar's backend must fit the server's: an ONNX export for ``onnx``, an engine for ``trt``.
+    """
+    d = Path(directory)
+    try:
+        sc = Sidecar.load(d)
+    except SidecarError as exc:
+        raise ModelSpecError(str(exc)) from None
+    wanted = {"onnx": "onnx", "trt": "tensorrt"}.get(backend)
+    if wanted is not None and sc.backend != wanted:
+        flag = "trt" if sc.backend == "tensorrt" else "onnx"
+        raise ModelSpecError(f"{d}: the export is for {sc.backend!r}; serve it with --backend {flag}")
+    return ModelSpec(
+        name=str(sc.extra.get("name") or d.resolve().name),
+        directory=d,
+        tokenizer_dir=d,
+        head=sc.head,
+        kind="export",
+        model_file=sc.model_file,
+        export_backend=sc.backend,
+        precision=sc.precision,
+        max_seq_len=sc.max_seq_len,
+        doc_stride=sc.doc_stride,
+        max_query_len=sc.max_query_len,
+        max_answer_len=sc.max_answer_len,
+        no_answer_threshold=float(sc.no_answer_threshold),
+        start_n_top=sc.start_n_top,
+        end_n_top=sc.end_n_top,
+        max_batch_size=sc.max_batch_size,
+        max_engine_seq_len=sc.max_sequence_length,
+        min_engine_seq_len=sc.trt["min_shape"][1] if sc.trt else None,
+        input_names=tuple(sc.inputs),
+        output_names=tuple(sc.outputs),
+        raw=sc.to_dict(),
+    )
+
+
+def load_checkpoint_spec(directory: str | Path) -> ModelSpec:
+    """Read a fine-tuned checkpoint's ``config.json`` kind and ``metadata.json`` (no weights, no torch)."""
+    d = Path(directory)
+    config = _read_json(d / "config.json") if (d / "config.json").is_file() else None
+    if config is None:
+        raise ModelSpecError(f"{d}: no config.json; is this a checkpoint directory?")
+    meta = _read_json(d / "metadata.json") if (d / "metadata.json").is_file() else {}
+    kind = (config.get("xlnet_qa") or {}).get("kind") or ""
+    head = meta.get("head") or (kind.split(":", 1)[1] if kind.startswith("qa:") else None)
+    if head is None:
+        raise ModelSpecError(f"{d}: not a question-answering checkpoint (kind {kind or 'unknown'!r})")
+    head = _head(head, d / "metadata.json")
+    _need_tokenizer(d)
+    return ModelSpec(
+        name=str(meta.get("name") or d.resolve().name),
+        directory=d,
+        tokenizer_dir=d,
+        head=head,
+        kind="checkpoint",
+        output_names=OUTPUTS_BY_HEAD[head],
+        raw=meta,
+        **_lengths(meta, d / "metadata.json"),
+    )
+
+
+def resolve_spec(model_dir: str | Path, backend: str) -> ModelSpec:
+    """The spec for ``--model DIR --backend B``.
+
+    onnx/trt need an export directory. torch takes a checkpoint directory, or an export directory whose
+    sidecar names its ``source_checkpoint`` (then the sidecar's lengths and threshold are kept, so both
+    backends serve the same model the same way).
+    """
+    d = Path(model_dir)
+    if not d.is_dir():
+        raise ModelSpecError(f"{d}: model directory not found")
+    if backend != "torch":
+        spec = load_export_spec(d, backend)
+        if spec.max_engine_seq_len is not None and spec.max_engine_seq_len < spec.max_seq_len:
+            raise ModelSpecError(
+                f"{d}: the engine accepts at most {spec.max_engine_seq_len} tokens, the sidecar's max_seq_len is "
+                f"{spec.max_seq_len}"
+            )
+        return spec
+    if (d / "config.json").is_file():
+        return load_checkpoint_spec(d)
+    spec = load_export_spec(d, backend)
+    source = spec.raw.get("source_checkpoint")
+    if not source:
+        raise ModelSpecError(
+            f"{d}: --backend torch needs a checkpoint directory or a sidecar with source_checkpoint"
+        )
+    # Absolute, relative to the export directory, or relative to where the export was run.
+    candidates = [Path(source)] if Path(source).is_absolute() else [d / source, Path(source)]
+    ckpt = next((c for c in candidates if (c / "config.json").is_file()), None)
+    if ckpt is None:
+        raise ModelSpecError(f"{d}: source_checkpoint {source!r} is not a checkpoint directory")
+    return ModelSpec(**{**spec.__dict__, "directory": ckpt, "kind": "checkpoint"})

@@ -1,0 +1,85 @@
+"""Server settings: environment variables (prefix ``XLNETQA_``), overridden by command-line flags.
+
+Every limit that protects the server (input sizes, queue length, timeouts) lives here, so an operator
+can tune it without code changes, and tests can start servers with tiny limits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "XLNETQA_"
+
+
+class ServerSettings(BaseSettings):
+    """All knobs of ``python -m server``; each field ``foo`` is also the env var ``XLNETQA_FOO``."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", validate_default=True)
+
+    model: Path | None = Field(
+        None, description="Export directory (onnx/trt) or checkpoint directory (torch)"
+    )
+    backend: Literal["onnx", "trt", "torch"] = "onnx"
+    model_name: str | None = Field(None, description="Name reported in responses (default: directory name)")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    workers: int = Field(1, ge=1, description="uvicorn worker processes, each with its own model copy")
+    threads: int = Field(1, ge=1, description="Intra-op threads of the backend (set explicitly, never 'all')")
+    inter_op_threads: int = Field(1, ge=1)
+    providers: str = Field(
+        "auto",
+        description="onnxruntime providers, comma-separated (e.g. 'CUDAExecutionProvider,CPUExecutionProvider'); "
+        "'auto' = CUDA when onnxruntime-gpu sees a GPU, else CPU",
+    )
+    max_batch_size: int = Field(8, ge=1, description="Most windows (features) in one backend call")
+    max_batch_delay_ms: float = Field(2.0, ge=0.0, description="Longest wait for a batch to fill")
+    pad_multiple_of: int | None = Field(
+        None, ge=1, description="Round padded lengths up (limits engine shapes)"
+    )
+    inference_workers: int = Field(1, ge=1, description="Backend calls in flight at once")
+    max_context_chars: int = Field(20000, ge=1)
+    max_question_chars: int = Field(1000, ge=1)
+    max_batch_items: int = Field(32, ge=1)
+    max_queue: int = Field(
+        256, ge=1, description="Questions waiting for inference; beyond it 503 + Retry-After"
+    )
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    request_timeout_s: float = Field(30.0, gt=0.0, description="Queue + inference time before a 504")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After header value on 503")
+    no_answer_threshold: float | None = Field(
+        None, ge=0.0, le=1.0, description="Default: the model's sidecar"
+    )
+    n_best_pool: int = Field(20, ge=1, le=100, description="Candidate starts/ends per window when decoding")
+    warmup_delay_s: float = Field(0.0, ge=0.0, description="Extra sleep before warm-up (tests of /readyz)")
+    graceful_timeout_s: float = Field(
+        30.0, gt=0.0, description="How long SIGTERM waits for in-flight requests"
+    )
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    @model_validator(mode="after")
+    def _check(self) -> ServerSettings:
+        """A batch request larger than the queue could never be admitted: refuse that configuration."""
+        if self.max_batch_items > self.max_queue:
+            raise ValueError(
+                f"max_batch_items ({self.max_batch_items}) must be <= max_queue ({self.max_queue}), "
+                "or a full batch request could never be queued"
+            )
+        return self
+
+    def provider_list(self) -> list[str] | None:
+        """Explicit onnxruntime providers, or None for automatic selection."""
+        if self.providers.strip().lower() == "auto":
+            return None
+        return [p.strip() for p in self.providers.split(",") if p.strip()]
+
+    def to_env(self) -> dict[str, str]:
+        """These settings as ``XLNETQA_*`` variables (how ``--workers N`` hands them to worker processes)."""
+        out: dict[str, str] = {}
+        for name, value in self.model_dump().items():
+            if value is not None:
+                out[ENV_PREFIX + name.upper()] = str(value)
+        return out

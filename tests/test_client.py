@@ -1,0 +1,220 @@
+"""The client SDK (sync and async) against a live server: typed results, retries on connection errors
+and 503 (honouring Retry-After), no retries on 4xx, typed errors, and the README example as written."""
+
+# ruff: noqa: F811 - pytest fixtures imported from other modules are redefined as arguments
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fixtures_spm import spm_dir, xlnet_tok  # noqa: F401 - pytest fixtures
+from test_server import (  # noqa: F401 - onnx_export/qa_checkpoint are pytest fixtures
+    REPO,
+    ServerProcess,
+    dev_questions,
+    free_port,
+    metric_value,
+    onnx_export,
+    qa_checkpoint,
+    server_env,
+)
+
+import clients
+from clients import (
+    Answer,
+    AsyncXLNetQAClient,
+    ModelInfo,
+    NBestEntry,
+    QARequest,
+    XLNetQAClient,
+    XLNetQAClientError,
+    XLNetQAConnectionError,
+    XLNetQAServerError,
+)
+from clients.client import _Policy
+
+
+@pytest.fixture(scope="module")
+def server(onnx_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    s = ServerProcess(onnx_export, tmp_path_factory.mktemp("logs"))
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+def _check(a: Answer, context: str) -> None:
+    assert isinstance(a, Answer) and 0.0 <= a.no_answer_prob <= 1.0
+    if a.is_impossible:
+        assert (a.answer, a.start, a.end) == ("", -1, -1)
+    else:
+        assert context[a.start : a.end] == a.answer
+
+
+def test_sync_client_typed_results(server: ServerProcess) -> None:
+    pairs = dev_questions()[:3]
+    with XLNetQAClient(server.url) as qa:
+        assert qa.health() and qa.ready()
+        info = qa.model_info()
+        assert (
+            isinstance(info, ModelInfo) and info.head == "shallow" and info.backend == "onnx" and info.ready
+        )
+        q, c = pairs[0]
+        a = qa.answer(q, c, top_k=3, threshold=1.0)
+        _check(a, c)
+        assert not a.is_impossible and a.has_answer and a.model == "export" and a.timing_ms.total > 0
+        assert len(a.n_best) == 3 and all(isinstance(e, NBestEntry) for e in a.n_best)
+        assert qa.answer(q, c).n_best == []  # top_k=1: no n_best
+        items = [
+            pairs[0],
+            {"question": pairs[1][0], "context": pairs[1][1]},
+            QARequest(question=pairs[2][0], context=pairs[2][1]),
+        ]
+        batch = qa.answer_batch(items)
+        assert len(batch) == 3
+        for got, (question, context) in zip(batch, pairs, strict=True):
+            _check(got, context)
+            single = qa.answer(question, context)
+            assert (got.answer, got.start, got.end) == (single.answer, single.start, single.end)
+
+
+def test_async_client_typed_results(server: ServerProcess) -> None:
+    pairs = dev_questions()[:6]
+
+    async def scenario() -> None:
+        async with AsyncXLNetQAClient(server.url) as qa:
+            assert await qa.health() and await qa.ready()
+            assert (await qa.model_info()).max_seq_len == 128
+            answers = await asyncio.gather(*(qa.answer(q, c, top_k=2) for q, c in pairs))
+            batch = await qa.answer_batch(pairs)
+            for a, b, (_, c) in zip(answers, batch, pairs, strict=True):
+                _check(a, c)
+                assert (a.answer, a.start, a.end) == (b.answer, b.start, b.end) and len(a.n_best) == 2
+
+    asyncio.run(scenario())
+
+
+def _count(url: str, status: str) -> float:
+    return metric_value(
+        httpx.get(url + "/metrics").text, "xlnetqa_requests_total", route="/answer", status=status
+    )
+
+
+def test_4xx_is_raised_at_once_without_retries(server: ServerProcess) -> None:
+    before = _count(server.url, "422"), _count(server.url, "413")
+    with XLNetQAClient(server.url, retries=5, backoff=1.0) as qa:
+        start = time.monotonic()
+        with pytest.raises(XLNetQAClientError) as err:
+            qa.answer("   ", "some context")
+        assert err.value.status_code == 422 and err.value.error == "validation_error"
+        assert "question must not be empty" in err.value.message
+        with pytest.raises(XLNetQAClientError) as err:
+            qa.answer("Why?", "x" * 20001)
+        assert err.value.status_code == 413 and "limit" in err.value.message
+        assert time.monotonic() - start < 1.0  # a retry would have slept >= 0.5 s
+
+    async def async_case() -> None:
+        async with AsyncXLNetQAClient(server.url, retries=5, backoff=1.0) as qa:
+            with pytest.raises(XLNetQAClientError) as aerr:
+                await qa.answer("", "some context")
+            assert aerr.value.status_code == 422
+
+    asyncio.run(async_case())
+    assert _count(server.url, "422") - before[0] == 2 and _count(server.url, "413") - before[1] == 1
+
+
+def test_unreachable_server_raises_connection_error_after_retries() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with XLNetQAClient(url, retries=2, backoff=0.01) as qa:
+        assert not qa.health() and not qa.ready()
+        with pytest.raises(XLNetQAConnectionError) as err:
+            qa.answer("Why?", "Because.")
+        assert err.value.status_code is None
+
+    async def async_case() -> None:
+        async with AsyncXLNetQAClient(url, retries=1, backoff=0.01) as qa:
+            with pytest.raises(XLNetQAConnectionError):
+                await qa.answer("Why?", "Because.")
+
+    asyncio.run(async_case())
+
+
+def test_retry_after_is_honoured_and_capped() -> None:
+    policy = _Policy("http://127.0.0.1:1", backoff=0.1, max_backoff=2.0)
+    assert policy._delay(0, httpx.Response(503, headers={"Retry-After": "1"})) == 1.0
+    assert policy._delay(0, httpx.Response(503, headers={"Retry-After": "120"})) == 2.0
+    assert 0.05 <= policy._delay(0, httpx.Response(503)) <= 0.1  # exponential backoff with jitter
+    assert 0.2 <= policy._delay(2, None) <= 0.4
+
+
+def test_clients_retry_until_the_server_is_up_and_ready(onnx_export: Path, tmp_path: Path) -> None:
+    """Both clients start before the server exists (connection refused), then see 503 during warm-up."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    question, context = dev_questions()[0]
+    results: dict[str, object] = {}
+    kw = {"retries": 80, "backoff": 0.05, "max_backoff": 0.2, "timeout": 10.0}
+
+    def sync_client() -> None:
+        with XLNetQAClient(url, **kw) as qa:
+            results["sync"] = qa.answer(question, context)
+
+    def async_client() -> None:
+        async def go() -> None:
+            async with AsyncXLNetQAClient(url, **kw) as qa:
+                results["async"] = await qa.answer(question, context)
+
+        asyncio.run(go())
+
+    threads = [threading.Thread(target=sync_client), threading.Thread(target=async_client)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)  # the clients are now retrying refused connections
+    s = ServerProcess(onnx_export, tmp_path, "--warmup-delay-s", "1.5", port=port).launch()
+    try:
+        s.wait("/healthz")
+        with XLNetQAClient(url, retries=1, backoff=0.01, max_backoff=0.05) as impatient:
+            with pytest.raises(XLNetQAServerError) as err:
+                impatient.answer(question, context)
+            assert err.value.status_code == 503 and err.value.error == "not_ready"
+        for t in threads:
+            t.join(30)
+        sync_answer, async_answer = results.get("sync"), results.get("async")
+        assert isinstance(sync_answer, Answer) and isinstance(async_answer, Answer), results
+        assert (sync_answer.answer, sync_answer.start) == (async_answer.answer, async_answer.start)
+        assert _count(url, "503") >= 4  # both retried through 503s (plus the impatient client's two)
+    finally:
+        s.stop()
+
+
+def test_readme_example_runs_as_written(server: ServerProcess) -> None:
+    code = re.search(r"```python\n(.*?)```", clients.__doc__ or "", re.S)
+    assert code is not None
+    source = code.group(1).replace("http://127.0.0.1:8000", server.url)
+    r = subprocess.run(
+        [sys.executable, "-c", source], cwd=REPO, env=server_env(), capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "422" in r.stdout and "shallow" in r.stdout
+
+
+def test_clients_import_only_httpx_and_pydantic() -> None:
+    code = (
+        "import sys, clients\n"
+        "ours = sorted(m for m in sys.modules if m.split('.')[0] in {'server', 'train', 'export', 'bench', 'torch', "
+        "'numpy', 'onnxruntime', 'fastapi'})\n"
+        "print(ours)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=server_env(), capture_output=True, text=True
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr

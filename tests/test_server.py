@@ -1,0 +1,808 @@
+"""The HTTP server against real uvicorn on 127.0.0.1: answers, batching, errors, readiness, metrics,
+overload, graceful shutdown, backend agreement and the torch-free import rule.
+
+Models are tiny random XLNets, so answers are arbitrary: tests check invariants (offsets, ranges,
+order, agreement with in-process decoding), never answer quality. The helpers at the top are also
+imported by test_client.py and test_server_fuzz.py.
+"""
+
+# ruff: noqa: F811 - pytest fixtures imported from other modules are redefined as arguments
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from fixtures_spm import spm_dir, xlnet_tok  # noqa: F401 - pytest fixtures
+
+from train.squad import decode, featurize_one
+from train.tokenizer import XLNetTokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+DEV = REPO / "data" / "sample" / "dev.json"
+WINDOWS = {"max_seq_len": 128, "doc_stride": 64, "max_query_len": 32}
+METADATA = {"no_answer_threshold": 0.5, **WINDOWS, "max_answer_len": 30, "head": "shallow"}
+HOST = "127.0.0.1"
+
+
+# ---- shared helpers (imported by test_client.py and test_server_fuzz.py) -----------------------------
+
+
+def build_qa_checkpoint(out: Path, tok: XLNetTokenizer, head: str = "shallow", seed: int = 0) -> Path:
+    """A tiny random QA model saved as a fine-tuned checkpoint (tokenizer + serving metadata)."""
+    import train.checkpoint
+    from train.model import XLNetConfig, XLNetForQuestionAnswering
+
+    torch.manual_seed(seed)
+    config = XLNetConfig.preset("tiny", vocab_size=tok.vocab_size, dropout=0.0)
+    model = XLNetForQuestionAnswering(config, head=head).eval()
+    return train.checkpoint.save(model, out, tokenizer=tok, metadata={**METADATA, "head": head})
+
+
+def export_onnx(ckpt: Path, out: Path) -> Path:
+    """The project's exporter, in-process (``python -m export.onnx``: fp32, verified against torch)."""
+    from export.onnx import main as export_main
+
+    rc = export_main(["--checkpoint", str(ckpt), "--out", str(out)])
+    assert rc in (0, None), f"export.onnx failed with {rc}"
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def server_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XLNETQA_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    env.update(extra or {})
+    return env
+
+
+class ServerProcess:
+    """``python -m server`` on an ephemeral loopback port; output goes to a log file (never a full pipe)."""
+
+    def __init__(
+        self, model: Path, log_dir: Path, *args: str, backend: str = "onnx", env=None, port: int | None = None
+    ) -> None:
+        self.model, self.args, self.backend = model, list(args), backend
+        self.env = server_env(env)
+        self.log_path = log_dir / f"server-{backend}-{time.monotonic_ns()}.log"
+        self.proc: subprocess.Popen | None = None
+        self.port = port or free_port()
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def launch(self) -> ServerProcess:
+        cmd = [sys.executable, "-m", "server", "--model", str(self.model), "--backend", self.backend]
+        cmd += ["--host", HOST, "--port", str(self.port), "--log-level", "warning", *self.args]
+        self._log_fh = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO, env=self.env, stdout=self._log_fh, stderr=subprocess.STDOUT
+        )
+        return self
+
+    def wait(self, path: str = "/readyz", timeout: float = 60.0) -> ServerProcess:
+        """Poll ``path`` until 200; fail with the server log if the process dies or time runs out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + path, timeout=2.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()}")
+
+    def start(self, path: str = "/readyz") -> ServerProcess:
+        return self.launch().wait(path)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log_fh.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def qa_checkpoint(tmp_path_factory: pytest.TempPathFactory, xlnet_tok: XLNetTokenizer) -> Path:
+    return build_qa_checkpoint(tmp_path_factory.mktemp("qa_ckpt") / "ckpt", xlnet_tok)
+
+
+@pytest.fixture(scope="module")
+def onnx_export(tmp_path_factory: pytest.TempPathFactory, qa_checkpoint: Path) -> Path:
+    return export_onnx(qa_checkpoint, tmp_path_factory.mktemp("qa_export") / "export")
+
+
+def dev_contexts() -> list[str]:
+    data = json.loads(DEV.read_text())
+    return [p["context"] for article in data["data"] for p in article["paragraphs"]]
+
+
+def dev_questions() -> list[tuple[str, str]]:
+    data = json.loads(DEV.read_text())
+    return [(qa["question"], p["context"]) for a in data["data"] for p in a["paragraphs"] for qa in p["qas"]]
+
+
+@functools.cache
+def long_context(tok: XLNetTokenizer, question: str, min_windows: int) -> str:
+    """Sample paragraphs joined until the context needs more than ``min_windows`` windows."""
+    text = ""
+    for c in dev_contexts():
+        text = f"{text}\n\n{c}" if text else c
+        if len(text) > 100 * min_windows and len(featurize_one(question, text, tok, **WINDOWS)) > min_windows:
+            return text
+    raise AssertionError("the sample has too little text")
+
+
+def post(url: str, body, *, headers=None, raw: bytes | None = None, timeout: float = 30.0) -> httpx.Response:
+    if raw is not None:
+        return httpx.post(
+            url, content=raw, headers=headers or {"content-type": "application/json"}, timeout=timeout
+        )
+    return httpx.post(url, json=body, headers=headers, timeout=timeout)
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels`` (0 if none)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        key, _, value = line.rpartition(" ")
+        if key.split("{")[0] != name:
+            continue
+        if all(f'{k}="{v}"' in key for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def check_answer(body: dict, context: str, top_k: int = 1) -> None:
+    """Invariants every answer satisfies, whatever the weights."""
+    assert set(body) >= {
+        "answer",
+        "start",
+        "end",
+        "score",
+        "no_answer_prob",
+        "is_impossible",
+        "model",
+        "timing_ms",
+    }
+    assert 0.0 <= body["no_answer_prob"] <= 1.0
+    if body["is_impossible"]:
+        assert (body["answer"], body["start"], body["end"]) == ("", -1, -1)
+    else:
+        assert 0 <= body["start"] < body["end"] <= len(context)
+        assert context[body["start"] : body["end"]] == body["answer"] != ""
+    assert set(body["timing_ms"]) == {"featurize", "queue", "inference", "decode", "total"}
+    assert all(v >= 0 for v in body["timing_ms"].values())
+    if top_k == 1:
+        assert "n_best" not in body
+    else:
+        nb = body["n_best"]
+        assert 1 <= len(nb) <= top_k
+        assert [e["score"] for e in nb] == sorted((e["score"] for e in nb), reverse=True)
+        for e in nb:
+            assert context[e["start"] : e["end"]] == e["text"] and 0 <= e["probability"] <= 1
+        assert len({(e["start"], e["end"]) for e in nb}) == len(nb)
+        if not body["is_impossible"]:
+            assert (nb[0]["text"], nb[0]["start"], nb[0]["end"]) == (
+                body["answer"],
+                body["start"],
+                body["end"],
+            )
+
+
+# ---- module fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def onnx_server(onnx_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    s = ServerProcess(
+        onnx_export,
+        tmp_path_factory.mktemp("logs"),
+        "--max-body-bytes",
+        "1000000",
+        "--max-batch-delay-ms",
+        "5",
+    )
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def torch_server(onnx_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The same model served by torch eager, found through the export's source_checkpoint."""
+    s = ServerProcess(onnx_export, tmp_path_factory.mktemp("logs"), backend="torch")
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+# ---- answers -----------------------------------------------------------------------------------------
+
+
+def test_answer_invariants_and_top_k(onnx_server: ServerProcess) -> None:
+    for question, context in dev_questions()[:6]:
+        r = post(onnx_server.url + "/answer", {"question": question, "context": context, "threshold": 1.0})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        check_answer(body, context)
+        assert not body["is_impossible"] and body["model"] == "export"
+        r = post(onnx_server.url + "/answer", {"question": question, "context": context, "top_k": 5})
+        check_answer(r.json(), context, top_k=5)
+        assert len(r.json()["n_best"]) == 5
+
+
+def test_impossible_answers_are_empty_with_minus_one_offsets(onnx_server: ServerProcess) -> None:
+    question, context = dev_questions()[0]
+    body = post(
+        onnx_server.url + "/answer", {"question": question, "context": context, "threshold": 0.0}
+    ).json()
+    assert body["is_impossible"] and (body["answer"], body["start"], body["end"]) == ("", -1, -1)
+    assert body["score"] is not None  # spans exist; the threshold decided
+    empty = post(onnx_server.url + "/answer", {"question": question, "context": "", "top_k": 3}).json()
+    assert empty["is_impossible"] and (empty["answer"], empty["start"], empty["end"]) == ("", -1, -1)
+    assert empty["score"] is None and empty["n_best"] == [] and 0 <= empty["no_answer_prob"] <= 1
+
+
+def test_long_context_matches_in_process_decoding(
+    onnx_server: ServerProcess,
+    onnx_export: Path,
+    xlnet_tok: XLNetTokenizer,
+) -> None:
+    import onnxruntime as ort
+
+    question = "What happened to the price of oil?"
+    context = long_context(xlnet_tok, question, min_windows=3)
+    features = featurize_one(question, context, xlnet_tok, **WINDOWS)
+    assert len(features) > 3
+    session = ort.InferenceSession(str(onnx_export / "model.onnx"), providers=["CPUExecutionProvider"])
+    outs = []
+    for f in features:  # one unpadded window at a time: independent of the server's batching
+        feeds = {"input_ids": f.input_ids[None], "attention_mask": f.attention_mask[None]}
+        feeds["token_type_ids"] = f.token_type_ids[None]
+        outs.append(session.run(["start_logits", "end_logits", "cls_logits"], feeds))
+    starts, ends = [o[0][0] for o in outs], [o[1][0] for o in outs]
+    cls = np.array([o[2][0] for o in outs])
+    for threshold in (0.5, 1.0):
+        want = decode(context, features, starts, ends, cls, n_best=20, max_answer_len=30, threshold=threshold)
+        body = post(
+            onnx_server.url + "/answer",
+            {"question": question, "context": context, "top_k": 20, "threshold": threshold},
+        ).json()
+        check_answer(body, context, top_k=20)
+        assert (body["answer"], body["start"], body["end"]) == (want.text, want.start, want.end)
+        assert body["no_answer_prob"] == pytest.approx(want.no_answer_prob, abs=1e-5)
+        assert [(e["start"], e["end"]) for e in body["n_best"]] == [(e.start, e.end) for e in want.n_best]
+    # Candidates come from every window, not only the first.
+    first_window_end = int(features[0].token_to_char[features[0].paragraph_len - 1, 1])
+    assert any(e["start"] >= first_window_end for e in body["n_best"])
+
+
+def test_onnx_and_torch_backends_agree(
+    onnx_server: ServerProcess, torch_server: ServerProcess, xlnet_tok
+) -> None:
+    q = "Who was the president?"
+    cases = [*dev_questions()[:4], (q, long_context(xlnet_tok, q, 3)), ("Anything?", "")]
+    for question, context in cases:
+        body = {"question": question, "context": context, "top_k": 5, "threshold": 1.0}
+        a = post(onnx_server.url + "/answer", body).json()
+        b = post(torch_server.url + "/answer", body).json()
+        assert (a["answer"], a["start"], a["end"]) == (b["answer"], b["start"], b["end"])
+        assert a["no_answer_prob"] == pytest.approx(b["no_answer_prob"], abs=1e-4)
+        assert [e["text"] for e in a["n_best"]] == [e["text"] for e in b["n_best"]]
+        for x, y in zip(a["n_best"], b["n_best"], strict=True):
+            assert x["score"] == pytest.approx(y["score"], abs=1e-3)
+    info = httpx.get(torch_server.url + "/v1/model").json()
+    assert info["backend"] == "torch" and info["head"] == "shallow" and info["max_seq_len"] == 128
+
+
+def test_batch_endpoint_matches_single_calls_in_order(onnx_server: ServerProcess, xlnet_tok) -> None:
+    q = "When did it begin?"
+    items = [{"question": qq, "context": c, "top_k": 3} for qq, c in dev_questions()[:5]]
+    items += [{"question": q, "context": long_context(xlnet_tok, q, 3)}, {"question": q, "context": ""}]
+    r = post(onnx_server.url + "/answer/batch", {"items": items})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert len(results) == len(items)
+    for item, got in zip(items, results, strict=True):
+        single = post(onnx_server.url + "/answer", item).json()
+        check_answer(got, item["context"], item.get("top_k", 1))
+        assert (got["answer"], got["start"], got["end"]) == (single["answer"], single["start"], single["end"])
+        assert got["no_answer_prob"] == pytest.approx(single["no_answer_prob"], abs=1e-5)
+
+
+def test_concurrent_requests_are_micro_batched(onnx_server: ServerProcess) -> None:
+    before = httpx.get(onnx_server.url + "/metrics").text
+    pairs = [(q, c[:150]) for q, c in dev_questions()[:24]]  # one window each: grouping is across requests
+
+    async def fire() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=onnx_server.url, timeout=30) as c:
+            return await asyncio.gather(
+                *(c.post("/answer", json={"question": q, "context": x}) for q, x in pairs)
+            )
+
+    responses = asyncio.run(fire())
+    assert all(r.status_code == 200 for r in responses)
+    for r, (_, context) in zip(responses, pairs, strict=True):
+        check_answer(r.json(), context)
+    after = httpx.get(onnx_server.url + "/metrics").text
+    windows = metric_value(after, "xlnetqa_batch_size_sum") - metric_value(before, "xlnetqa_batch_size_sum")
+    calls = metric_value(after, "xlnetqa_batch_size_count") - metric_value(before, "xlnetqa_batch_size_count")
+    assert windows == len(pairs) and calls < windows  # several requests per backend call
+
+
+# ---- errors ------------------------------------------------------------------------------------------
+
+OK = {"question": "What?", "context": "Something happened."}
+BAD_INPUTS = [
+    ("empty question", "/answer", {**OK, "question": ""}, None, 422, "validation_error"),
+    ("whitespace question", "/answer", {**OK, "question": " \t\n"}, None, 422, "validation_error"),
+    ("context too large", "/answer", {**OK, "context": "x" * 20001}, None, 413, "context_too_large"),
+    ("question too large", "/answer", {**OK, "question": "q" * 1001}, None, 413, "question_too_large"),
+    ("question not a string", "/answer", {**OK, "question": 123}, None, 422, "validation_error"),
+    ("top_k as a string", "/answer", {**OK, "top_k": "3"}, None, 422, "validation_error"),
+    ("top_k zero", "/answer", {**OK, "top_k": 0}, None, 422, "validation_error"),
+    ("top_k too large", "/answer", {**OK, "top_k": 21}, None, 422, "validation_error"),
+    ("threshold above one", "/answer", {**OK, "threshold": 1.5}, None, 422, "validation_error"),
+    ("unknown field", "/answer", {**OK, "max_answer_length": 3}, None, 422, "validation_error"),
+    ("missing context", "/answer", {"question": "What?"}, None, 422, "validation_error"),
+    ("body not an object", "/answer", [1, 2], None, 422, "validation_error"),
+    ("lone surrogate", "/answer", None, b'{"question": "a\\ud800", "context": "b"}', 422, "validation_error"),
+    ("NaN threshold", "/answer", None, b'{"question": "a", "context": "b", "threshold": NaN}', 422, "validation_error"),
+    ("non-UTF-8 body", "/answer", None, b'{"question": "\xff\xfe", "context": "b"}', 400, "invalid_utf8"),
+    ("invalid JSON", "/answer", None, b'{"question": "a", ', 400, "invalid_json"),
+    ("empty body", "/answer", None, b"", 422, "validation_error"),
+    ("form content type", "/answer", None, b"question=a&context=b", 415, "unsupported_media_type"),
+    ("body too large", "/answer", None, b'{"question": "a", "context": "' + b"x" * 1_000_001 + b'"}', 413, "body_too_large"),
+    ("too many batch items", "/answer/batch", {"items": [OK] * 33}, None, 413, "too_many_items"),
+    ("empty batch", "/answer/batch", {"items": []}, None, 422, "validation_error"),
+    ("items not a list", "/answer/batch", {"items": OK}, None, 422, "validation_error"),
+    ("bad batch item", "/answer/batch", {"items": [OK, {**OK, "question": " "}]}, None, 422, "validation_error"),
+    ("batch item too large", "/answer/batch", {"items": [OK, {**OK, "context": "x" * 20001}]}, None, 413, "context_too_large"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "path", "body", "raw", "status", "kind"), BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS]
+)
+def test_bad_input_gets_a_clear_json_error(
+    onnx_server: ServerProcess, case, path, body, raw, status, kind
+) -> None:
+    headers = {"content-type": "application/x-www-form-urlencoded"} if case == "form content type" else None
+    r = post(onnx_server.url + path, body, raw=raw, headers=headers)
+    assert r.status_code == status, r.text
+    err = r.json()
+    assert err["error"] == kind and isinstance(err["message"], str) and len(err["message"]) > 5
+    if status == 422 and kind == "validation_error":
+        assert err["details"] and all({"loc", "msg", "type"} <= set(d) for d in err["details"])
+    if case == "whitespace question":
+        assert "question must not be empty" in err["message"]
+    if status == 413 and kind != "body_too_large":
+        assert "limit" in err["message"]
+
+
+def test_chunked_body_over_the_limit_is_413(onnx_server: ServerProcess) -> None:
+    def chunks():
+        yield b'{"question": "a", "context": "'
+        for _ in range(12):
+            yield b"x" * 100_000
+        yield b'"}'
+
+    r = httpx.post(
+        onnx_server.url + "/answer", content=chunks(), headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 413 and r.json()["error"] == "body_too_large"
+    assert post(onnx_server.url + "/answer", OK).status_code == 200
+
+
+def test_unknown_route_and_method_are_json(onnx_server: ServerProcess) -> None:
+    r = httpx.get(onnx_server.url + "/nope")
+    assert r.status_code == 404 and r.json()["error"] == "not_found"
+    r = httpx.get(onnx_server.url + "/answer")
+    assert r.status_code == 405 and r.json()["error"] == "method_not_allowed"
+    assert httpx.get(onnx_server.url + "/healthz").json() == {"status": "ok"}
+
+
+# ---- metadata, docs, metrics ------------------------------------------------------------------------
+
+
+def test_model_info_docs_and_openapi(onnx_server: ServerProcess) -> None:
+    info = httpx.get(onnx_server.url + "/v1/model").json()
+    assert info["head"] == "shallow" and info["backend"] == "onnx" and info["precision"] == "fp32"
+    assert (info["max_seq_len"], info["doc_stride"], info["max_query_len"]) == (128, 64, 32)
+    assert info["no_answer_threshold"] == 0.5 and info["ready"] is True
+    assert (
+        info["runtime"]["providers"] == ["CPUExecutionProvider"] and info["runtime"]["intra_op_threads"] == 1
+    )
+    assert info["batching"]["max_batch_size"] == 8 and info["limits"]["max_context_chars"] == 20000
+    assert "text/html" in httpx.get(onnx_server.url + "/docs").headers["content-type"]
+    spec = httpx.get(onnx_server.url + "/openapi.json").json()
+    assert {"/answer", "/answer/batch", "/healthz", "/readyz", "/metrics", "/v1/model"} <= set(spec["paths"])
+    assert {"413", "422", "503"} <= set(spec["paths"]["/answer"]["post"]["responses"])
+
+
+def test_metrics_count_requests_errors_latency_and_batches(onnx_server: ServerProcess) -> None:
+    post(onnx_server.url + "/answer", OK)
+    post(onnx_server.url + "/answer", {**OK, "question": ""})
+    text = httpx.get(onnx_server.url + "/metrics").text
+    assert metric_value(text, "xlnetqa_requests_total", route="/answer", status="200") >= 1
+    assert metric_value(text, "xlnetqa_requests_total", route="/answer", status="422") >= 1
+    assert metric_value(text, "xlnetqa_errors_total", kind="validation_error") >= 1
+    assert metric_value(text, "xlnetqa_request_duration_seconds_count", route="/answer") >= 2
+    assert 'xlnetqa_request_duration_seconds_bucket{le="0.005",route="/answer"}' in text
+    for name in (
+        "xlnetqa_batch_size_count",
+        "xlnetqa_queue_time_seconds_count",
+        "xlnetqa_inference_seconds_count",
+    ):
+        assert metric_value(text, name) >= 1, name
+    assert metric_value(text, "xlnetqa_ready") == 1
+    assert metric_value(text, "xlnetqa_model_info", backend="onnx", head="shallow") == 1
+
+
+# ---- lifecycle ---------------------------------------------------------------------------------------
+
+
+def test_readyz_is_503_until_warmed_up(onnx_export: Path, tmp_path: Path) -> None:
+    s = ServerProcess(onnx_export, tmp_path, "--warmup-delay-s", "2").launch()
+    try:
+        s.wait("/healthz")
+        r = httpx.get(s.url + "/readyz")
+        assert (
+            r.status_code == 503 and r.json()["status"] in ("loading", "warming") and r.headers["retry-after"]
+        )
+        r = post(s.url + "/answer", OK)
+        assert r.status_code == 503 and r.json()["error"] == "not_ready" and r.headers["retry-after"] == "1"
+        s.wait("/readyz", timeout=30)
+        assert post(s.url + "/answer", OK).status_code == 200
+    finally:
+        s.stop()
+
+
+def _slow_requests(tok: XLNetTokenizer, n: int) -> list[dict]:
+    """Requests of many windows each, so that n of them keep a no-batching server busy for a while."""
+    question = "What did the ministers decide?"
+    context = long_context(tok, question, min_windows=60)
+    return [{"question": question, "context": context} for _ in range(n)]
+
+
+def test_full_queue_answers_503_with_retry_after(onnx_export: Path, tmp_path: Path, xlnet_tok) -> None:
+    flags = (
+        "--max-queue",
+        "2",
+        "--max-batch-items",
+        "2",
+        "--max-batch-size",
+        "1",
+        "--max-batch-delay-ms",
+        "0",
+    )
+    s = ServerProcess(onnx_export, tmp_path, *flags).start()
+    try:
+        bodies = _slow_requests(xlnet_tok, 16)
+
+        async def fire() -> list[httpx.Response]:
+            limits = httpx.Limits(max_connections=32)
+            async with httpx.AsyncClient(base_url=s.url, timeout=60, limits=limits) as c:
+                return await asyncio.gather(*(c.post("/answer", json=b) for b in bodies))
+
+        responses = asyncio.run(fire())
+        codes = [r.status_code for r in responses]
+        assert set(codes) <= {200, 503} and codes.count(503) >= 1 and codes.count(200) >= 2, codes
+        for r in responses:
+            if r.status_code == 503:
+                assert r.headers["retry-after"] == "1" and r.json()["error"] == "overloaded"
+        assert post(s.url + "/answer", OK).status_code == 200  # the server recovered
+        text = httpx.get(s.url + "/metrics").text
+        assert metric_value(text, "xlnetqa_errors_total", kind="overloaded") == codes.count(503)
+    finally:
+        s.stop()
+
+
+def test_sigterm_finishes_in_flight_requests(onnx_export: Path, tmp_path: Path, xlnet_tok) -> None:
+    s = ServerProcess(onnx_export, tmp_path, "--max-batch-size", "1", "--max-batch-delay-ms", "0").start()
+    bodies = _slow_requests(xlnet_tok, 8)
+    results: list[httpx.Response | BaseException] = []
+
+    def client() -> None:
+        async def fire() -> None:
+            async with httpx.AsyncClient(
+                base_url=s.url, timeout=60, limits=httpx.Limits(max_connections=16)
+            ) as c:
+                results.extend(
+                    await asyncio.gather(*(c.post("/answer", json=b) for b in bodies), return_exceptions=True)
+                )
+
+        asyncio.run(fire())
+
+    thread = threading.Thread(target=client)
+    try:
+        thread.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # all 8 admitted (+1: the /metrics request itself)
+            if (
+                metric_value(httpx.get(s.url + "/metrics").text, "xlnetqa_inflight_requests")
+                >= len(bodies) + 1
+            ):
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("requests never got in flight")
+        assert s.proc is not None
+        s.proc.send_signal(signal.SIGTERM)
+        thread.join(60)
+        rc = s.proc.wait(30)
+    finally:
+        s.stop()
+    assert [getattr(r, "status_code", r) for r in results] == [200] * len(bodies)
+    # uvicorn re-raises the captured SIGTERM after its graceful shutdown, so the exit reports the signal.
+    assert rc in (0, -signal.SIGTERM), s.log()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(s.url + "/healthz")
+
+
+def test_backend_failure_fails_only_its_batch(onnx_export: Path, xlnet_tok) -> None:
+    """In-process uvicorn with the real ONNX backend wrapped to raise on batches holding <eop> (id 8)."""
+    import uvicorn
+
+    from server.app import create_app
+    from server.backends import create_backend
+    from server.settings import ServerSettings
+
+    def poisoned(spec, settings):
+        real = create_backend(spec, settings)
+        run = real.run
+
+        def run_or_fail(batch):
+            if (batch["input_ids"] == 8).any():
+                raise RuntimeError("poisoned batch")
+            return run(batch)
+
+        real.run = run_or_fail
+        return real
+
+    settings = ServerSettings(model=onnx_export, port=free_port(), max_batch_size=8, max_batch_delay_ms=300)
+    app = create_app(settings, backend_factory=poisoned)
+    server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=settings.port, log_level="critical"))
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    url = f"http://{HOST}:{settings.port}"
+    try:
+        deadline = time.monotonic() + 30
+        while not (server.started and httpx.get(url + "/readyz").status_code == 200):
+            assert time.monotonic() < deadline, "in-process server not ready"
+            time.sleep(0.05)
+        poison = {"question": "What is <eop> here?", "context": "Nothing."}
+
+        async def fire(bodies) -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+                return await asyncio.gather(*(c.post("/answer", json=b) for b in bodies))
+
+        # The poisoned question shares its backend call (300 ms delay, room for 8) with three others.
+        shared = asyncio.run(fire([poison, OK, OK, OK]))
+        assert [r.status_code for r in shared] == [500] * 4
+        assert (
+            shared[0].json()["error"] == "inference_failed"
+            and "poisoned batch" in shared[0].json()["message"]
+        )
+        assert post(url + "/answer", OK).status_code == 200  # later batches are unaffected
+        assert httpx.get(url + "/readyz").status_code == 200
+        text = httpx.get(url + "/metrics").text
+        assert metric_value(text, "xlnetqa_batch_failures_total") == 1
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+# ---- startup errors and the torch-free rule ---------------------------------------------------------
+
+
+def _run_server_cli(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "server", *args]
+    return subprocess.run(cmd, cwd=REPO, env=server_env(), capture_output=True, text=True, timeout=60)
+
+
+def test_unusable_model_or_backend_exits_2_with_one_line(onnx_export: Path, tmp_path: Path) -> None:
+    r = _run_server_cli("--model", str(tmp_path / "missing"), "--port", "0")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "not found" in r.stderr
+    r = _run_server_cli("--model", str(onnx_export), "--max-batch-size", "0")
+    assert r.returncode == 2 and "max_batch_size" in r.stderr and r.stderr.strip().count("\n") == 0
+    broken = tmp_path / "broken"
+    shutil.copytree(onnx_export, broken)
+    (broken / "model.onnx").write_bytes(b"not an onnx model")  # passes the sidecar checks, fails to load
+    r = _run_server_cli("--model", str(broken), "--port", str(free_port()), "--log-level", "critical")
+    assert r.returncode == 1 and "model failed to load" in r.stderr, r.stderr
+    import importlib.util
+
+    if importlib.util.find_spec("tensorrt") is None:
+        r = _run_server_cli("--model", str(onnx_export), "--backend", "trt")
+        assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "tensorrt" in r.stderr, r.stderr
+
+
+TORCH_FREE_SCRIPT = """
+import sys, threading, time, httpx, uvicorn
+from server.__main__ import load_settings
+from server.app import create_app
+settings = load_settings(["--model", sys.argv[1], "--backend", "onnx", "--port", sys.argv[2]])
+server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=settings.port, log_level="error"))
+thread = threading.Thread(target=server.run); thread.start()
+url = f"http://127.0.0.1:{settings.port}"
+for _ in range(600):
+    try:
+        if httpx.get(url + "/readyz").status_code == 200: break
+    except httpx.HTTPError: pass
+    time.sleep(0.05)
+r = httpx.post(url + "/answer", json={"question": "What?", "context": "Something happened.", "top_k": 2})
+assert r.status_code == 200, r.text
+server.should_exit = True; thread.join()
+import clients
+bad = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "train.model", "train.checkpoint")))
+print("LEAKED" if bad else "TORCH-FREE", bad)
+"""
+
+
+def test_onnx_server_never_imports_torch(onnx_export: Path) -> None:
+    cmd = [sys.executable, "-c", TORCH_FREE_SCRIPT, str(onnx_export), str(free_port())]
+    r = subprocess.run(cmd, cwd=REPO, env=server_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "TORCH-FREE []" in r.stdout, r.stdout + r.stderr
+
+
+# ---- settings and the batcher in-process ------------------------------------------------------------
+
+
+def test_settings_from_env_overridden_by_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    from server.__main__ import load_settings
+
+    monkeypatch.setenv("XLNETQA_MAX_QUEUE", "77")
+    monkeypatch.setenv("XLNETQA_THREADS", "3")
+    monkeypatch.setenv("XLNETQA_BACKEND", "torch")
+    s = load_settings(["--threads", "2", "--max-batch-delay-ms", "0"])
+    assert (s.max_queue, s.threads, s.backend, s.max_batch_delay_ms) == (77, 2, "torch", 0.0)
+    assert s.to_env()["XLNETQA_MAX_QUEUE"] == "77"
+
+
+def _features(tok: XLNetTokenizer, lengths: list[int]) -> list[list]:
+    """One question per entry whose context makes a window of about that many tokens."""
+    words = " ".join(dev_contexts()).split()
+    return [featurize_one("Why?", " ".join(words[:n]), tok, **WINDOWS) for n in lengths]
+
+
+def test_batcher_pads_to_longest_groups_windows_and_bounds_the_queue(xlnet_tok) -> None:
+    from server.batching import MicroBatcher, QueueFull
+
+    seen: list[tuple[int, int]] = []
+
+    def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        seen.append(batch["input_ids"].shape)
+        return {"total": (batch["input_ids"] * batch["attention_mask"]).sum(axis=1)}
+
+    groups = _features(xlnet_tok, [3, 5, 4, 400])  # the last has many windows
+
+    async def scenario() -> None:
+        b = MicroBatcher(run, max_batch_size=3, max_delay_s=0.05, max_queue=4)
+        b.start()
+        results = await asyncio.gather(*(b.submit(g) for g in groups))
+        for g, res in zip(groups, results, strict=True):
+            assert [int(r["total"]) for r in res.rows] == [int(f.input_ids.sum()) for f in g]
+            assert res.queue_s >= 0 and res.inference_s > 0
+        with pytest.raises(QueueFull):
+            b.submit_many([groups[0]] * 5)
+        assert b.queued == 0
+        await b.drain()
+        engine_like = MicroBatcher(
+            run, max_batch_size=3, max_delay_s=0.0, min_length=64
+        )  # a TensorRT profile
+        engine_like.start()
+        await engine_like.submit(groups[0])
+        await engine_like.drain()
+
+    asyncio.run(scenario())
+    assert seen.pop() == (1, 64)
+    n_windows = sum(len(g) for g in groups)
+    assert sum(shape[0] for shape in seen) == n_windows and max(s[0] for s in seen) <= 3
+    assert len(seen) < n_windows  # windows were grouped
+    # The three short questions went together, padded to the longest of them, not to max_seq_len.
+    assert seen[0] == (3, max(len(g[0]) for g in groups[:3]))
+    assert seen[0][1] < 64
+
+
+def test_batcher_buckets_by_length_and_drains_admitted_work(xlnet_tok) -> None:
+    from server.batching import BatcherClosed, MicroBatcher
+
+    shapes: list[tuple[int, int]] = []
+    gate = threading.Event()
+
+    def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        gate.wait(5)
+        shapes.append(batch["input_ids"].shape)
+        return {"n": batch["attention_mask"].sum(axis=1)}
+
+    short, long_ = _features(xlnet_tok, [3, 25])
+    assert len(long_) == 1 and len(long_[0]) > 2 * len(short[0])
+
+    async def scenario() -> None:
+        b = MicroBatcher(run, max_batch_size=2, max_delay_s=0.0, max_queue=16)
+        b.start()
+        first = asyncio.ensure_future(b.submit(short))  # occupies the only worker until the gate opens
+        await asyncio.sleep(0.05)
+        waiting = [asyncio.ensure_future(b.submit(g)) for g in (long_, short, long_, short)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        drain = asyncio.ensure_future(b.drain(timeout=10))
+        await asyncio.sleep(0)
+        with pytest.raises(BatcherClosed):
+            b.submit_many([short])
+        await drain
+        assert all(f.done() and not f.exception() for f in [first, *waiting])
+
+    asyncio.run(scenario())
+    # After the first call, the long windows were batched together and the short ones together.
+    lengths = sorted(t for _, t in shapes[1:])
+    assert len(shapes) == 3 and lengths[0] < lengths[1], shapes
+
+
+def test_pipeline_times_out_and_forgets_the_question(xlnet_tok) -> None:
+    """request_timeout_s bounds queue + inference (the route answers 504); the question leaves the queue."""
+    from server.batching import MicroBatcher
+    from server.model_spec import ModelSpec
+    from server.pipeline import QAPipeline, Question, RequestTimeout
+
+    def slow(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        time.sleep(0.3)
+        b, t = batch["input_ids"].shape
+        return {"start_logits": np.zeros((b, t)), "end_logits": np.zeros((b, t)), "cls_logits": np.zeros(b)}
+
+    spec = ModelSpec(name="t", directory=REPO, tokenizer_dir=REPO, head="shallow", kind="export", **WINDOWS)
+    context = long_context(xlnet_tok, "Why?", 3)
+
+    async def scenario() -> None:
+        batcher = MicroBatcher(slow, max_batch_size=1, max_delay_s=0.0)
+        batcher.start()
+        pipeline = QAPipeline(spec, xlnet_tok, batcher, timeout_s=0.1)
+        with pytest.raises(RequestTimeout):
+            await pipeline.answer(Question("Why?", context))
+        await asyncio.sleep(0.4)  # the running window finishes; the question's other windows are dropped
+        assert batcher.queued == 0
+        pipeline.timeout_s = 10
+        answered = await pipeline.answer(Question("Why?", "Because."))
+        assert answered.windows == 1 and 0 <= answered.prediction.no_answer_prob <= 1
+        await batcher.drain()
+
+    asyncio.run(scenario())
