@@ -40,6 +40,7 @@ def build_parser() -> Parser:
     p.add_argument("--pretrain-batch", type=int, default=16)
     p.add_argument("--pretrain-lr", type=float, default=1e-3)
     p.add_argument("--seq-len", type=int, default=128, help="pretraining sequence length")
+    p.add_argument("--max-gram", type=int, default=5, help="longest predicted span in pretraining")
     p.add_argument("--finetune-steps", type=int, default=600)
     p.add_argument("--finetune-batch", type=int, default=16)
     p.add_argument("--finetune-lr", type=float, default=1e-3)
@@ -84,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             [
                 "--corpus",
                 *args.corpus,
+                str(out / "finetune.json"),  # the fine-tuning articles' text is unlabelled text too
                 "--config",
                 args.config,
                 "--train-spm",
@@ -102,6 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 str(args.seq_len // 2),
                 "--warmup",
                 str(args.pretrain_steps // 20),
+                "--max-gram",
+                str(args.max_gram),
                 "--out",
                 str(pre),
                 "--save-every",
