@@ -189,7 +189,7 @@ def main() -> int:
                 shown = res.answer if not res.is_impossible else "<no answer>"
                 print(
                     f"Q: {qa['question']}\n   model: {shown!r} (p_no_answer={res.no_answer_prob:.2f}, "
-                    f"{res.timing_ms.get('total', 0):.1f} ms)   gold: {gold[0]!r}"
+                    f"{res.timing_ms.total:.1f} ms)   gold: {gold[0]!r}"
                 )
             res = client.answer("What is the capital of Mars?", paragraph["context"])
             print(

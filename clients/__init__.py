@@ -1,6 +1,6 @@
 """Python client for the XLNet QA server (depends on httpx and pydantic only).
 
-Start a server (``python -m server --model runs/demo/export --port 8000``), then:
+Start a server (``python -m server --model runs/demo/onnx --port 8000``), then:
 
 ```python
 from clients import AsyncXLNetQAClient, XLNetQAClient, XLNetQAError

@@ -1,0 +1,142 @@
+"""Does a reduced-precision model give the same answers? Decode SQuAD questions with both and compare.
+
+Both models run over the same features in length-sorted padded batches; outputs are decoded with the
+serving decoder (`train.squad`), and we report the fraction of questions whose decided answer text
+(after the no-answer threshold) and best span are identical, plus the largest output differences.
+Torch-free: the runners are callables from feeds to outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from export.sidecar import INPUT_NAMES
+from export.verify import Runner, compare
+from train.squad import (
+    Feature,
+    Prediction,
+    SquadExample,
+    decode_all,
+    decode_all_beam,
+    featurize,
+    pad_batch,
+    read_squad,
+    simple_null_logit,
+)
+
+PER_TOKEN = ("start_logits", "end_logits")
+
+
+def predict_rows(
+    run: Runner, names: Sequence[str], features: Sequence[Feature], batch_size: int = 16
+) -> dict[str, list[np.ndarray]]:
+    """Per-feature output rows (per-token outputs cut to the feature's length), in feature order."""
+    rows: dict[str, list[Any]] = {n: [None] * len(features) for n in names}
+    order = sorted(range(len(features)), key=lambda i: len(features[i]))
+    for b in range(0, len(order), batch_size):
+        idx = order[b : b + batch_size]
+        arrays = pad_batch([features[i] for i in idx])
+        outs = dict(zip(names, run({k: arrays[k] for k in INPUT_NAMES}), strict=True))
+        for j, i in enumerate(idx):
+            for name in names:
+                value = np.asarray(outs[name][j])
+                rows[name][i] = value[: len(features[i])] if name in PER_TOKEN else value
+    return rows
+
+
+def decode_rows(
+    head: str,
+    examples: Sequence[SquadExample],
+    features: Sequence[Feature],
+    rows: dict[str, list[np.ndarray]],
+    *,
+    max_answer_len: int,
+    threshold: float,
+) -> dict[str, Prediction]:
+    kw = {"max_answer_len": max_answer_len, "threshold": threshold}
+    if head == "beam":
+        return decode_all_beam(
+            examples,
+            features,
+            rows["start_top_log_probs"],
+            rows["start_top_index"],
+            rows["end_top_log_probs"],
+            rows["end_top_index"],
+            [float(c) for c in rows["cls_logits"]],
+            **kw,
+        )
+    if "cls_logits" in rows:
+        cls = [float(c) for c in rows["cls_logits"]]
+    else:
+        cls = [
+            simple_null_logit(s, e, f)
+            for s, e, f in zip(rows["start_logits"], rows["end_logits"], features, strict=True)
+        ]
+    return decode_all(examples, features, rows["start_logits"], rows["end_logits"], cls, **kw)
+
+
+def compare_predictions(
+    names: Sequence[str],
+    ref_rows: dict[str, list[np.ndarray]],
+    got_rows: dict[str, list[np.ndarray]],
+    ref_preds: dict[str, Prediction],
+    got_preds: dict[str, Prediction],
+) -> dict[str, Any]:
+    n = len(ref_preds)
+    same_text = sum(ref_preds[q].text == got_preds[q].text for q in ref_preds)
+    same_span = sum(ref_preds[q].best_span_text == got_preds[q].best_span_text for q in ref_preds)
+    same_decision = sum(ref_preds[q].is_impossible == got_preds[q].is_impossible for q in ref_preds)
+
+    def batches(rows: dict[str, list[np.ndarray]]) -> list[list[np.ndarray]]:
+        return [[np.asarray(rows[name][i])[None] for name in names] for i in range(len(rows[names[0]]))]
+
+    outputs = compare(
+        names, batches(ref_rows), batches(got_rows), tolerance=float("inf"), exact_indices=False
+    )
+    return {
+        "questions": n,
+        "identical_answers": same_text / n if n else 1.0,
+        "identical_best_span": same_span / n if n else 1.0,
+        "identical_no_answer_decision": same_decision / n if n else 1.0,
+        "max_abs_diff": outputs.max_abs_diff,
+        "fraction_equal": outputs.fraction_equal,
+    }
+
+
+def agreement(
+    data_file: str,
+    tokenizer,
+    head: str,
+    names: Sequence[str],
+    reference: Runner,
+    candidate: Runner,
+    settings: dict[str, Any],
+    *,
+    max_questions: int | None = None,
+    batch_size: int = 16,
+) -> dict[str, Any]:
+    """Agreement of `candidate` with `reference` on the first `max_questions` questions of a SQuAD file."""
+    examples = read_squad(data_file)[: max_questions or None]
+    if not examples:
+        raise ValueError(f"{data_file}: no questions")
+    features = featurize(
+        examples,
+        tokenizer,
+        max_seq_len=int(settings["max_seq_len"]),
+        doc_stride=int(settings["doc_stride"]),
+        max_query_len=int(settings["max_query_len"]),
+    )
+    ref_rows = predict_rows(reference, names, features, batch_size)
+    got_rows = predict_rows(candidate, names, features, batch_size)
+    kw = {
+        "max_answer_len": int(settings["max_answer_len"]),
+        "threshold": float(settings["no_answer_threshold"]),
+    }
+    ref_preds = decode_rows(head, examples, features, ref_rows, **kw)
+    got_preds = decode_rows(head, examples, features, got_rows, **kw)
+    report = compare_predictions(names, ref_rows, got_rows, ref_preds, got_preds)
+    report.update({"data": str(data_file), "features": len(features)})
+    return report

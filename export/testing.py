@@ -1,0 +1,63 @@
+"""Tiny random QA checkpoints and exports for tests and demos (seconds on a CPU, no downloads).
+
+Weights are random but not degenerate: biases and LayerNorm parameters are perturbed so that every
+parameter changes the outputs, and exports are checked exactly as real ones are.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from train import checkpoint
+from train.model import XLNetConfig, XLNetForQuestionAnswering
+from train.tokenizer import XLNetTokenizer
+
+TINY = dict(d_model=32, n_layer=2, n_head=4, d_inner=64, dropout=0.0, start_n_top=3, end_n_top=2)
+
+
+def perturb(model: torch.nn.Module, scale: float = 0.1) -> torch.nn.Module:
+    """Add noise to biases and norms (zero/one at init), so a wrong bias or norm shows in the outputs."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "bias" in name or "LayerNorm" in name or "layer_norm" in name:
+                param.add_(torch.randn_like(param) * scale)
+    return model
+
+
+def tiny_qa_checkpoint(
+    directory: str | os.PathLike,
+    tokenizer_dir: str | os.PathLike,
+    head: str = "shallow",
+    *,
+    seed: int = 0,
+    metadata: dict[str, Any] | None = None,
+    **config: Any,
+) -> Path:
+    """Save a random `head` QA model (vocabulary = the tokenizer's) with the tokenizer; returns the directory."""
+    tokenizer = XLNetTokenizer.from_dir(tokenizer_dir)
+    torch.manual_seed(seed)
+    cfg = XLNetConfig(vocab_size=tokenizer.vocab_size, **{**TINY, **config})
+    model = perturb(XLNetForQuestionAnswering(cfg, head=head)).eval()
+    return checkpoint.save(model, directory, tokenizer=tokenizer, metadata={"head": head, **(metadata or {})})
+
+
+def tiny_onnx_export(
+    directory: str | os.PathLike,
+    tokenizer_dir: str | os.PathLike,
+    head: str = "shallow",
+    *args: str,
+    **kw: Any,
+) -> Path:
+    """A checkpoint (beside `directory`) exported with `python -m export.onnx`; extra CLI args in `args`."""
+    from export.onnx import main
+
+    directory = Path(directory)
+    ckpt = tiny_qa_checkpoint(directory.with_name(directory.name + "-checkpoint"), tokenizer_dir, head, **kw)
+    rc = main(["--checkpoint", str(ckpt), "--out", str(directory), *args])
+    if rc != 0:
+        raise RuntimeError(f"export.onnx exited with {rc}")
+    return directory

@@ -1,0 +1,315 @@
+"""Build a TensorRT engine from an ONNX export directory and write a TensorRT export directory.
+
+    python -m export.trt --onnx exports/onnx --out exports/trt --min-shape 1x16 --opt-shape 8x384 \\
+        --max-shape 32x512 [--fp16] [--timing-cache FILE] [--workspace-gb N] [--no-verify]
+
+The engine is built from the export's standard-ops graph (`portable_model_file`: TensorRT cannot parse
+onnxruntime's contrib ops), with one optimisation profile covering [min, max] batch x sequence for all
+three inputs. Precision paths (printed, and recorded as `trt.path` in export.json):
+
+- "fp32":           fp32 graph, no reduced precision (TF32 off unless --tf32, so fp32 means fp32).
+- "fp16-flag":      TensorRT 10.x with --fp16 on an fp32 graph: `BuilderFlag.FP16` (weak typing), with the
+                    sinusoid position-table layers constrained to fp32 (PREFER_PRECISION_CONSTRAINTS).
+- "strongly-typed": the graph is already fp16 (`export.onnx --precision fp16`), or TensorRT 11.x, which
+                    has no FP16 flag: an fp32 graph is converted to fp16 on the fly (`export.precision`),
+                    then built as a strongly typed network that keeps the graph's own types.
+
+Without the `tensorrt` module or a CUDA GPU the command prints one line saying which is missing and how
+to get it, and exits with code 2. The engine is checked against onnxruntime (CPU) on the source graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from export.gpu import gpu_stack_problem
+from export.sidecar import INPUT_NAMES, SIDECAR_FILE, TOKENIZER_FILES, Sidecar
+from train.cli import Parser, run
+
+PROG = "python -m export.trt"
+ENGINE_FILE = "model.engine"
+TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}  # fp16: relative to each output's magnitude
+
+
+def parse_shape(text: str) -> list[int]:
+    """'8x384' -> [8, 384] (batch x sequence)."""
+    try:
+        parts = [int(p) for p in text.lower().split("x")]
+    except ValueError:
+        parts = []
+    if len(parts) != 2 or min(parts) < 1:
+        raise argparse.ArgumentTypeError(f"expected BATCHxSEQUENCE like 8x384, got {text!r}")
+    return parts
+
+
+def build_parser() -> Parser:
+    p = Parser(prog=PROG, description="Build a TensorRT engine from an ONNX export directory.")
+    p.add_argument("--onnx", required=True, help="ONNX export directory (python -m export.onnx)")
+    p.add_argument("--out", required=True, help="TensorRT export directory to write")
+    p.add_argument("--min-shape", type=parse_shape, default="1x16", help="smallest BATCHxSEQUENCE")
+    p.add_argument("--opt-shape", type=parse_shape, default="8x384", help="BATCHxSEQUENCE to tune for")
+    p.add_argument("--max-shape", type=parse_shape, default="32x512", help="largest BATCHxSEQUENCE")
+    p.add_argument(
+        "--fp16", action="store_true", help="fp16 engine (see the module doc for the 10.x/11.x paths)"
+    )
+    p.add_argument(
+        "--tf32", action="store_true", help="allow TF32 matmuls in fp32 layers (faster, ~1e-3 error)"
+    )
+    p.add_argument("--timing-cache", help="timing cache file: loaded if present, saved after the build")
+    p.add_argument(
+        "--workspace-gb", type=float, default=4.0, help="builder workspace memory pool limit (GiB)"
+    )
+    p.add_argument(
+        "--no-verify", dest="verify", action="store_false", help="skip the engine-vs-onnxruntime check"
+    )
+    return p
+
+
+def check_args(args: argparse.Namespace) -> None:
+    lo, opt, hi = args.min_shape, args.opt_shape, args.max_shape
+    if not all(a <= b <= c for a, b, c in zip(lo, opt, hi, strict=True)):
+        raise ValueError(f"shapes must satisfy min <= opt <= max per dimension, got {lo}, {opt}, {hi}")
+    if args.workspace_gb <= 0:
+        raise ValueError("--workspace-gb must be positive")
+
+
+def source_graph(onnx_dir: Path, sidecar: Sidecar) -> Path:
+    """The standard-ops graph of an ONNX export (int8 dynamic quantization is onnxruntime-only)."""
+    if sidecar.backend != "onnx":
+        raise ValueError(f"--onnx {onnx_dir}: is a {sidecar.backend!r} export, not an ONNX one")
+    if sidecar.precision == "int8" or not sidecar.portable_model_file:
+        raise ValueError(
+            f"--onnx {onnx_dir}: a {sidecar.precision} export has no standard-ops graph for TensorRT (dynamic int8 "
+            "runs on onnxruntime only); export fp32 or fp16 for TensorRT"
+        )
+    return onnx_dir / sidecar.portable_model_file
+
+
+def choose_path(trt_major: int, fp16: bool, graph_precision: str) -> tuple[str, str]:
+    """(build path, engine precision) for a TensorRT major version, --fp16 and the graph's precision."""
+    if graph_precision == "fp16":
+        return "strongly-typed", "fp16"
+    if not fp16:
+        return "fp32", "fp32"
+    return ("strongly-typed", "fp16") if trt_major >= 11 else ("fp16-flag", "fp16")
+
+
+def build_engine(
+    args: argparse.Namespace, graph: Path, path: str, graph_precision: str, work: Path
+) -> tuple[bytes, dict[str, Any]]:
+    """Parse, configure and build; returns the serialized engine and facts for the sidecar."""
+    import onnx
+    import tensorrt as trt
+
+    from export.graph import fp32_island
+    from export.precision import to_fp16
+
+    if path == "strongly-typed" and graph_precision != "fp16":  # TensorRT 11 + --fp16 on an fp32 export
+        converted = work / "model.fp16.onnx"
+        onnx.save(to_fp16(onnx.load(str(graph))), str(converted))
+        print(f"converted {graph.name} to fp16 for the strongly typed build (export.precision.to_fp16)")
+        graph = converted
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if path == "strongly-typed" else 0
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(graph)):
+        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        raise BuildFailed(f"TensorRT could not parse {graph.name}:\n  " + "\n  ".join(errors))
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(args.workspace_gb * (1 << 30)))
+    if not args.tf32 and hasattr(trt.BuilderFlag, "TF32"):
+        config.clear_flag(trt.BuilderFlag.TF32)
+    constrained = 0
+    if path == "fp16-flag":
+        config.set_flag(trt.BuilderFlag.FP16)
+        config.set_flag(trt.BuilderFlag.PREFER_PRECISION_CONSTRAINTS)
+        constrained = keep_fp32(network, set(fp32_island(onnx.load(str(graph)))), trt)
+    profile = builder.create_optimization_profile()
+    for name in INPUT_NAMES:
+        profile.set_shape(name, tuple(args.min_shape), tuple(args.opt_shape), tuple(args.max_shape))
+    config.add_optimization_profile(profile)
+    cache_file = Path(args.timing_cache) if args.timing_cache else None
+    cache_bytes = cache_file.read_bytes() if cache_file and cache_file.is_file() else b""
+    config.set_timing_cache(config.create_timing_cache(cache_bytes), ignore_mismatch=False)
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise BuildFailed("TensorRT build_serialized_network failed (see the TensorRT log above)")
+    if cache_file:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_name(f".{cache_file.name}.tmp")
+        tmp.write_bytes(bytes(memoryview(config.get_timing_cache().serialize())))
+        tmp.replace(cache_file)
+        print(f"timing cache {'updated' if cache_bytes else 'written'}: {cache_file}")
+    facts = {
+        "source_onnx": graph.name,
+        "fp32_constrained_layers": constrained,
+        "timing_cache": str(cache_file or ""),
+    }
+    return bytes(memoryview(serialized)), facts
+
+
+def onnx_nodes_of(layer) -> set[str]:
+    """ONNX node names a TensorRT layer came from: its name and the parser's `[ONNX Layer: name | ...]` metadata."""
+    names = {layer.name}
+    for chunk in (getattr(layer, "metadata", "") or "").split("[ONNX Layer: ")[1:]:
+        names.add(chunk.split("]")[0].split(" | ")[0].strip())
+    return names
+
+
+def keep_fp32(network, island: set[str], trt) -> int:
+    """Constrain the layers made from the position-table nodes to fp32 (weakly typed fp16 builds)."""
+    count = 0
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        if not onnx_nodes_of(layer) & island:
+            continue
+        layer.precision = trt.float32
+        for j in range(layer.num_outputs):
+            if layer.get_output(j).dtype in (trt.float32, trt.float16):
+                layer.set_output_type(j, trt.float32)
+        count += 1
+    if not count:
+        print(
+            "WARNING: no layer matched the position-table nodes; TensorRT picks their precision",
+            file=sys.stderr,
+        )
+    return count
+
+
+class BuildFailed(RuntimeError):
+    """TensorRT could not parse or build the network (exit code 1)."""
+
+
+def verify_engine(
+    runner_, graph: Path, sidecar: Sidecar, args: argparse.Namespace, precision: str
+) -> dict[str, Any]:
+    """Engine (TRTRunner) vs onnxruntime CPU on the source graph at shapes spanning the profile."""
+    from export.sessions import runner, session
+    from export.verify import compare, run_all, sample_batches
+    from train.tokenizer import XLNetTokenizer
+
+    lo, opt, hi = args.min_shape, args.opt_shape, args.max_shape
+    mid = (min(max(2, lo[0]), hi[0]), min(max(64, lo[1]), hi[1]))
+    shapes = [tuple(lo), mid, tuple(opt), (lo[0], hi[1])]
+    batches = sample_batches(XLNetTokenizer.from_dir(runner_.dir), shapes, sidecar.vocab_size)
+    names = sidecar.outputs
+    reference = run_all(runner(session(graph), names), batches)
+    got = run_all(runner_.runner(), batches)
+    relative = precision != "fp32"
+    tol = TOLERANCE[precision]
+    result = compare(names, reference, got, tol, exact_indices=not relative, relative=relative)
+    print(f"verify TensorRT engine vs onnxruntime at shapes {[list(s) for s in shapes]}:")
+    print("\n".join(result.lines()))
+    print(f"  -> {'passed' if result.passed else 'FAILED: ' + '; '.join(result.problems)}")
+    record = {
+        "shapes": [list(s) for s in shapes],
+        "max_abs_diff": result.max_abs_diff,
+        "fraction_equal": result.fraction_equal,
+        "tolerance": result.tolerance,
+        "passed": result.passed,
+        "reference": f"onnxruntime CPU on {graph.name}",
+    }
+    if relative:
+        record["tolerance_is_relative_to"] = result.scale
+    return record
+
+
+def engine_sidecar(sidecar: Sidecar, args: argparse.Namespace, path: str, precision: str, facts) -> Sidecar:
+    """The ONNX export's sidecar, re-pointed at the engine, with the build recorded under `trt`."""
+    import tensorrt as trt
+    import torch
+
+    data = sidecar.to_dict()
+    for key in ("portable_model_file", "optimization", "quantization", "agreement"):
+        data.pop(key, None)
+    data.update(
+        backend="tensorrt",
+        model_file=ENGINE_FILE,
+        precision=precision,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        exporter={**sidecar.exporter, "tensorrt": trt.__version__},
+        verification={"passed": None, "skipped": "--no-verify"},
+        trt={
+            "min_shape": list(args.min_shape),
+            "opt_shape": list(args.opt_shape),
+            "max_shape": list(args.max_shape),
+            "version": trt.__version__,
+            "path": path,
+            "tf32": bool(args.tf32),
+            "workspace_gb": args.workspace_gb,
+            "device": torch.cuda.get_device_name(),
+            "source_export": str(Path(args.onnx).resolve()),
+            **facts,
+        },
+    )
+    return Sidecar.from_dict(data)
+
+
+def build(args: argparse.Namespace) -> int:
+    check_args(args)
+    onnx_dir, out = Path(args.onnx), Path(args.out)
+    sidecar = Sidecar.load(onnx_dir)
+    graph = source_graph(onnx_dir, sidecar)
+    if args.max_shape[1] < sidecar.max_seq_len:
+        raise ValueError(
+            f"--max-shape sequence {args.max_shape[1]} is shorter than the export's max_seq_len "
+            f"{sidecar.max_seq_len}: serving windows would not fit the engine"
+        )
+    problem = gpu_stack_problem()
+    if problem:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2
+    import tensorrt as trt
+    import torch
+
+    from export.atomic import atomic_directory
+    from export.trt_runtime import TRTRunner
+
+    path, precision = choose_path(int(trt.__version__.split(".")[0]), args.fp16, sidecar.precision)
+    print(
+        f"{PROG}: TensorRT {trt.__version__} on {torch.cuda.get_device_name()}: building a {precision} engine "
+        f"via the {path!r} path from {graph}"
+    )
+    try:
+        with atomic_directory(out) as tmp:
+            with tempfile.TemporaryDirectory() as work:
+                engine, facts = build_engine(args, graph, path, sidecar.precision, Path(work))
+            (tmp / ENGINE_FILE).write_bytes(engine)
+            for name in TOKENIZER_FILES:
+                shutil.copyfile(onnx_dir / name, tmp / name)
+            built = engine_sidecar(sidecar, args, path, precision, facts)
+            built.save(tmp)
+            runner_ = TRTRunner(tmp)
+            built.trt["io_dtypes"] = runner_.io_dtypes()  # Triton's config needs the engine's own I/O types
+            if args.verify:
+                built.verification = verify_engine(runner_, graph, built, args, precision)
+            built.save(tmp)
+            if not built.verification["passed"] and args.verify:
+                raise BuildFailed("the engine does not reproduce onnxruntime within the tolerance")
+    except BuildFailed as exc:
+        print(f"{PROG}: error: {exc}; nothing written", file=sys.stderr)
+        return 1
+    print(f"wrote {out}/: {ENGINE_FILE}, {SIDECAR_FILE}, spiece.model, tokenizer_config.json")
+    return 0
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    return build(build_parser().parse_args(argv))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: user errors and a missing GPU stack -> one line and exit 2; a failed build -> exit 1."""
+    return run(_main, argv, prog=PROG)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

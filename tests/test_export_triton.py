@@ -1,0 +1,158 @@
+"""Triton model repository: config.pbtxt parsed back and checked field by field against the sidecar, for
+an ONNX export and a TensorRT export (whose engine bytes are only copied, so no GPU is needed)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from fixtures_spm import spm_dir  # noqa: F401 - pytest fixture
+
+from export import pbtxt
+from export.sessions import session
+from export.sidecar import INPUT_NAMES, SIDECAR_FILE, TOKENIZER_FILES, Sidecar
+from export.testing import tiny_onnx_export
+from export.triton import main
+
+SHAPES = {"min_shape": [1, 16], "opt_shape": [8, 384], "max_shape": [16, 512]}
+
+
+@pytest.fixture(scope="module")
+def onnx_export(tmp_path_factory, spm_dir):  # noqa: F811
+    return tiny_onnx_export(tmp_path_factory.mktemp("triton") / "onnx", spm_dir, "beam", "--no-optimize")
+
+
+@pytest.fixture(scope="module")
+def trt_export(onnx_export, tmp_path_factory):
+    """A TensorRT export directory as export.trt writes it, with stand-in engine bytes."""
+    out = tmp_path_factory.mktemp("trt") / "trt"
+    out.mkdir()
+    (out / "model.engine").write_bytes(b"serialized engine stand-in")
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(onnx_export / name, out / name)
+    data = Sidecar.load(onnx_export).to_dict()
+    dtypes = {n: "int64" for n in INPUT_NAMES} | {
+        "start_top_log_probs": "float32",
+        "start_top_index": "int32",
+        "end_top_log_probs": "float32",
+        "end_top_index": "int32",
+        "cls_logits": "float32",
+    }
+    data.update(
+        backend="tensorrt",
+        model_file="model.engine",
+        precision="fp16",
+        portable_model_file=None,
+        trt={**SHAPES, "version": "10.9.0", "path": "fp16-flag", "io_dtypes": dtypes},
+    )
+    Sidecar.from_dict(data).save(out)
+    return out
+
+
+def read_config(model_dir) -> dict:
+    return pbtxt.loads((model_dir / "config.pbtxt").read_text())
+
+
+def check_tensors(config: dict, sidecar: Sidecar, types: dict[str, str]) -> None:
+    assert [t["name"] for t in config["input"]] == list(INPUT_NAMES)
+    assert [t["name"] for t in config["output"]] == sidecar.outputs
+    k1, k2 = sidecar.start_n_top, sidecar.end_n_top
+    dims = {n: [-1] for n in INPUT_NAMES} | {"start_logits": [-1], "end_logits": [-1], "cls_logits": [1]}
+    dims |= {"start_top_log_probs": [k1], "start_top_index": [k1], "end_top_log_probs": [k1 * k2]}
+    dims |= {"end_top_index": [k1 * k2]}
+    for tensor in config["input"] + config["output"]:
+        assert tensor["dims"] == dims[tensor["name"]], tensor
+        assert tensor["data_type"] == types[tensor["name"]], tensor
+        assert ("reshape" in tensor) == (tensor["name"] == "cls_logits")
+    cls = next(t for t in config["output"] if t["name"] == "cls_logits")
+    assert cls["reshape"] == {"shape": []}
+
+
+def test_onnx_repository(onnx_export, tmp_path):
+    args = [
+        "--onnx",
+        str(onnx_export),
+        "--out",
+        str(tmp_path / "repo"),
+        "--name",
+        "qa",
+        "--max-batch-size",
+        "16",
+    ]
+    assert main([*args, "--preferred-batch", "2,8", "--max-queue-delay-us", "250", "--instances", "2"]) == 0
+    model_dir = tmp_path / "repo" / "qa"
+    config = read_config(model_dir)
+    sidecar = Sidecar.load(onnx_export)
+    assert (config["name"], config["platform"], config["max_batch_size"]) == ("qa", "onnxruntime_onnx", 16)
+    assert config["dynamic_batching"] == {"preferred_batch_size": [2, 8], "max_queue_delay_microseconds": 250}
+    assert config["instance_group"] == [{"count": 2, "kind": "KIND_GPU"}]
+    types = {n: "TYPE_INT64" for n in INPUT_NAMES} | {n: "TYPE_FP32" for n in sidecar.outputs}
+    types |= {"start_top_index": "TYPE_INT64", "end_top_index": "TYPE_INT64"}
+    check_tensors(config, sidecar, types)
+    assert (model_dir / "1" / "model.onnx").read_bytes() == (onnx_export / "model.onnx").read_bytes()
+    served = Sidecar.load(model_dir)  # the client-side sidecar: model_file points into the version dir
+    assert served.model_file == "1/model.onnx" and served.extra["triton"]["platform"] == "onnxruntime_onnx"
+    assert served.settings == sidecar.settings and served.outputs == sidecar.outputs
+    for name in TOKENIZER_FILES:
+        assert (model_dir / name).read_bytes() == (onnx_export / name).read_bytes()
+    sess = session(model_dir / "1" / "model.onnx", threads=1)  # what Triton's onnxruntime backend loads
+    assert [o.name for o in sess.get_outputs()] == sidecar.outputs
+    assert pbtxt.loads(pbtxt.dumps(config)) == config
+
+
+def test_tensorrt_repository(onnx_export, trt_export, tmp_path):
+    args = ["--onnx", str(onnx_export), "--trt", str(trt_export), "--out", str(tmp_path / "repo")]
+    assert main([*args, "--max-batch-size", "16"]) == 0
+    model_dir = tmp_path / "repo" / "xlnet_qa"
+    config = read_config(model_dir)
+    sidecar = Sidecar.load(trt_export)
+    assert (config["platform"], config["max_batch_size"]) == ("tensorrt_plan", 16)
+    types = {n: "TYPE_INT64" for n in INPUT_NAMES} | {n: "TYPE_FP32" for n in sidecar.outputs}
+    types |= {"start_top_index": "TYPE_INT32", "end_top_index": "TYPE_INT32"}  # the engine's own I/O types
+    check_tensors(config, sidecar, types)
+    assert (model_dir / "1" / "model.plan").read_bytes() == b"serialized engine stand-in"
+    served = json.loads((model_dir / SIDECAR_FILE).read_text())
+    assert served["backend"] == "tensorrt" and served["model_file"] == "1/model.plan"
+    assert served["trt"]["max_shape"] == SHAPES["max_shape"]
+
+
+def test_repository_errors(onnx_export, trt_export, tmp_path, capsys):
+    def error(*args: str) -> str:
+        assert main(["--onnx", str(onnx_export), "--out", str(tmp_path / "repo"), *args]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("python -m export.triton: error: ")
+        return lines[0]
+
+    assert "exceed --max-batch-size 4" in error("--max-batch-size", "4", "--preferred-batch", "2,8")
+    assert "exceeds the engine's profile (16)" in error("--trt", str(trt_export))
+    assert "must be gpu" in error("--trt", str(trt_export), "--max-batch-size", "8", "--instance-kind", "cpu")
+    assert "is a 'onnx' export" in error("--trt", str(onnx_export))
+    assert "plain directory name" in error("--name", "a/b")
+    assert main(["--onnx", str(tmp_path / "absent"), "--out", str(tmp_path / "repo")]) == 2
+    assert "not an export directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--onnx", str(onnx_export), "--out", str(tmp_path / "repo"), "--preferred-batch", "a,b"])
+    assert not (tmp_path / "repo" / "xlnet_qa").exists()
+
+
+def test_pbtxt_subset():
+    text = """
+    # comment
+    name: "m"  max_batch_size: 8
+    input [ { name: "a" dims: [ -1, 3 ] }, { name: "b\\"q" dims: [] } ]
+    dynamic_batching { preferred_batch_size: [ 4 ] flag: true }
+    instance_group { kind: KIND_GPU }
+    instance_group { kind: KIND_CPU }
+    """
+    parsed = pbtxt.loads(text)
+    assert parsed == {
+        "name": "m",
+        "max_batch_size": 8,
+        "input": [{"name": "a", "dims": [-1, 3]}, {"name": 'b"q', "dims": []}],
+        "dynamic_batching": {"preferred_batch_size": [4], "flag": True},
+        "instance_group": [{"kind": "KIND_GPU"}, {"kind": "KIND_CPU"}],
+    }
+    assert pbtxt.loads(pbtxt.dumps(parsed)) == parsed
+    with pytest.raises(ValueError, match="pbtxt"):
+        pbtxt.loads('name: "x" }')
