@@ -44,8 +44,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/demo")
     parser.add_argument("--config", default="small")
-    parser.add_argument("--pretrain-steps", type=int, default=150)
-    parser.add_argument("--finetune-steps", type=int, default=200)
+    parser.add_argument("--pretrain-steps", type=int, default=100)
+    parser.add_argument("--finetune-steps", type=int, default=120)
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,7 +113,7 @@ def main() -> int:
             "--steps",
             str(args.finetune_steps),
             "--batch-size",
-            "16",
+            "8",
             "--lr",
             "1e-3",
             "--layer-decay",
@@ -187,9 +187,10 @@ def main() -> int:
                 res = client.answer(qa["question"], paragraph["context"], top_k=3)
                 gold = [a["text"] for a in qa["answers"]] or ["<no answer>"]
                 shown = res.answer if not res.is_impossible else "<no answer>"
+                best = res.n_best[0].text if res.n_best else ""
                 print(
-                    f"Q: {qa['question']}\n   model: {shown!r} (p_no_answer={res.no_answer_prob:.2f}, "
-                    f"{res.timing_ms.total:.1f} ms)   gold: {gold[0]!r}"
+                    f"Q: {qa['question']}\n   model: {shown!r} (best span {best!r}, p_no_answer="
+                    f"{res.no_answer_prob:.2f}, {res.timing_ms.total:.1f} ms)   gold: {gold[0]!r}"
                 )
             res = client.answer("What is the capital of Mars?", paragraph["context"])
             print(
