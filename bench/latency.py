@@ -115,7 +115,12 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     ours = XLNetForQuestionAnswering(config, head="simple").eval()
     tmp = Path(tempfile.mkdtemp(prefix="bench-latency-"))
-    checkpoint.save(ours, tmp / "ckpt")
+    # The exporter ships a tokenizer with the model; any spm will do for timing.
+    from train.tokenizer import XLNetTokenizer, train_spm
+
+    sample = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.json"
+    train_spm([sample], tmp / "tok", 2000)
+    checkpoint.save(ours, tmp / "ckpt", tokenizer=XLNetTokenizer.from_dir(tmp / "tok"))
     hf = transformers.XLNetForQuestionAnsweringSimple.from_pretrained(tmp / "ckpt").eval()
     runners: dict[str, Callable[[dict[str, np.ndarray]], Callable[[], object]]] = {}
     inference = QAInference(ours)
