@@ -6,7 +6,7 @@
   TopK stays float32 (the converter's default block list). Constants beyond fp16 range (the -1e30 mask
   values) are clipped to -65504, which the model's own fp16 path uses too.
 - int8: `quantize_dynamic` with signed int8 weights on every backbone MatMul whose weight is a constant
-  (q/k/v/o/r projections, the segment term, the feed-forward layers); activation x activation MatMuls
+  (q/k/v/o projections (r is a precomputed table), the segment term, the feed-forward layers); activation x activation MatMuls
   (attention scores) stay float, and activations are quantized per call (no calibration data). The QA
   heads' MatMuls stay float unless asked (`heads=True`): they map the hidden state straight to logits, so
   the per-tensor activation rounding lands on the logits unattenuated. Measured on a d_model 256 model:

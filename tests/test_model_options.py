@@ -125,3 +125,27 @@ def test_content_stream_exports_without_eye_or_onehot(head):
             ref = Wrapper(model)(ids, mask, types)
         for g_, r_ in zip(got, ref, strict=True):
             np.testing.assert_allclose(g_, r_.numpy(), atol=1e-4)
+
+
+@pytest.mark.parametrize("clamp_len", [-1, 5])
+def test_cached_positions_give_exactly_the_same_outputs(clamp_len):
+    torch.manual_seed(0)
+    model = XLNetForQuestionAnswering(tiny(clamp_len=clamp_len), head="shallow").eval()
+    outs = {}
+    for t in (7, 33):
+        ids, types, mask = batch(t=t, seed=t)
+        mask[1, -2:] = 0
+        with torch.no_grad():
+            outs[t] = model(ids, token_type_ids=types, attention_mask=mask).start_logits
+    model.transformer.cache_positions(40)
+    for t in (7, 33):
+        ids, types, mask = batch(t=t, seed=t)
+        mask[1, -2:] = 0
+        with torch.no_grad():
+            assert torch.equal(model(ids, token_type_ids=types, attention_mask=mask).start_logits, outs[t])
+    with pytest.raises(ValueError, match="longer than the cached positions"):
+        model(*batch(t=41)[:1])
+    model.train()  # training never uses the cache (dropout on positions, weights change)
+    assert model(*batch(t=41)[:1]).start_logits.shape == (2, 41)
+    with pytest.raises(ValueError, match="bi_data=False"):
+        XLNetModel(tiny(bi_data=True)).cache_positions(16)

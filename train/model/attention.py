@@ -55,6 +55,8 @@ class RelativeAttention(nn.Module):
         self.layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
         self.aoa = AttentionOnAttention(d) if config.use_aoa else None
+        # Inference cache of the projected relative positions [1, N, 2L, Dh] (see XLNetModel.cache_positions).
+        self.register_buffer("k_r_table", None, persistent=False)
 
     def _heads(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """[B, L, D] -> [B, N, L, Dh]."""
@@ -104,7 +106,7 @@ class RelativeAttention(nn.Module):
         g: torch.Tensor | None,
         mask_h: torch.Tensor | None,
         mask_g: torch.Tensor | None,
-        pos_emb: torch.Tensor,
+        pos_emb: torch.Tensor | None,
         seg_diff: torch.Tensor | None,
         mem: torch.Tensor | None = None,
         target_mapping: torch.Tensor | None = None,
@@ -113,7 +115,12 @@ class RelativeAttention(nn.Module):
         keys_in = h if mem is None else torch.cat([mem, h], dim=1)
         k = self._heads(keys_in, self.k)
         v = self._heads(keys_in, self.v)
-        k_r = self._heads(pos_emb, self.r)
+        if pos_emb is None:  # cached: distances qlen .. -qlen+1 are the middle 2*qlen rows of the table
+            half = self.k_r_table.shape[2] // 2
+            qlen = h.shape[1]
+            k_r = self.k_r_table[:, :, half - qlen : half + qlen]
+        else:
+            k_r = self._heads(pos_emb, self.r)
         out_h = self._post(h, self._core(self._heads(h, self.q), k, v, k_r, seg_diff, mask_h))
         if g is None:
             return out_h, None

@@ -44,14 +44,24 @@ def derive_p_mask(
     return (~allowed).to(torch.float32)
 
 
-class QAInference(nn.Module):
-    """Wraps a QA model; forward(input_ids, attention_mask, token_type_ids) -> tuple of outputs."""
+MAX_POSITIONS = 512
 
-    def __init__(self, model: XLNetForQuestionAnswering) -> None:
+
+class QAInference(nn.Module):
+    """Wraps a QA model; forward(input_ids, attention_mask, token_type_ids) -> tuple of outputs.
+
+    The projected relative positions are precomputed for windows up to `max_positions` tokens
+    (`XLNetModel.cache_positions`): exact same numbers, ~12% fewer FLOPs; longer inputs are an error.
+    """
+
+    def __init__(self, model: XLNetForQuestionAnswering, max_positions: int | None = MAX_POSITIONS) -> None:
         super().__init__()
         self.model = model.eval()
         self.head = model.head
         self.names = output_names(model.head)
+        cfg = model.config
+        if max_positions and cfg.attn_type == "bi" and not cfg.bi_data:
+            model.transformer.cache_positions(max_positions)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor):
         p_mask = derive_p_mask(input_ids, attention_mask, token_type_ids) if self.head == "beam" else None

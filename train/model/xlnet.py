@@ -58,6 +58,44 @@ class XLNetModel(nn.Module):
         self.apply(lambda m: init_weights(m, config.initializer_range))
         if not config.untie_r:
             self.tie_relative_biases()
+        self.position_cache_len: int | None = None
+
+    @torch.no_grad()
+    def cache_positions(self, max_len: int = 512) -> None:
+        """Inference speed-up: precompute every layer's projected relative positions once.
+
+        The position term's keys `pos_emb(T) @ W_r` depend only on the length, and the distances of a
+        length-T window (T .. -T+1) are the middle 2T rows of the table for `max_len`, so a slice
+        replaces a [2T, D] x [D, D] MatMul per layer (~12% of the FLOPs at T = 384). Used in eval
+        mode for memory-free inputs up to `max_len` tokens; recompute after changing the weights.
+        """
+        cfg = self.config
+        if cfg.attn_type != "bi" or cfg.bi_data:
+            raise ValueError(
+                "position caching needs attn_type='bi' and bi_data=False (the inference setting)"
+            )
+        if max_len < 1:
+            raise ValueError(f"max_len must be positive, got {max_len}")
+        device = self.word_embedding.weight.device
+        pos = relative_positions(
+            max_len,
+            max_len,
+            cfg.d_model,
+            attn_type="bi",
+            bi_data=False,
+            clamp_len=cfg.clamp_len,
+            batch_size=1,
+            device=device,
+        ).to(self.word_embedding.weight.dtype)
+        for layer in self.layer:
+            attn = layer.rel_attn
+            attn.k_r_table = attn._heads(pos, attn.r).contiguous()
+        self.position_cache_len = max_len
+
+    def clear_position_cache(self) -> None:
+        for layer in self.layer:
+            layer.rel_attn.k_r_table = None
+        self.position_cache_len = None
 
     def tie_relative_biases(self) -> None:
         """untie_r=False: one r_w/r_r/r_s bias shared by all layers (the original's default)."""
@@ -108,17 +146,26 @@ class XLNetModel(nn.Module):
         if target_mapping is not None:
             g = self.dropout(self.mask_emb.expand(bsz, target_mapping.shape[1], -1))
         seg_diff = segment_difference(token_type_ids, mlen)
-        pos_emb = relative_positions(
-            qlen,
-            klen,
-            cfg.d_model,
-            attn_type=cfg.attn_type,
-            bi_data=cfg.bi_data,
-            clamp_len=cfg.clamp_len,
-            batch_size=bsz,
-            device=device,
-        ).to(h.dtype)
-        pos_emb = self.dropout(pos_emb)
+        use_cache = self.position_cache_len is not None and mems is None and not self.training
+        if use_cache:
+            if not torch.jit.is_tracing() and qlen > self.position_cache_len:
+                raise ValueError(
+                    f"input of {qlen} tokens is longer than the cached positions ({self.position_cache_len}); "
+                    "call cache_positions(max_len) with a larger max_len"
+                )
+            pos_emb = None
+        else:
+            pos_emb = relative_positions(
+                qlen,
+                klen,
+                cfg.d_model,
+                attn_type=cfg.attn_type,
+                bi_data=cfg.bi_data,
+                clamp_len=cfg.clamp_len,
+                batch_size=bsz,
+                device=device,
+            ).to(h.dtype)
+            pos_emb = self.dropout(pos_emb)
         new_mems: list[torch.Tensor] = []
         hidden: list[torch.Tensor] = []
         for i, layer in enumerate(self.layer):
