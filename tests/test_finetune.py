@@ -22,8 +22,21 @@ from train.squad import read_squad, split_by_article, write_squad
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
-METRIC_KEYS = {"exact", "f1", "total", "HasAns_exact", "HasAns_f1", "HasAns_total", "NoAns_exact", "NoAns_f1",
-               "NoAns_total", "best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh"}
+METRIC_KEYS = {
+    "exact",
+    "f1",
+    "total",
+    "HasAns_exact",
+    "HasAns_f1",
+    "HasAns_total",
+    "NoAns_exact",
+    "NoAns_f1",
+    "NoAns_total",
+    "best_exact",
+    "best_exact_thresh",
+    "best_f1",
+    "best_f1_thresh",
+}
 
 
 @pytest.fixture(scope="module")
@@ -43,17 +56,56 @@ def read_metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-COMMON = ["--max-seq-len", "96", "--doc-stride", "48", "--max-query-len", "24", "--batch-size", "8",
-          "--log-every", "5", "--no-progress", "--seed", "1"]
+COMMON = [
+    "--max-seq-len",
+    "96",
+    "--doc-stride",
+    "48",
+    "--max-query-len",
+    "24",
+    "--batch-size",
+    "8",
+    "--log-every",
+    "5",
+    "--no-progress",
+    "--seed",
+    "1",
+]
 
 
 @pytest.mark.parametrize("head", ["shallow", "deep", "beam", "simple"])
 def test_each_head_trains_and_evaluates(head, small_split, spm_dir, tmp_path):  # noqa: F811
     train_file, dev_file = small_split
     out = tmp_path / head
-    args = ["--train-file", str(train_file), "--dev-file", str(dev_file), "--out", str(out), "--config", "tiny",
-            "--spm", str(spm_dir), "--head", head, "--steps", "40", "--eval-every", "20", "--lr", "2e-3",
-            "--layer-decay", "1.0", "--warmup", "0", "--dropout", "0", *COMMON, "--log-every", "1"]
+    args = [
+        "--train-file",
+        str(train_file),
+        "--dev-file",
+        str(dev_file),
+        "--out",
+        str(out),
+        "--config",
+        "tiny",
+        "--spm",
+        str(spm_dir),
+        "--head",
+        head,
+        "--steps",
+        "40",
+        "--eval-every",
+        "20",
+        "--lr",
+        "2e-3",
+        "--layer-decay",
+        "1.0",
+        "--warmup",
+        "0",
+        "--dropout",
+        "0",
+        *COMMON,
+        "--log-every",
+        "1",
+    ]
     assert finetune_main(args) == 0
     losses = [r["loss"] for r in read_metrics(out) if "loss" in r]
     first, last = losses[0], sum(losses[-5:]) / 5
@@ -68,9 +120,12 @@ def test_each_head_trains_and_evaluates(head, small_split, spm_dir, tmp_path):  
     assert (out / "loss.png").exists() and (out / "dev_f1.png").exists()
 
     ev = tmp_path / f"eval-{head}"
-    assert evaluate_main(["--checkpoint", str(out), "--data", str(dev_file), "--out", str(ev), "--no-progress"]) == 0
+    assert (
+        evaluate_main(["--checkpoint", str(out), "--data", str(dev_file), "--out", str(ev), "--no-progress"])
+        == 0
+    )
     metrics = json.loads((ev / "metrics.json").read_text())
-    assert METRIC_KEYS <= set(metrics)
+    assert set(metrics) >= METRIC_KEYS
     preds = json.loads((ev / "predictions.json").read_text())
     na = json.loads((ev / "na_probs.json").read_text())
     nbest = json.loads((ev / "nbest.json").read_text())
@@ -93,9 +148,28 @@ def test_freezing_keeps_bottom_layers_and_embeddings_fixed(small_split, spm_dir,
     config = XLNetConfig.preset("tiny", vocab_size=tok.vocab_size, n_layer=3)
     checkpoint.save(XLNetForQuestionAnswering(config, head="shallow"), init, tokenizer=tok)
     before = checkpoint.load(init).model.state_dict()
-    args = ["--train-file", str(train_file), "--dev-file", str(dev_file), "--out", str(out), "--init", str(init),
-            "--head", "shallow", "--steps", "6", "--eval-every", "6", "--freeze-layers", "2",
-            "--freeze-embeddings", "--lr", "1e-3", *COMMON]
+    args = [
+        "--train-file",
+        str(train_file),
+        "--dev-file",
+        str(dev_file),
+        "--out",
+        str(out),
+        "--init",
+        str(init),
+        "--head",
+        "shallow",
+        "--steps",
+        "6",
+        "--eval-every",
+        "6",
+        "--freeze-layers",
+        "2",
+        "--freeze-embeddings",
+        "--lr",
+        "1e-3",
+        *COMMON,
+    ]
     assert finetune_main(args) == 0
     after = checkpoint.load(out).model.state_dict()
     for key in before:
@@ -117,8 +191,14 @@ def test_layer_decay_gives_lower_rates_to_lower_layers():
     assert rate["transformer.layer.2.ff.layer_1.weight"] == 0.5
     assert rate["transformer.layer.0.ff.layer_1.weight"] == 0.125
     assert rate["transformer.word_embedding.weight"] == 0.0625
-    no_decay = {n for g in groups if g["weight_decay"] == 0.0 for p in g["params"]
-                for n, q in model.named_parameters() if q is p}
+    no_decay = {
+        n
+        for g in groups
+        if g["weight_decay"] == 0.0
+        for p in g["params"]
+        for n, q in model.named_parameters()
+        if q is p
+    }
     assert "transformer.layer.0.ff.layer_norm.weight" in no_decay and "start_head.bias" in no_decay
     assert "transformer.layer.0.ff.layer_1.weight" not in no_decay
 
@@ -134,8 +214,23 @@ def test_init_from_huggingface_directory(small_split, spm_dir, tmp_path):  # noq
     transformers.XLNetLMHeadModel(cfg).save_pretrained(hf_dir)
     shutil.copy(spm_dir / "spiece.model", hf_dir / "spiece.model")
     out = tmp_path / "from-hf"
-    args = ["--train-file", str(train_file), "--dev-file", str(dev_file), "--out", str(out), "--init", str(hf_dir),
-            "--head", "beam", "--steps", "4", "--eval-every", "4", *COMMON]
+    args = [
+        "--train-file",
+        str(train_file),
+        "--dev-file",
+        str(dev_file),
+        "--out",
+        str(out),
+        "--init",
+        str(hf_dir),
+        "--head",
+        "beam",
+        "--steps",
+        "4",
+        "--eval-every",
+        "4",
+        *COMMON,
+    ]
     assert finetune_main(args) == 0
     loaded = checkpoint.load(out)
     assert loaded.kind == "qa:beam" and loaded.config.d_model == 32
@@ -145,10 +240,37 @@ def test_init_from_huggingface_directory(small_split, spm_dir, tmp_path):  # noq
 
 def test_resume_continues_the_same_run(small_split, spm_dir, tmp_path):  # noqa: F811
     train_file, dev_file = small_split
-    base = ["--train-file", str(train_file), "--dev-file", str(dev_file), "--config", "tiny", "--spm",
-            str(spm_dir), "--steps", "10", "--eval-every", "100", "--lr", "1e-3", "--log-every", "1",
-            "--max-seq-len", "96", "--doc-stride", "48", "--max-query-len", "24", "--batch-size", "4",
-            "--no-progress", "--seed", "3", "--dropout", "0"]
+    base = [
+        "--train-file",
+        str(train_file),
+        "--dev-file",
+        str(dev_file),
+        "--config",
+        "tiny",
+        "--spm",
+        str(spm_dir),
+        "--steps",
+        "10",
+        "--eval-every",
+        "100",
+        "--lr",
+        "1e-3",
+        "--log-every",
+        "1",
+        "--max-seq-len",
+        "96",
+        "--doc-stride",
+        "48",
+        "--max-query-len",
+        "24",
+        "--batch-size",
+        "4",
+        "--no-progress",
+        "--seed",
+        "3",
+        "--dropout",
+        "0",
+    ]
     assert finetune_main([*base, "--out", str(tmp_path / "a")]) == 0
     assert finetune_main([*base, "--out", str(tmp_path / "b"), "--stop-after", "4"]) == 0
     assert finetune_main([*base, "--out", str(tmp_path / "b"), "--resume"]) == 0
@@ -160,14 +282,41 @@ def test_resume_continues_the_same_run(small_split, spm_dir, tmp_path):  # noqa:
 
 
 def test_cli_errors_are_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "train.finetune", "--train-file", str(tmp_path / "x.json"),
-                        "--dev-file", str(tmp_path / "y.json"), "--out", str(tmp_path / "o")],
-                       cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "train.finetune",
+            "--train-file",
+            str(tmp_path / "x.json"),
+            "--dev-file",
+            str(tmp_path / "y.json"),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "not found" in r.stderr and "Traceback" not in r.stderr
     bad = tmp_path / "bad.json"
     bad.write_text('{"data": [{"title": "t", "paragraphs": [{"context": 3}]}]}')
-    r = subprocess.run([sys.executable, "-m", "train.evaluate", "--checkpoint", str(tmp_path), "--data", str(bad),
-                        "--out", str(tmp_path / "o")], cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "train.evaluate",
+            "--checkpoint",
+            str(tmp_path),
+            "--data",
+            str(bad),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
 
 

@@ -18,9 +18,29 @@ def test_sweep_writes_table_and_plot_and_skips_finished_cells(spm_dir, tmp_path)
     train["data"] = [{**train["data"][0], "paragraphs": train["data"][0]["paragraphs"][:2]}]
     write_squad(train, tmp_path / "t.json")
     out = tmp_path / "sweep"
-    argv = ["--train-file", str(tmp_path / "t.json"), "--dev-file", str(tmp_path / "t.json"), "--config", "tiny",
-            "--spm", str(spm_dir), "--max-seq-lens", "64,96", "--freeze-layers", "0,1", "--heads", "shallow",
-            "--steps", "3", "--batch-size", "4", "--out", str(out), "--no-progress"]
+    argv = [
+        "--train-file",
+        str(tmp_path / "t.json"),
+        "--dev-file",
+        str(tmp_path / "t.json"),
+        "--config",
+        "tiny",
+        "--spm",
+        str(spm_dir),
+        "--max-seq-lens",
+        "64,96",
+        "--freeze-layers",
+        "0,1",
+        "--heads",
+        "shallow",
+        "--steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert sweep_main(argv) == 0
     table = (out / "sweep.md").read_text().splitlines()
     assert len(table) == 2 + 4 and "s/step" in table[0]

@@ -6,7 +6,12 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError)
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    FileNotFoundError,
+    NotADirectoryError,
+    PermissionError,
+)
 
 
 class Parser(argparse.ArgumentParser):
@@ -22,7 +27,9 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def run(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None, prog: str = "") -> int:
+def run(
+    main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None, prog: str = ""
+) -> int:
     """Call `main`; turn expected user errors into `prog: error: ...` + exit 2."""
     try:
         return main(argv)
