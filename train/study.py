@@ -154,7 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             evaluate_cli.main,
             ["--checkpoint", str(ft), "--data", str(out / "heldout.json"), "--out", str(ev), *quiet],
         )
-        rows.append((name, json.loads((ev / "metrics.json").read_text())))
+        metrics = json.loads((ev / "metrics.json").read_text())
+        metrics.update(span_quality(held_examples, json.loads((ev / "nbest.json").read_text())))
+        rows.append((name, metrics))
     baseline = no_answer_baseline(held_examples)
     write_report(
         out, args, rows, baseline, seconds, len(read_squad(out / "finetune.json")), len(held_examples)
@@ -163,8 +165,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def span_quality(examples, nbest: dict) -> dict:
+    """EM/F1 of the best span on the answerable questions with the no-answer decision switched off.
+
+    A small model's answerability classifier often wins the threshold search by saying "no answer"
+    everywhere; this column shows whether its span extraction learned anything all the same.
+    """
+    answerable = [ex for ex in examples if ex.answers]
+    if not answerable:
+        return {}
+    preds = {ex.qas_id: (nbest.get(ex.qas_id) or [{"text": ""}])[0]["text"] for ex in answerable}
+    m = evaluate(answerable, preds)
+    return {"span_exact": m["exact"], "span_f1": m["f1"]}
+
+
 def write_report(out: Path, args, rows, baseline, seconds, n_tune: int, n_held: int) -> None:
-    keys = ["exact", "f1", "HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1", "best_exact", "best_f1"]
+    keys = [
+        "exact",
+        "f1",
+        "HasAns_exact",
+        "HasAns_f1",
+        "NoAns_exact",
+        "NoAns_f1",
+        "best_exact",
+        "best_f1",
+        "span_exact",
+        "span_f1",
+    ]
     lines = [
         "| model | " + " | ".join(keys) + " |",
         "| --- |" + " --- |" * len(keys),
@@ -182,6 +209,9 @@ def write_report(out: Path, args, rows, baseline, seconds, n_tune: int, n_held: 
         f"fine-tuning: {args.finetune_steps} steps x {args.finetune_batch} windows of {args.max_seq_len}.",
         "",
         *lines,
+        "",
+        "span_exact / span_f1: the best span on the answerable held-out questions with the no-answer "
+        "decision switched off (span-extraction quality alone).",
         "",
         "Wall-clock seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()),
         "",
