@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from export.sidecar import INPUT_NAMES, Sidecar, SidecarError
+from export.sidecar import DEFAULT_SETTINGS, INPUT_NAMES, Sidecar, SidecarError
 from export.sidecar import OUTPUT_NAMES as OUTPUTS_BY_HEAD
 
 
@@ -89,9 +89,10 @@ def _int(data: dict[str, Any], key: str, default: int, where: Path) -> int:
 
 
 def _threshold(data: dict[str, Any], where: Path) -> float:
-    value = data.get("no_answer_threshold", 0.5)
+    default = float(DEFAULT_SETTINGS["no_answer_threshold"])
+    value = data.get("no_answer_threshold", default)
     if value is None:
-        return 0.5
+        return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
         raise ModelSpecError(f"{where}: 'no_answer_threshold' must be a number in [0, 1], got {value!r}")
     return float(value)
@@ -105,10 +106,10 @@ def _head(value: Any, where: Path) -> str:
 
 def _lengths(data: dict[str, Any], where: Path) -> dict[str, Any]:
     out = {
-        "max_seq_len": _int(data, "max_seq_len", 384, where),
-        "doc_stride": _int(data, "doc_stride", 128, where),
-        "max_query_len": _int(data, "max_query_len", 64, where),
-        "max_answer_len": _int(data, "max_answer_len", 30, where),
+        "max_seq_len": _int(data, "max_seq_len", int(DEFAULT_SETTINGS["max_seq_len"]), where),
+        "doc_stride": _int(data, "doc_stride", int(DEFAULT_SETTINGS["doc_stride"]), where),
+        "max_query_len": _int(data, "max_query_len", int(DEFAULT_SETTINGS["max_query_len"]), where),
+        "max_answer_len": _int(data, "max_answer_len", int(DEFAULT_SETTINGS["max_answer_len"]), where),
         "start_n_top": _int(data, "start_n_top", 5, where),
         "end_n_top": _int(data, "end_n_top", 5, where),
         "no_answer_threshold": _threshold(data, where),

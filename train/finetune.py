@@ -23,7 +23,7 @@ from train import checkpoint
 from train.cli import Parser, run
 from train.model import ACTIVATIONS, HEADS, PRESETS, XLNetConfig, XLNetForQuestionAnswering
 from train.optim import make_optimizer, make_scheduler
-from train.qa import run_evaluation, write_prediction_files
+from train.qa import evaluate_predictions, run_evaluation, write_prediction_files
 from train.runlog import MetricsLog
 from train.runtime import StopFlag, all_reduce_mean, autocast, init_distributed, seed_everything
 from train.squad import featurize, pad_batch, read_squad
@@ -250,8 +250,6 @@ def finetune(args) -> dict:
         )
         m = result.metrics
         # Decide the serving threshold where dev best_f1 is reached, then re-score at it.
-        from train.qa import evaluate_predictions
-
         thr = float(m.get("best_f1_thresh", 0.5))
         thr = min(max(thr, 0.0), 1.0)
         m = evaluate_predictions(dev_examples, result.predictions, thr)
