@@ -108,7 +108,17 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--realistic", type=int, default=0, help="also time N shared dev questions at true lengths"
     )
+    ap.add_argument(
+        "--spm",
+        type=Path,
+        help="sentencepiece model for --realistic lengths (e.g. xlnet-base-cased's spiece.model); "
+        "default: one trained here on the pretraining contexts",
+    )
     args = ap.parse_args(argv)
+    if args.realistic < 0:
+        ap.error("--realistic must be >= 0")
+    if args.spm is not None and not args.spm.exists():
+        ap.error(f"--spm {args.spm} does not exist")
     torch.set_num_threads(args.threads)
     skip = set(args.skip.split(","))
     config = XLNetConfig.preset(args.config, vocab_size=args.vocab, dropout=0.0)
@@ -183,6 +193,11 @@ def main(argv=None) -> int:
         f"{xlnet_forward_flops(1, 384, config.d_model, config.d_inner, config.n_layer) / 1e9:.0f} GFLOP at 1x384\n"
     )
     print(markdown_table(["path", "BxT", "p50 ms", "p90 ms", "GFLOP/s", "speed-up vs (a)"], rows))
+    if args.realistic:
+        from bench.realistic import realistic_table
+
+        print()
+        print(realistic_table(runners, args.realistic, args.spm, tmp, config))
     return 0
 
 

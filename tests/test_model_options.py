@@ -127,6 +127,54 @@ def test_content_stream_exports_without_eye_or_onehot(head):
             np.testing.assert_allclose(g_, r_.numpy(), atol=1e-4)
 
 
+@pytest.mark.parametrize("t", [1, 2, 3, 7, 8, 9, 50])
+def test_chunked_position_scores_equal_the_full_shift(t):
+    from train.model.attention import chunked_position_scores
+    from train.model.position import relative_shift
+
+    g = torch.Generator().manual_seed(t)
+    q = torch.randn(2, 3, t, 8, generator=g)
+    k_r = torch.randn(1, 3, 2 * t, 8, generator=g)
+    full = relative_shift(q @ k_r.transpose(-1, -2), t)
+    for chunks in (1, 2, 4):
+        torch.testing.assert_close(chunked_position_scores(q, k_r, chunks), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("head", ["simple", "shallow", "deep", "beam"])
+@pytest.mark.parametrize("aoa", [False, True])
+def test_fused_inference_matches_the_reference_at_real_positions(head, aoa):
+    """QAInference folds segments and padding into the content MatMul: same outputs at real tokens."""
+    import copy
+
+    from train.model.inference import QAInference
+
+    torch.manual_seed(0)
+    config = XLNetConfig.preset("tiny", vocab_size=500, dropout=0.0, use_aoa=aoa)
+    model = XLNetForQuestionAnswering(config, head=head).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # larger weights than the init: differences would show
+            p.normal_(0, 0.3)
+    reference = QAInference(copy.deepcopy(model), max_positions=None)
+    fused = QAInference(model)
+    assert model.transformer.fused_inference and not reference.model.transformer.fused_inference
+    b, t = 3, 50
+    ids = torch.randint(9, 500, (b, t), generator=torch.Generator().manual_seed(1))
+    types = torch.zeros(b, t, dtype=torch.long)
+    types[:, 30:45], types[:, 45], types[:, 46:] = 1, 2, 3
+    mask = torch.ones(b, t, dtype=torch.long)
+    mask[1, 46:] = 0
+    mask[2, 40:], types[2, 40:] = 0, 3
+    with torch.no_grad():
+        want, got = reference(ids, mask, types), fused(ids, mask, types)
+    for name, w, g_ in zip(reference.names, want, got, strict=True):
+        if name.endswith("_index"):
+            assert torch.equal(w, g_), name
+        elif w.dim() == 2 and w.shape[1] == t:  # per-token logits: padding rows may differ
+            torch.testing.assert_close(g_[mask.bool()], w[mask.bool()], atol=1e-4, rtol=1e-4)
+        else:
+            torch.testing.assert_close(g_, w, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("clamp_len", [-1, 5])
 def test_cached_positions_give_exactly_the_same_outputs(clamp_len):
     torch.manual_seed(0)

@@ -19,6 +19,32 @@ def masked_fill_value(dtype: torch.dtype) -> float:
     return -65500.0 if dtype == torch.float16 else -1e30
 
 
+# Query chunks of the fused position term: rows [a, e) need only T + (e - a) of the 2T distances, so
+# 4 chunks compute 62.5% of the full [T, 2T] product (and shift 62.5% of its values).
+POSITION_CHUNKS = 4
+
+
+def chunked_position_scores(q_r: torch.Tensor, k_r: torch.Tensor, chunks: int) -> torch.Tensor:
+    """relative_shift(q_r @ k_r^T, T) without the distances no query row uses.
+
+    k_r holds distances T .. -T+1 ([B|1, N, 2T, Dh]); query row i reads distance i - j, row
+    T - i + j. A chunk of rows [a, e) therefore needs k_r rows [T - e, 2T - a): T + (e - a) of them,
+    and the usual reshape shift of that [e - a, T + e - a] block gives its [e - a, T] scores.
+    Chunk sizes are read from the sliced tensors, so the traced graph stays length-generic.
+    """
+    t = q_r.shape[2]
+    if not torch.jit.is_tracing() and t < 2 * chunks:  # short inputs: chunking would only add ops
+        return relative_shift(q_r @ k_r.transpose(-1, -2), t)
+    parts = []
+    for c in range(chunks):
+        a = (c * t) // chunks
+        e = ((c + 1) * t) // chunks
+        rows = q_r[:, :, a:e]
+        keys = k_r[:, :, t - e : 2 * t - a]
+        parts.append(relative_shift(rows @ keys.transpose(-1, -2), t))
+    return torch.cat(parts, dim=2)
+
+
 class AttentionOnAttention(nn.Module):
     """AoA (Huang et al. 2019): gate the attended vector by the query that asked for it.
 
@@ -100,6 +126,49 @@ class RelativeAttention(nn.Module):
             out = self.aoa(stream, out)
         return self.layer_norm(self.dropout(out) + stream)
 
+    def forward_fused(
+        self,
+        h: torch.Tensor,
+        k_r: torch.Tensor,
+        seg_onehot: torch.Tensor | None,
+        key_bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Content stream without memory (inference): the same attention in fewer [T, T] passes.
+
+        The segment term where(diff, b_i, a_i) equals b_i + (a_i - b_i) * same(i, j); b_i is constant
+        along the softmax row, so it is dropped, and same(i, j) = onehot(type_i) . onehot(type_j) turns
+        the rest into extra columns of the content MatMul, as does the padding bias (a column of ones
+        against 0 / -1e30 per key). The 1/sqrt(d_head) scale is applied to the queries. What remains
+        on [B, N, T, T] is one Add (content + shifted position) and the softmax: no Where/masked_fill,
+        no Mul. Padding rows attend to the real tokens only (the reference also lets them see
+        themselves); no real token reads a padding row, so every real position's output is the same.
+        """
+        n, dh = self.n_head, self.d_head
+        q = self._heads(h, self.q)
+        k = self._heads(h, self.k)
+        v = self._heads(h, self.v)
+        b, _, t, _ = q.shape
+        q_parts = [(q + self.r_w_bias.reshape(1, n, 1, dh)) * self.scale]
+        k_parts = [k]
+        if seg_onehot is not None:  # [B, 1, T, S]
+            delta = (self.seg_embed[0] - self.seg_embed[1]).reshape(1, n, dh, 1)
+            coeff = ((q + self.r_s_bias.reshape(1, n, 1, dh)) * self.scale) @ delta  # [B, N, T, 1]
+            q_parts.append(coeff * seg_onehot)
+            k_parts.append(seg_onehot.expand(b, n, t, seg_onehot.shape[-1]))
+        if key_bias is not None:  # [B, 1, T, 1]: 0 or the masked-fill value per key
+            q_parts.append(torch.ones_like(key_bias).expand(b, n, t, 1))
+            k_parts.append(key_bias.expand(b, n, t, 1))
+        content = torch.cat(q_parts, dim=-1) @ torch.cat(k_parts, dim=-1).transpose(-1, -2)
+        q_r = (q + self.r_r_bias.reshape(1, n, 1, dh)) * self.scale
+        position = chunked_position_scores(q_r, k_r, POSITION_CHUNKS)
+        probs = torch.softmax(content + position, dim=-1)
+        return self._post(h, probs @ v)
+
+    def cached_k_r(self, qlen: int) -> torch.Tensor:
+        """Distances qlen .. -qlen+1 are the middle 2*qlen rows of the cached table."""
+        half = self.k_r_table.shape[2] // 2
+        return self.k_r_table[:, :, half - qlen : half + qlen]
+
     def forward(
         self,
         h: torch.Tensor,
@@ -115,12 +184,7 @@ class RelativeAttention(nn.Module):
         keys_in = h if mem is None else torch.cat([mem, h], dim=1)
         k = self._heads(keys_in, self.k)
         v = self._heads(keys_in, self.v)
-        if pos_emb is None:  # cached: distances qlen .. -qlen+1 are the middle 2*qlen rows of the table
-            half = self.k_r_table.shape[2] // 2
-            qlen = h.shape[1]
-            k_r = self.k_r_table[:, :, half - qlen : half + qlen]
-        else:
-            k_r = self._heads(pos_emb, self.r)
+        k_r = self.cached_k_r(h.shape[1]) if pos_emb is None else self._heads(pos_emb, self.r)
         out_h = self._post(h, self._core(self._heads(h, self.q), k, v, k_r, seg_diff, mask_h))
         if g is None:
             return out_h, None

@@ -61,7 +61,7 @@ class QAInference(nn.Module):
         self.names = output_names(model.head)
         cfg = model.config
         if max_positions and cfg.attn_type == "bi" and not cfg.bi_data:
-            model.transformer.cache_positions(max_positions)
+            model.transformer.cache_positions(max_positions, fused=True)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor):
         p_mask = derive_p_mask(input_ids, attention_mask, token_type_ids) if self.head == "beam" else None

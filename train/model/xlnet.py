@@ -8,9 +8,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from train.model.attention import masked_fill_value
 from train.model.config import XLNetConfig
 from train.model.layers import XLNetLayer
 from train.model.position import attention_masks, relative_positions, segment_difference
+
+NUM_SEGMENT_IDS = 4  # the SQuAD layout's token types: paragraph, question, <cls>, padding
 
 
 @dataclass
@@ -59,15 +62,18 @@ class XLNetModel(nn.Module):
         if not config.untie_r:
             self.tie_relative_biases()
         self.position_cache_len: int | None = None
+        self.fused_inference = False
 
     @torch.no_grad()
-    def cache_positions(self, max_len: int = 512) -> None:
+    def cache_positions(self, max_len: int = 512, fused: bool = False) -> None:
         """Inference speed-up: precompute every layer's projected relative positions once.
 
         The position term's keys `pos_emb(T) @ W_r` depend only on the length, and the distances of a
         length-T window (T .. -T+1) are the middle 2T rows of the table for `max_len`, so a slice
         replaces a [2T, D] x [D, D] MatMul per layer (~12% of the FLOPs at T = 384). Used in eval
         mode for memory-free inputs up to `max_len` tokens; recompute after changing the weights.
+        `fused` also switches such content-only calls to `RelativeAttention.forward_fused` (segment
+        term and padding folded into the content MatMul; padding rows' outputs differ, see there).
         """
         cfg = self.config
         if cfg.attn_type != "bi" or cfg.bi_data:
@@ -91,11 +97,45 @@ class XLNetModel(nn.Module):
             attn = layer.rel_attn
             attn.k_r_table = attn._heads(pos, attn.r).contiguous()
         self.position_cache_len = max_len
+        self.fused_inference = fused
 
     def clear_position_cache(self) -> None:
         for layer in self.layer:
             layer.rel_attn.k_r_table = None
         self.position_cache_len = None
+        self.fused_inference = False
+
+    def _forward_fused(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        output_hidden_states: bool,
+    ) -> XLNetModelOutput:
+        """Content stream, no memory, cached positions: see `RelativeAttention.forward_fused`."""
+        h = self.word_embedding(input_ids)
+        qlen = input_ids.shape[1]
+        seg_onehot = None
+        if token_type_ids is not None:  # [B, 1, T, S]; ids are 0..NUM_SEGMENT_IDS-1 (P, Q, CLS, PAD)
+            ids = torch.arange(NUM_SEGMENT_IDS, device=input_ids.device)
+            seg_onehot = (token_type_ids[:, None, :, None] == ids).to(h.dtype)
+        key_bias = None
+        if attention_mask is not None:  # [B, 1, T, 1]
+            pad = (attention_mask == 0)[:, None, :, None]
+            key_bias = torch.zeros(pad.shape, dtype=h.dtype, device=h.device).masked_fill(
+                pad, masked_fill_value(h.dtype)
+            )
+        hidden: list[torch.Tensor] = []
+        for layer in self.layer:
+            if output_hidden_states:
+                hidden.append(h)
+            attn = layer.rel_attn
+            h = layer.ff(attn.forward_fused(h, attn.cached_k_r(qlen), seg_onehot, key_bias))
+        if output_hidden_states:
+            hidden.append(h)
+        return XLNetModelOutput(
+            last_hidden_state=h, mems=None, hidden_states=hidden if output_hidden_states else None
+        )
 
     def tie_relative_biases(self) -> None:
         """untie_r=False: one r_w/r_r/r_s bias shared by all layers (the original's default)."""
@@ -129,6 +169,16 @@ class XLNetModel(nn.Module):
     ) -> XLNetModelOutput:
         cfg = self.config
         bsz, qlen = input_ids.shape
+        if (
+            self.fused_inference
+            and mems is None
+            and not use_mems
+            and perm_mask is None
+            and target_mapping is None
+            and not self.training
+            and (torch.jit.is_tracing() or qlen <= self.position_cache_len)
+        ):
+            return self._forward_fused(input_ids, token_type_ids, attention_mask, output_hidden_states)
         mlen = mems[0].shape[0] if mems is not None else 0
         klen = mlen + qlen
         device = input_ids.device

@@ -1,0 +1,260 @@
+"""`python -m bench.serve`: the HTTP server against the bare backend, then under concurrent load.
+
+    python -m bench.serve --model runs/demo/onnx --backend onnx --clients 1,4,16,64 --seconds 10
+
+1. Overhead. The same questions, one at a time, (a) in this process through exactly the server's
+   work minus HTTP (featurize -> pad -> ``Backend.run`` -> decode, the backend built by the server's
+   own factory with the same threads) and (b) through ``POST /answer`` of a server started here with
+   micro-batching off (one window per backend call, as in (a)). The overhead is the median of the
+   per-question differences (b - a): HTTP, JSON, validation, asyncio and the batcher's queue.
+2. Load. Closed-loop clients (1/4/16/64 by default) against the server with micro-batching on and
+   off; throughput, p50/p99 latency, errors, windows per backend call.
+3. The issue's targets, each as measured: overhead < 3 ms p50 at one client; batching >= 1.5x the
+   throughput at 16 clients; batched p99 at 16 clients against twice the single-client latency.
+
+Client and server share this machine (loopback only), so the client's CPU use is part of the
+numbers; on 2 cores, pin the backend to 1 thread to leave one for the client and the event loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from bench.serve_load import DEV, MODES, Result, _Server, load_pairs, markdown, measure, percentile
+
+
+@dataclass
+class Overhead:
+    questions: int
+    bare_p50_ms: float
+    http_p50_ms: float
+    overhead_p50_ms: float
+    overhead_p90_ms: float
+
+
+def bare_latencies(model: str, backend: str, threads: int, pairs: Sequence[tuple[str, str]]) -> list[float]:
+    """Seconds per question through the server's own functions, in process, one window per call."""
+    from server.backends import create_backend
+    from server.model_spec import resolve_spec
+    from server.pipeline import decode_rows
+    from server.settings import ServerSettings
+    from train.squad import featurize_one, pad_batch
+    from train.tokenizer import XLNetTokenizer
+
+    spec = resolve_spec(model, backend)
+    settings = ServerSettings(model=Path(model), backend=backend, threads=threads)
+    engine = create_backend(spec, settings)
+    tokenizer = XLNetTokenizer.from_dir(spec.tokenizer_dir)
+    engine.warmup((max(16, spec.min_engine_seq_len or 0), spec.max_seq_len), (1,))
+    threshold = (
+        spec.no_answer_threshold if settings.no_answer_threshold is None else settings.no_answer_threshold
+    )
+
+    def answer(question: str, context: str) -> None:
+        features = featurize_one(
+            question, context, tokenizer, spec.max_seq_len, spec.doc_stride, spec.max_query_len
+        )
+        rows = []
+        for feature in features:  # one window per call, like the server with batching off
+            batch = pad_batch([feature], pad_to=max(spec.min_engine_seq_len or 0, len(feature.input_ids)))
+            out = engine.run(batch)
+            rows.append({name: value[0] for name, value in out.items()})
+        decode_rows(
+            spec.head,
+            context,
+            features,
+            rows,
+            n_best=settings.n_best_pool,
+            max_answer_len=spec.max_answer_len,
+            threshold=threshold,
+        )
+
+    for question, context in pairs[:3]:
+        answer(question, context)
+    seconds = []
+    for question, context in pairs:
+        start = time.perf_counter()
+        answer(question, context)
+        seconds.append(time.perf_counter() - start)
+    engine.close()
+    return seconds
+
+
+def http_latencies(url: str, pairs: Sequence[tuple[str, str]]) -> list[float]:
+    """Seconds per question through ``POST /answer``, one request at a time on a kept-alive connection."""
+    seconds = []
+    with httpx.Client(base_url=url, timeout=60) as client:
+        for question, context in pairs[:3]:
+            client.post("/answer", json={"question": question, "context": context}).raise_for_status()
+        for question, context in pairs:
+            start = time.perf_counter()
+            r = client.post("/answer", json={"question": question, "context": context})
+            seconds.append(time.perf_counter() - start)
+            r.raise_for_status()
+    return seconds
+
+
+def overhead(bare: Sequence[float], http: Sequence[float]) -> Overhead:
+    diffs = [(h - b) * 1000 for b, h in zip(bare, http, strict=True)]
+    return Overhead(
+        questions=len(diffs),
+        bare_p50_ms=statistics.median(bare) * 1000,
+        http_p50_ms=statistics.median(http) * 1000,
+        overhead_p50_ms=statistics.median(diffs),
+        overhead_p90_ms=percentile(diffs, 90),
+    )
+
+
+def target_lines(over: Overhead | None, results: Sequence[Result]) -> list[str]:
+    """The issue's serving targets, each with the measured value and met / not met."""
+
+    def find(mode: str, clients: int) -> Result | None:
+        return next((r for r in results if r.mode == mode and r.clients == clients), None)
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    lines = []
+    if over is not None:
+        ok = over.overhead_p50_ms < 3.0
+        lines.append(f"- server overhead p50 {over.overhead_p50_ms:.2f} ms (target < 3 ms): {verdict(ok)}")
+    on, off = find("batched", 16), find("unbatched", 16)
+    if on and off and off.throughput > 0:
+        ratio = on.throughput / off.throughput
+        lines.append(
+            f"- micro-batching throughput at 16 clients {ratio:.2f}x (target >= 1.5x): {verdict(ratio >= 1.5)}"
+        )
+    single = find("unbatched", 1) or find("batched", 1)
+    if on and single:
+        budget = 2 * single.p50_ms
+        lines.append(
+            f"- batched p99 at 16 clients {on.p99_ms:.0f} ms vs 2x single-client p50 {budget:.0f} ms: "
+            f"{verdict(on.p99_ms <= budget)}" + (f" (unbatched p99 {off.p99_ms:.0f} ms)" if off else "")
+        )
+    return lines
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="export dir (onnx/trt) or checkpoint dir (torch)")
+    p.add_argument("--backend", default="onnx", choices=("onnx", "trt", "torch"))
+    p.add_argument("--data", type=Path, default=DEV, help="SQuAD JSON whose questions are asked")
+    p.add_argument("--questions", type=int, default=100, help="questions in the overhead comparison")
+    p.add_argument("--clients", default="1,4,16,64", help="comma-separated concurrency levels")
+    p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per load level")
+    p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each level")
+    p.add_argument("--modes", default="batched,unbatched", help="batched and/or unbatched")
+    p.add_argument("--threads", type=int, default=1, help="backend intra-op threads (bare and server)")
+    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--max-batch-delay-ms", type=float, default=2.0)
+    p.add_argument("--skip-overhead", action="store_true", help="only the load table")
+    p.add_argument("--json", type=Path, help="also write the results as JSON here")
+    p.add_argument("--log-dir", type=Path, default=Path("/tmp"), help="where the servers' logs go")
+    args = p.parse_args(argv)
+    if not Path(args.model).exists():
+        p.error(f"--model {args.model} does not exist")
+    if not args.data.exists():
+        p.error(f"--data {args.data} does not exist")
+    if not 0 < args.seconds <= 600:
+        p.error("--seconds must be in (0, 600] (the load test is bounded)")
+    if args.questions < 1:
+        p.error("--questions must be >= 1")
+    try:
+        args.levels = [int(x) for x in args.clients.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--clients must be comma-separated integers, got {args.clients!r}")
+    if not args.levels or min(args.levels) < 1 or max(args.levels) > 256:
+        p.error("--clients must be integers in 1..256")
+    args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in args.mode_list if m not in MODES]
+    if unknown:
+        p.error(f"unknown mode(s) {unknown}; choose from {sorted(MODES)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    pairs = load_pairs(args.data)
+    asked = (pairs * (args.questions // len(pairs) + 1))[: args.questions]
+    batched = (
+        "--max-batch-size",
+        str(args.max_batch_size),
+        "--max-batch-delay-ms",
+        str(args.max_batch_delay_ms),
+    )
+    over: Overhead | None = None
+    results: list[Result] = []
+    if not args.skip_overhead:
+        print(f"bare backend: {len(asked)} questions ...", file=sys.stderr, flush=True)
+        bare = bare_latencies(args.model, args.backend, args.threads, asked)
+    for mode in args.mode_list:
+        flags = (*(MODES[mode] or batched), "--threads", str(args.threads), "--max-queue", "1024")
+        server = _Server(args.model, args.backend, flags, args.log_dir / f"bench-serve-{mode}.log")
+        try:
+            server.wait_ready()
+            if mode == "unbatched" and not args.skip_overhead:
+                print(f"HTTP, batching off: {len(asked)} questions ...", file=sys.stderr, flush=True)
+                over = overhead(bare, http_latencies(server.url, asked))
+            for n in args.levels:
+                results.append(measure(server.url, mode, n, args.seconds, args.warmup, pairs))
+                print(f"  {mode:9s} clients={n:3d}: {results[-1].throughput:.1f} req/s", file=sys.stderr)
+        finally:
+            server.stop()
+    if not args.skip_overhead and over is None:  # unbatched mode not requested: measure it on its own
+        server = _Server(
+            args.model,
+            args.backend,
+            (*MODES["unbatched"], "--threads", str(args.threads)),
+            args.log_dir / "bench-serve-overhead.log",
+        )
+        try:
+            server.wait_ready()
+            over = overhead(bare, http_latencies(server.url, asked))
+        finally:
+            server.stop()
+
+    print(
+        f"# bench.serve: {args.backend} backend, {args.threads} backend thread(s), {os.cpu_count()} CPU(s)\n"
+    )
+    if over is not None:
+        print(
+            f"**Overhead: server (HTTP, batching off) vs bare backend, {over.questions} questions one at a time**\n"
+        )
+        print("| bare p50 ms | HTTP p50 ms | overhead p50 ms | overhead p90 ms |")
+        print("|---:|---:|---:|---:|")
+        print(
+            f"| {over.bare_p50_ms:.2f} | {over.http_p50_ms:.2f} | {over.overhead_p50_ms:.2f} | {over.overhead_p90_ms:.2f} |\n"
+        )
+    if results:
+        print(
+            markdown(
+                results,
+                f"Load: {args.seconds:g} s per row, max batch {args.max_batch_size}, delay {args.max_batch_delay_ms:g} ms",
+            )
+        )
+        print()
+    lines = target_lines(over, results)
+    if lines:
+        print("**Targets**\n")
+        print("\n".join(lines))
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {"overhead": asdict(over) if over else None, "load": [asdict(r) for r in results]}, indent=2
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
