@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 
 from bench.serve_load import DEV, MODES, Result, _Server, load_pairs, markdown, measure, percentile
+from server.model_spec import ModelSpecError
 
 
 @dataclass
@@ -184,6 +185,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        return run(args)
+    except (ModelSpecError, RuntimeError, TimeoutError, OSError, httpx.HTTPError) as exc:  # bad model/server
+        print(f"python -m bench.serve: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def run(args: argparse.Namespace) -> int:
     pairs = load_pairs(args.data)
     asked = (pairs * (args.questions // len(pairs) + 1))[: args.questions]
     batched = (

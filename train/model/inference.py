@@ -51,7 +51,10 @@ class QAInference(nn.Module):
     """Wraps a QA model; forward(input_ids, attention_mask, token_type_ids) -> tuple of outputs.
 
     The projected relative positions are precomputed for windows up to `max_positions` tokens
-    (`XLNetModel.cache_positions`): exact same numbers, ~12% fewer FLOPs; longer inputs are an error.
+    (`XLNetModel.cache_positions`, ~12% fewer FLOPs; longer inputs are an error), and attention runs
+    the fused inference path (`RelativeAttention.forward_fused`): the same outputs at every real
+    token, padding rows may differ. token_type_ids must be 0..3 (paragraph, question, <cls>, padding).
+    `max_positions=None` keeps the training-time path (the reference in tests).
     """
 
     def __init__(self, model: XLNetForQuestionAnswering, max_positions: int | None = MAX_POSITIONS) -> None:

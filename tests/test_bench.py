@@ -1,0 +1,82 @@
+"""The benchmark harness runs end to end and reports what it measured (no timing assertions here:
+speed is judged in BENCHMARKS.md, not in unit tests)."""
+
+# ruff: noqa: F811 - pytest fixtures imported from other modules are redefined as arguments
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fixtures_spm import spm_dir, xlnet_tok  # noqa: F401 - pytest fixtures
+from test_server import onnx_export, qa_checkpoint  # noqa: F401 - pytest fixtures
+
+from bench import serve
+from bench.realistic import realistic_windows
+from train.model.inference import INPUT_NAMES
+
+
+def test_bench_serve_reports_overhead_load_and_targets(onnx_export: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "serve.json"
+    rc = serve.main(
+        [
+            "--model",
+            str(onnx_export),
+            "--questions",
+            "6",
+            "--clients",
+            "1,3",
+            "--seconds",
+            "1",
+            "--warmup",
+            "0.2",
+            "--json",
+            str(out),
+            "--log-dir",
+            str(tmp_path),
+        ]
+    )
+    assert rc == 0
+    report = json.loads(out.read_text())
+    over = report["overhead"]
+    assert over["questions"] == 6
+    assert over["bare_p50_ms"] > 0 and over["http_p50_ms"] > 0
+    assert np.isfinite(over["overhead_p50_ms"])
+    rows = {(r["mode"], r["clients"]): r for r in report["load"]}
+    assert set(rows) == {("batched", 1), ("batched", 3), ("unbatched", 1), ("unbatched", 3)}
+    for r in rows.values():
+        assert r["requests"] > 0 and r["errors"] == 0 and r["p99_ms"] >= r["p50_ms"] > 0
+    assert rows[("unbatched", 3)]["windows_per_call"] == 1.0
+    text = capsys.readouterr().out
+    assert "overhead p50" in text and "**Targets**" in text and "server overhead p50" in text
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "/nonexistent"], "does not exist"),
+        (["--clients", "0"], "--clients must be integers in 1..256"),
+        (["--clients", "a,b"], "comma-separated integers"),
+        (["--modes", "sometimes"], "unknown mode"),
+        (["--questions", "2"], "no export.json"),
+    ],
+)
+def test_bench_serve_rejects_bad_arguments(argv, message, tmp_path: Path, capsys) -> None:
+    model = ["--model", str(tmp_path)] if argv[0] != "--model" else []
+    try:
+        code = serve.main([*model, *argv])
+    except SystemExit as exc:  # argparse errors
+        code = exc.code
+    assert code not in (0, None)
+    assert message in capsys.readouterr().err
+
+
+def test_realistic_windows_are_unpadded_true_lengths(xlnet_tok) -> None:
+    windows, questions, source = realistic_windows(12, xlnet_tok, max_seq_len=128, doc_stride=64)
+    assert questions == 12 and source.exists() and len(windows) >= questions
+    lengths = {w["input_ids"].shape[1] for w in windows}
+    assert len(lengths) > 1 and max(lengths) <= 128  # every window at its own length, none over the max
+    for w in windows:
+        assert set(w) == set(INPUT_NAMES) and w["input_ids"].shape[0] == 1
+        assert w["attention_mask"].all()  # no padding
