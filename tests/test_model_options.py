@@ -129,7 +129,7 @@ def test_content_stream_exports_without_eye_or_onehot(head):
 
 @pytest.mark.parametrize("t", [1, 2, 3, 7, 8, 9, 50])
 def test_chunked_position_scores_equal_the_full_shift(t):
-    from train.model.attention import chunked_position_scores
+    from train.model.attention import chunk_bounds, chunked_position_scores
     from train.model.position import relative_shift
 
     g = torch.Generator().manual_seed(t)
@@ -137,7 +137,8 @@ def test_chunked_position_scores_equal_the_full_shift(t):
     k_r = torch.randn(1, 3, 2 * t, 8, generator=g)
     full = relative_shift(q @ k_r.transpose(-1, -2), t)
     for chunks in (1, 2, 4):
-        torch.testing.assert_close(chunked_position_scores(q, k_r, chunks), full, atol=1e-5, rtol=1e-5)
+        got = chunked_position_scores(q, k_r, chunk_bounds(t, chunks), t)
+        torch.testing.assert_close(got, full, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("head", ["simple", "shallow", "deep", "beam"])

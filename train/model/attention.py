@@ -24,25 +24,30 @@ def masked_fill_value(dtype: torch.dtype) -> float:
 POSITION_CHUNKS = 4
 
 
-def chunked_position_scores(q_r: torch.Tensor, k_r: torch.Tensor, chunks: int) -> torch.Tensor:
+def chunk_bounds(t: int, chunks: int) -> list[tuple[int, int]]:
+    """Row ranges [a, e) of `chunks` near-equal query chunks (one chunk for short eager inputs).
+
+    Traced (export), the bounds are shape arithmetic on the input length; computing them once per
+    forward, not per layer, keeps that arithmetic out of every layer of the graph.
+    """
+    if not torch.jit.is_tracing() and t < 2 * chunks:  # chunking would only add ops
+        return [(0, t)]
+    return [((c * t) // chunks, ((c + 1) * t) // chunks) for c in range(chunks)]
+
+
+def chunked_position_scores(
+    q_r: torch.Tensor, k_r: torch.Tensor, bounds: list[tuple[int, int]], t: int
+) -> torch.Tensor:
     """relative_shift(q_r @ k_r^T, T) without the distances no query row uses.
 
     k_r holds distances T .. -T+1 ([B|1, N, 2T, Dh]); query row i reads distance i - j, row
     T - i + j. A chunk of rows [a, e) therefore needs k_r rows [T - e, 2T - a): T + (e - a) of them,
     and the usual reshape shift of that [e - a, T + e - a] block gives its [e - a, T] scores.
-    Chunk sizes are read from the sliced tensors, so the traced graph stays length-generic.
     """
-    t = q_r.shape[2]
-    if not torch.jit.is_tracing() and t < 2 * chunks:  # short inputs: chunking would only add ops
-        return relative_shift(q_r @ k_r.transpose(-1, -2), t)
-    parts = []
-    for c in range(chunks):
-        a = (c * t) // chunks
-        e = ((c + 1) * t) // chunks
-        rows = q_r[:, :, a:e]
-        keys = k_r[:, :, t - e : 2 * t - a]
-        parts.append(relative_shift(rows @ keys.transpose(-1, -2), t))
-    return torch.cat(parts, dim=2)
+    parts = [
+        relative_shift(q_r[:, :, a:e] @ k_r[:, :, t - e : 2 * t - a].transpose(-1, -2), t) for a, e in bounds
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
 
 class AttentionOnAttention(nn.Module):
@@ -132,6 +137,7 @@ class RelativeAttention(nn.Module):
         k_r: torch.Tensor,
         seg_onehot: torch.Tensor | None,
         key_bias: torch.Tensor | None,
+        bounds: list[tuple[int, int]],
     ) -> torch.Tensor:
         """Content stream without memory (inference): the same attention in fewer [T, T] passes.
 
@@ -160,7 +166,7 @@ class RelativeAttention(nn.Module):
             k_parts.append(key_bias.expand(b, n, t, 1))
         content = torch.cat(q_parts, dim=-1) @ torch.cat(k_parts, dim=-1).transpose(-1, -2)
         q_r = (q + self.r_r_bias.reshape(1, n, 1, dh)) * self.scale
-        position = chunked_position_scores(q_r, k_r, POSITION_CHUNKS)
+        position = chunked_position_scores(q_r, k_r, bounds, t)
         probs = torch.softmax(content + position, dim=-1)
         return self._post(h, probs @ v)
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from train.model.attention import masked_fill_value
+from train.model.attention import POSITION_CHUNKS, chunk_bounds, masked_fill_value
 from train.model.config import XLNetConfig
 from train.model.layers import XLNetLayer
 from train.model.position import attention_masks, relative_positions, segment_difference
@@ -125,12 +125,13 @@ class XLNetModel(nn.Module):
             key_bias = torch.zeros(pad.shape, dtype=h.dtype, device=h.device).masked_fill(
                 pad, masked_fill_value(h.dtype)
             )
+        bounds = chunk_bounds(qlen, POSITION_CHUNKS)
         hidden: list[torch.Tensor] = []
         for layer in self.layer:
             if output_hidden_states:
                 hidden.append(h)
             attn = layer.rel_attn
-            h = layer.ff(attn.forward_fused(h, attn.cached_k_r(qlen), seg_onehot, key_bias))
+            h = layer.ff(attn.forward_fused(h, attn.cached_k_r(qlen), seg_onehot, key_bias, bounds))
         if output_hidden_states:
             hidden.append(h)
         return XLNetModelOutput(
