@@ -29,10 +29,6 @@ from train import checkpoint
 from train.model import XLNetConfig, XLNetForQuestionAnswering
 from train.model.inference import INPUT_NAMES, QAInference
 
-SHARED_DEV = (
-    Path(__file__).resolve().parents[1].parent / "shared" / "data" / "squad2" / "dev-v2.0.cs224n-13.json"
-)
-
 
 def make_inputs(b: int, t: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)

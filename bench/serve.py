@@ -24,13 +24,23 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
 
-from bench.serve_load import DEV, MODES, Result, _Server, load_pairs, markdown, measure, percentile
+from bench.serve_load import (
+    DEV,
+    Result,
+    _Server,
+    add_load_arguments,
+    check_load_arguments,
+    load_pairs,
+    markdown,
+    percentile,
+    run_modes,
+)
 from server.model_spec import ModelSpecError
 
 
@@ -41,6 +51,18 @@ class Overhead:
     http_p50_ms: float
     overhead_p50_ms: float
     overhead_p90_ms: float
+
+
+def seconds_each(answer: Callable[[str, str], object], pairs: Sequence[tuple[str, str]]) -> list[float]:
+    """Seconds per question, in order, after answering the first three once (warm-up)."""
+    for question, context in pairs[:3]:
+        answer(question, context)
+    seconds = []
+    for question, context in pairs:
+        start = time.perf_counter()
+        answer(question, context)
+        seconds.append(time.perf_counter() - start)
+    return seconds
 
 
 def bare_latencies(model: str, backend: str, threads: int, pairs: Sequence[tuple[str, str]]) -> list[float]:
@@ -57,9 +79,6 @@ def bare_latencies(model: str, backend: str, threads: int, pairs: Sequence[tuple
     engine = create_backend(spec, settings)
     tokenizer = XLNetTokenizer.from_dir(spec.tokenizer_dir)
     engine.warmup((max(16, spec.min_engine_seq_len or 0), spec.max_seq_len), (1,))
-    threshold = (
-        spec.no_answer_threshold if settings.no_answer_threshold is None else settings.no_answer_threshold
-    )
 
     def answer(question: str, context: str) -> None:
         features = featurize_one(
@@ -77,32 +96,23 @@ def bare_latencies(model: str, backend: str, threads: int, pairs: Sequence[tuple
             rows,
             n_best=settings.n_best_pool,
             max_answer_len=spec.max_answer_len,
-            threshold=threshold,
+            threshold=spec.no_answer_threshold,  # as the server started here (no XLNETQA_* overrides)
         )
 
-    for question, context in pairs[:3]:
-        answer(question, context)
-    seconds = []
-    for question, context in pairs:
-        start = time.perf_counter()
-        answer(question, context)
-        seconds.append(time.perf_counter() - start)
-    engine.close()
-    return seconds
+    try:
+        return seconds_each(answer, pairs)
+    finally:
+        engine.close()
 
 
 def http_latencies(url: str, pairs: Sequence[tuple[str, str]]) -> list[float]:
     """Seconds per question through ``POST /answer``, one request at a time on a kept-alive connection."""
-    seconds = []
     with httpx.Client(base_url=url, timeout=60) as client:
-        for question, context in pairs[:3]:
+
+        def answer(question: str, context: str) -> None:
             client.post("/answer", json={"question": question, "context": context}).raise_for_status()
-        for question, context in pairs:
-            start = time.perf_counter()
-            r = client.post("/answer", json={"question": question, "context": context})
-            seconds.append(time.perf_counter() - start)
-            r.raise_for_status()
-    return seconds
+
+        return seconds_each(answer, pairs)
 
 
 def overhead(bare: Sequence[float], http: Sequence[float]) -> Overhead:
@@ -148,38 +158,18 @@ def target_lines(over: Overhead | None, results: Sequence[Result]) -> list[str]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="export dir (onnx/trt) or checkpoint dir (torch)")
-    p.add_argument("--backend", default="onnx", choices=("onnx", "trt", "torch"))
     p.add_argument("--data", type=Path, default=DEV, help="SQuAD JSON whose questions are asked")
     p.add_argument("--questions", type=int, default=100, help="questions in the overhead comparison")
-    p.add_argument("--clients", default="1,4,16,64", help="comma-separated concurrency levels")
-    p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per load level")
-    p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each level")
-    p.add_argument("--modes", default="batched,unbatched", help="batched and/or unbatched")
-    p.add_argument("--threads", type=int, default=1, help="backend intra-op threads (bare and server)")
-    p.add_argument("--max-batch-size", type=int, default=8)
-    p.add_argument("--max-batch-delay-ms", type=float, default=2.0)
     p.add_argument("--skip-overhead", action="store_true", help="only the load table")
-    p.add_argument("--json", type=Path, help="also write the results as JSON here")
-    p.add_argument("--log-dir", type=Path, default=Path("/tmp"), help="where the servers' logs go")
+    add_load_arguments(p, clients="1,4,16,64")
     args = p.parse_args(argv)
     if not Path(args.model).exists():
         p.error(f"--model {args.model} does not exist")
     if not args.data.exists():
         p.error(f"--data {args.data} does not exist")
-    if not 0 < args.seconds <= 600:
-        p.error("--seconds must be in (0, 600] (the load test is bounded)")
     if args.questions < 1:
         p.error("--questions must be >= 1")
-    try:
-        args.levels = [int(x) for x in args.clients.split(",") if x.strip()]
-    except ValueError:
-        p.error(f"--clients must be comma-separated integers, got {args.clients!r}")
-    if not args.levels or min(args.levels) < 1 or max(args.levels) > 256:
-        p.error("--clients must be integers in 1..256")
-    args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in args.mode_list if m not in MODES]
-    if unknown:
-        p.error(f"unknown mode(s) {unknown}; choose from {sorted(MODES)}")
+    check_load_arguments(p, args)
     return args
 
 
@@ -195,42 +185,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     pairs = load_pairs(args.data)
     asked = (pairs * (args.questions // len(pairs) + 1))[: args.questions]
-    batched = (
-        "--max-batch-size",
-        str(args.max_batch_size),
-        "--max-batch-delay-ms",
-        str(args.max_batch_delay_ms),
-    )
     over: Overhead | None = None
-    results: list[Result] = []
+    bare: list[float] = []
     if not args.skip_overhead:
         print(f"bare backend: {len(asked)} questions ...", file=sys.stderr, flush=True)
         bare = bare_latencies(args.model, args.backend, args.threads, asked)
-    for mode in args.mode_list:
-        flags = (*(MODES[mode] or batched), "--threads", str(args.threads), "--max-queue", "1024")
-        server = _Server(args.model, args.backend, flags, args.log_dir / f"bench-serve-{mode}.log")
-        try:
-            server.wait_ready()
-            if mode == "unbatched" and not args.skip_overhead:
-                print(f"HTTP, batching off: {len(asked)} questions ...", file=sys.stderr, flush=True)
-                over = overhead(bare, http_latencies(server.url, asked))
-            for n in args.levels:
-                results.append(measure(server.url, mode, n, args.seconds, args.warmup, pairs))
-                print(f"  {mode:9s} clients={n:3d}: {results[-1].throughput:.1f} req/s", file=sys.stderr)
-        finally:
-            server.stop()
-    if not args.skip_overhead and over is None:  # unbatched mode not requested: measure it on its own
-        server = _Server(
-            args.model,
-            args.backend,
-            (*MODES["unbatched"], "--threads", str(args.threads)),
-            args.log_dir / "bench-serve-overhead.log",
-        )
-        try:
-            server.wait_ready()
+
+    def measure_overhead(mode: str, server: _Server) -> None:
+        nonlocal over
+        if mode == "unbatched" and not args.skip_overhead:
+            print(f"HTTP, batching off: {len(asked)} questions ...", file=sys.stderr, flush=True)
             over = overhead(bare, http_latencies(server.url, asked))
-        finally:
-            server.stop()
+
+    results = run_modes(args, pairs, "bench-serve", measure_overhead)
+    if (
+        not args.skip_overhead and over is None
+    ):  # unbatched mode not requested: start it for the overhead alone
+        only_overhead = argparse.Namespace(**{**vars(args), "mode_list": ["unbatched"], "levels": []})
+        run_modes(only_overhead, pairs, "bench-serve-overhead", measure_overhead)
 
     print(
         f"# bench.serve: {args.backend} backend, {args.threads} backend thread(s), {os.cpu_count()} CPU(s)\n"

@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -186,58 +186,92 @@ def _check_loopback(url: str) -> None:
         raise SystemExit(f"error: --url must point at this machine (127.0.0.1/localhost), got {host!r}")
 
 
+def add_load_arguments(p: argparse.ArgumentParser, clients: str) -> None:
+    """The load-test options bench.serve_load and bench.serve share."""
+    p.add_argument("--backend", default="onnx", choices=("onnx", "trt", "torch"))
+    p.add_argument("--clients", default=clients, help="comma-separated concurrency levels")
+    p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per level")
+    p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each level")
+    p.add_argument("--modes", default="batched,unbatched", help="batched and/or unbatched")
+    p.add_argument("--threads", type=int, default=1, help="backend intra-op threads")
+    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--max-batch-delay-ms", type=float, default=2.0)
+    p.add_argument("--json", type=Path, help="also write the results as JSON here")
+    p.add_argument("--log-dir", type=Path, default=Path("/tmp"), help="where the servers' logs go")
+
+
+def check_load_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject bad load options with a usage error; sets ``args.levels`` and ``args.mode_list``."""
+    if not 0 < args.seconds <= 600:
+        p.error("--seconds must be in (0, 600] (the load test is bounded)")
+    try:
+        args.levels = [int(x) for x in args.clients.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--clients must be comma-separated integers, got {args.clients!r}")
+    if not args.levels or min(args.levels) < 1 or max(args.levels) > 256:
+        p.error("--clients must be integers in 1..256")
+    args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in args.mode_list if m not in MODES]
+    if unknown:
+        p.error(f"unknown mode(s) {unknown}; choose from {sorted(MODES)}")
+
+
+def server_flags(args: argparse.Namespace, mode: str) -> tuple[str, ...]:
+    """``python -m server`` flags for one mode: batching as given (batched) or off (unbatched)."""
+    batched = (
+        "--max-batch-size",
+        str(args.max_batch_size),
+        "--max-batch-delay-ms",
+        str(args.max_batch_delay_ms),
+    )
+    return (*(MODES[mode] or batched), "--threads", str(args.threads), "--max-queue", "1024")
+
+
+def run_modes(
+    args: argparse.Namespace,
+    pairs: list[tuple[str, str]],
+    log_prefix: str,
+    on_ready: Callable[[str, _Server], None] | None = None,
+) -> list[Result]:
+    """Start a server per mode, call ``on_ready(mode, server)``, then measure every client level."""
+    results: list[Result] = []
+    for mode in args.mode_list:
+        server = _Server(
+            args.model, args.backend, server_flags(args, mode), args.log_dir / f"{log_prefix}-{mode}.log"
+        )
+        try:
+            server.wait_ready()
+            if on_ready is not None:
+                on_ready(mode, server)
+            for n in args.levels:
+                results.append(measure(server.url, mode, n, args.seconds, args.warmup, pairs))
+                print(f"  {mode:9s} clients={n:3d}: {results[-1].throughput:.1f} req/s", file=sys.stderr)
+        finally:
+            server.stop()
+    return results
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.serve_load", description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="export dir (onnx/trt) or checkpoint dir (torch): start servers here")
     src.add_argument("--url", help="a running server on loopback (measured as is, one mode)")
-    p.add_argument("--backend", default="onnx", choices=("onnx", "trt", "torch"))
-    p.add_argument("--clients", default="1,4,16", help="comma-separated concurrency levels")
-    p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per level")
-    p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each level")
-    p.add_argument("--modes", default="batched,unbatched", help="with --model: batched and/or unbatched")
-    p.add_argument("--threads", type=int, default=1, help="server backend intra-op threads")
-    p.add_argument("--max-batch-size", type=int, default=8)
-    p.add_argument("--max-batch-delay-ms", type=float, default=2.0)
-    p.add_argument("--json", type=Path, help="also write the results as JSON here")
-    p.add_argument("--log-dir", type=Path, default=Path("/tmp"), help="where the servers' logs go")
+    add_load_arguments(p, clients="1,4,16")
     args = p.parse_args(argv)
-    if args.seconds <= 0 or args.seconds > 600:
-        p.error("--seconds must be in (0, 600] (the load test is bounded)")
+    check_load_arguments(p, args)
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    levels = [int(x) for x in args.clients.split(",") if x.strip()]
-    if not levels or min(levels) < 1 or max(levels) > 256:
-        raise SystemExit("error: --clients must be integers in 1..256")
     pairs = load_pairs()
-    results: list[Result] = []
     if args.url:
         _check_loopback(args.url)
-        for n in levels:
-            results.append(measure(args.url.rstrip("/"), "external", n, args.seconds, args.warmup, pairs))
+        url = args.url.rstrip("/")
+        results = [measure(url, "external", n, args.seconds, args.warmup, pairs) for n in args.levels]
         title = f"{args.url}"
     else:
-        batched = (
-            "--max-batch-size",
-            str(args.max_batch_size),
-            "--max-batch-delay-ms",
-            str(args.max_batch_delay_ms),
-        )
-        for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
-            if mode not in MODES:
-                raise SystemExit(f"error: unknown mode {mode!r}; choose from {sorted(MODES)}")
-            flags = (*(MODES[mode] or batched), "--threads", str(args.threads), "--max-queue", "1024")
-            server = _Server(args.model, args.backend, flags, args.log_dir / f"serve_load-{mode}.log")
-            try:
-                server.wait_ready()
-                for n in levels:
-                    results.append(measure(server.url, mode, n, args.seconds, args.warmup, pairs))
-                    print(f"  {mode:9s} clients={n:3d}: {results[-1].throughput:.1f} req/s", file=sys.stderr)
-            finally:
-                server.stop()
+        results = run_modes(args, pairs, "serve_load")
         title = f"{args.backend} backend, {args.threads} intra-op thread(s), {os.cpu_count()} CPU(s), {args.seconds:g} s per row"
     print(markdown(results, title))
     if args.json:

@@ -164,17 +164,16 @@ class _Export:
         """Verify `path` against PyTorch fp32 and print the per-output report."""
         if not self.args.verify:
             return None
-        # Relative to each output's largest |value| (floor 1): a trained model's logits reach tens, and
-        # float32 rounding grows with them; random tiny models keep the plain 1e-4.
-        relative = True
         # --tolerance is for the graph of the requested precision; the fp32 graph it comes from keeps 1e-4
         own = self.args.tolerance is not None and precision == self.args.precision
         tol = self.args.tolerance if own else DEFAULT_TOLERANCE[precision]
         got = run_all(runner(session(path, threads=self.threads), self.names), self.batches)
         exact = precision == "fp32"
-        result = compare(self.names, self.reference, got, tol, exact_indices=exact, relative=relative)
+        # Relative to each output's largest |value| (floor 1): a trained model's logits reach tens, and
+        # float32 rounding grows with them; random tiny models keep the plain 1e-4.
+        result = compare(self.names, self.reference, got, tol, exact_indices=exact, relative=True)
         shapes = [list(b["input_ids"].shape) for b in self.batches]
-        print(f"verify {label} at shapes {shapes} ({'relative ' if relative else ''}tolerance {tol:g}):")
+        print(f"verify {label} at shapes {shapes} (relative tolerance {tol:g}):")
         print("\n".join(result.lines()))
         print(f"  -> {'passed' if result.passed else 'FAILED: ' + '; '.join(result.problems)}")
         if fatal and not result.passed:
