@@ -25,6 +25,7 @@ import torch
 import transformers
 
 from bench.common import machine_line, markdown_table, pct, time_runs, xlnet_forward_flops
+from export.sessions import session
 from train import checkpoint
 from train.model import XLNetConfig, XLNetForQuestionAnswering
 from train.model.inference import INPUT_NAMES, QAInference
@@ -56,6 +57,7 @@ class HFWrapper(torch.nn.Module):
 
 
 def ort_session(model_bytes_or_path, threads: int):
+    """onnxruntime's defaults but for pinned threads: how a user would run HF's exported graph."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -156,7 +158,7 @@ def main(argv=None) -> int:
         if path is None:
             print(f"({key}) ours ONNX {precision}: exporter unavailable, skipped")
             continue
-        sess = ort_session(str(path), args.threads)
+        sess = session(path, threads=args.threads, level="all")  # the server's settings
         runners[f"({key}) ours ONNX {precision}"] = lambda feeds, sess=sess: lambda: sess.run(None, feeds)
     if "f" not in skip:
         try:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from export.sidecar import ort_disabled_optimizers
 from export.verify import Feeds, Runner
 
 LEVELS = {
@@ -41,7 +42,12 @@ def session(
     options.log_severity_level = 3  # errors only: the fp16 graph's inserted-cast warnings are expected
     if optimized_path is not None:
         options.optimized_model_filepath = str(optimized_path)
-    return ort.InferenceSession(str(Path(path)), options, providers=list(providers))
+    return ort.InferenceSession(
+        str(Path(path)),
+        options,
+        providers=list(providers),
+        disabled_optimizers=ort_disabled_optimizers(providers),
+    )
 
 
 def runner(sess: ort.InferenceSession, output_names: Sequence[str]) -> Runner:

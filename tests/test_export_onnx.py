@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 import transformers
@@ -107,6 +108,34 @@ def test_graph_content_and_dynamic_shapes(exports, head):
         got = run_all(runner(session(path, threads=1), module.names), batches)
         result = compare(module.names, reference, got, 1e-4)
         assert result.passed, result.problems
+
+
+SKIP_LN = "com.microsoft.SkipLayerNormalization"
+
+
+def test_cpu_sessions_skip_the_slow_skiplayernorm_fusion(exports, tmp_path):
+    """In the int8 graph onnxruntime would fuse the feed-forward output's residual Add + LayerNormalization
+    into SkipLayerNormalization (slow on CPU: export.sidecar.CPU_DISABLED_OPTIMIZERS): the shipped file and a
+    CPU session's own online (ENABLE_ALL) graph keep them unfused; other providers keep the fusion."""
+    ckpt, _ = exports["shallow"]
+    shipped, plain = tmp_path / "int8", tmp_path / "int8-unoptimized"
+    assert main(["--checkpoint", str(ckpt), "--out", str(shipped), "--precision", "int8"]) == 0
+    assert main(["--checkpoint", str(ckpt), "--out", str(plain), "--precision", "int8", "--no-optimize"]) == 0
+    enabled = tmp_path / "enabled.onnx"
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(enabled)
+    ort.InferenceSession(str(plain / "model.onnx"), opts, providers=["CPUExecutionProvider"])
+    assert SKIP_LN in op_counts(onnx.load(str(enabled)))  # onnxruntime's default
+    checked = []
+    for name in ("int8", "int8-unoptimized"):
+        online = tmp_path / f"{name}-online.onnx"
+        session(tmp_path / name / "model.onnx", threads=1, level="all", optimized_path=online)
+        checked += [tmp_path / name / "model.onnx", online]
+    for path in checked:
+        ops = op_counts(onnx.load(str(path)))
+        assert SKIP_LN not in ops and ops["LayerNormalization"] == 2 * TINY_ARGS["n_layer"], ops
+    assert sc.ort_disabled_optimizers(["CPUExecutionProvider"]) == ["SkipLayerNormFusion"]
+    assert sc.ort_disabled_optimizers(["CUDAExecutionProvider", "CPUExecutionProvider"]) == []
 
 
 def test_projection_weights_are_constant_initializers(exports):

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from export.sidecar import ort_disabled_optimizers
 from server.backends.base import Backend, BackendUnavailable, check_outputs
 from server.model_spec import ModelSpec
 
@@ -61,7 +62,12 @@ class OnnxBackend(Backend):
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.log_severity_level = 3
         wanted = choose_providers(ort.get_available_providers(), providers)
-        self.session = ort.InferenceSession(str(model_path), sess_options=opts, providers=wanted)
+        self.session = ort.InferenceSession(
+            str(model_path),
+            sess_options=opts,
+            providers=wanted,
+            disabled_optimizers=ort_disabled_optimizers(wanted),
+        )
         self.providers: list[str] = list(self.session.get_providers())
         self.threads = threads
         if wanted[0] != self.providers[0]:
