@@ -150,9 +150,22 @@ def target_lines(over: Overhead | None, results: Sequence[Result]) -> list[str]:
         budget = 2 * single.p50_ms
         lines.append(
             f"- batched p99 at 16 clients {on.p99_ms:.0f} ms vs 2x single-client p50 {budget:.0f} ms: "
-            f"{verdict(on.p99_ms <= budget)}" + (f" (unbatched p99 {off.p99_ms:.0f} ms)" if off else "")
+            f"{verdict(on.p99_ms <= budget)}"
+            + (f" (unbatched p99 {off.p99_ms:.0f} ms)" if off else "")
+            + (f"; {closed_loop_floor(on)}" if on.throughput > 0 else "")
         )
     return lines
+
+
+def closed_loop_floor(result: Result) -> str:
+    """Little's law for a closed loop without think time: mean latency = clients / throughput.
+
+    Any percentile at or above the median is bounded below by roughly this, whatever the server does,
+    so "p99 <= 2x single-client latency" at 16 clients needs a batch of 16 to cost at most ~2 windows
+    of compute (a GPU); on a compute-bound CPU it cannot hold.
+    """
+    floor_ms = 1000 * result.clients / result.throughput
+    return f"{result.clients} closed-loop clients at {result.throughput:.1f} req/s mean {floor_ms:.0f} ms (Little's law)"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

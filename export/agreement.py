@@ -78,6 +78,20 @@ def decode_rows(
     return decode_all(examples, features, rows["start_logits"], rows["end_logits"], cls, **kw)
 
 
+# Two candidate spans whose decoder scores (start + end logit; log-probabilities for the beam head) differ
+# by less than this are a near-tie in the reference itself: any rounding may swap them.
+NEAR_TIE = 0.05
+
+
+def best_span_margin(prediction: Prediction) -> float:
+    """Score gap between the best span and the best span with a different text (inf when there is none)."""
+    if not prediction.n_best:
+        return float("inf")
+    top = prediction.n_best[0]
+    rival = next((e for e in prediction.n_best[1:] if e.text != top.text), None)
+    return float("inf") if rival is None else top.score - rival.score
+
+
 def compare_predictions(
     names: Sequence[str],
     ref_rows: dict[str, list[np.ndarray]],
@@ -89,6 +103,9 @@ def compare_predictions(
     same_text = sum(ref_preds[q].text == got_preds[q].text for q in ref_preds)
     same_span = sum(ref_preds[q].best_span_text == got_preds[q].best_span_text for q in ref_preds)
     same_decision = sum(ref_preds[q].is_impossible == got_preds[q].is_impossible for q in ref_preds)
+    changed = [q for q in ref_preds if ref_preds[q].best_span_text != got_preds[q].best_span_text]
+    clear = [q for q in ref_preds if best_span_margin(ref_preds[q]) >= NEAR_TIE]
+    clear_same = sum(ref_preds[q].best_span_text == got_preds[q].best_span_text for q in clear)
 
     def batches(rows: dict[str, list[np.ndarray]]) -> list[list[np.ndarray]]:
         return [[np.asarray(rows[name][i])[None] for name in names] for i in range(len(rows[names[0]]))]
@@ -101,6 +118,13 @@ def compare_predictions(
         "identical_answers": same_text / n if n else 1.0,
         "identical_best_span": same_span / n if n else 1.0,
         "identical_no_answer_decision": same_decision / n if n else 1.0,
+        # Where the reference's best span leads its runner-up by >= NEAR_TIE, and how many of the changed
+        # best spans were near-ties of the reference (a weakly trained model has many).
+        "near_tie": NEAR_TIE,
+        "clear_best_span_questions": len(clear),
+        "identical_clear_best_span": clear_same / len(clear) if clear else 1.0,
+        "best_span_changes": len(changed),
+        "best_span_changes_at_near_ties": sum(best_span_margin(ref_preds[q]) < NEAR_TIE for q in changed),
         "max_abs_diff": outputs.max_abs_diff,
         "fraction_equal": outputs.fraction_equal,
     }

@@ -245,6 +245,11 @@ class _Export:
             f"same no-answer decision {rep['identical_no_answer_decision']:.4f}; max |diff| {diffs}"
             + (f"; index outputs equal {index}" if index else "")
         )
+        print(
+            f"best spans: {rep['best_span_changes']} changed, {rep['best_span_changes_at_near_ties']} of them where "
+            f"fp32's top two spans are within {rep['near_tie']} of each other; where fp32's lead is larger "
+            f"({rep['clear_best_span_questions']} questions) identical {rep['identical_clear_best_span']:.4f}"
+        )
 
     def benchmark(self, final: Path) -> None:
         runs, t = self.args.benchmark, int(self.settings["max_seq_len"])

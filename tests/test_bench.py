@@ -14,6 +14,7 @@ from test_server import onnx_export, qa_checkpoint  # noqa: F401 - pytest fixtur
 
 from bench import serve
 from bench.realistic import realistic_windows
+from bench.serve_load import Result
 from train.model.inference import INPUT_NAMES
 
 
@@ -50,6 +51,28 @@ def test_bench_serve_reports_overhead_load_and_targets(onnx_export: Path, tmp_pa
     assert rows[("unbatched", 3)]["windows_per_call"] == 1.0
     text = capsys.readouterr().out
     assert "overhead p50" in text and "**Targets**" in text and "server overhead p50" in text
+
+
+def test_serve_targets_report_values_verdicts_and_the_closed_loop_floor() -> None:
+    def result(mode: str, clients: int, throughput: float, p50: float, p99: float) -> Result:
+        return Result(mode, clients, 8.0, int(throughput * 8), 0, throughput, p50, p99, 1.0)
+
+    over = serve.Overhead(
+        questions=10, bare_p50_ms=40.0, http_p50_ms=41.5, overhead_p50_ms=1.5, overhead_p90_ms=3
+    )
+    results = [
+        result("unbatched", 1, 25.0, 40.0, 60.0),
+        result("unbatched", 16, 25.0, 640.0, 700.0),
+        result("batched", 16, 40.0, 400.0, 500.0),
+    ]
+    lines = serve.target_lines(over, results)
+    assert lines[0] == "- server overhead p50 1.50 ms (target < 3 ms): met"
+    assert lines[1] == "- micro-batching throughput at 16 clients 1.60x (target >= 1.5x): met"
+    assert lines[2].startswith("- batched p99 at 16 clients 500 ms vs 2x single-client p50 80 ms: NOT met")
+    assert (
+        "(unbatched p99 700 ms)" in lines[2]
+        and "16 closed-loop clients at 40.0 req/s mean 400 ms" in lines[2]
+    )
 
 
 @pytest.mark.parametrize(

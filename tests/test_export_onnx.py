@@ -257,6 +257,12 @@ def test_reduced_precision_agreement(tmp_path, spm_dir, capsys, precision, head)
     agree = side.agreement
     assert side.precision == precision and agree["questions"] == 100 and agree["features"] >= 100
     assert agree["identical_answers"] >= 0.9, agree
+    changes = round((1 - agree["identical_best_span"]) * 100)
+    assert agree["best_span_changes"] == changes >= agree["best_span_changes_at_near_ties"] >= 0
+    assert 0 <= agree["clear_best_span_questions"] <= 100 and 0 <= agree["identical_clear_best_span"] <= 1
+    clear_changes = round((1 - agree["identical_clear_best_span"]) * agree["clear_best_span_questions"])
+    assert clear_changes == changes - agree["best_span_changes_at_near_ties"]
+    assert "best spans: " in printed and "changed" in printed
     limit = 0.05 if precision == "fp16" else 0.5
     assert all(v < limit for v in agree["max_abs_diff"].values()), agree
     assert side.verification["passed"] and side.verification["fp32_graph"]["passed"]
@@ -277,6 +283,21 @@ def test_reduced_precision_agreement(tmp_path, spm_dir, capsys, precision, head)
         # The relative positions are precomputed in fp32 and stored projected (cache_positions): no
         # sinusoid of large arguments is evaluated in half precision inside the graph.
         assert not any(n.op_type in ("Sin", "Cos") for n in model.graph.node)
+
+
+def test_best_span_margin_skips_candidates_with_the_same_text():
+    from export.agreement import best_span_margin
+    from train.squad.decode import NBestEntry, Prediction
+
+    def entry(text: str, score: float) -> NBestEntry:
+        return NBestEntry(text, 0, len(text), score, 0.0, 0.0, 0.0, 0, 0, 0)
+
+    def prediction(*entries: NBestEntry) -> Prediction:
+        return Prediction("q", "", -1, -1, 0.0, 1.0, 0.0, True, list(entries))
+
+    assert best_span_margin(prediction(entry("a cat", 3.0), entry("a cat", 2.99), entry("cat", 2.5))) == 0.5
+    assert best_span_margin(prediction(entry("a cat", 3.0), entry("a cat", 2.0))) == float("inf")
+    assert best_span_margin(prediction()) == float("inf")
 
 
 # --- the sidecar ----------------------------------------------------------------------------------------
