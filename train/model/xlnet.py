@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from train.model.attention import POSITION_CHUNKS, chunk_bounds, masked_fill_value
+from train.model.attention import POSITION_CHUNKS, additive_mask, chunk_bounds, masked_fill_value
 from train.model.config import XLNetConfig
 from train.model.layers import XLNetLayer
 from train.model.position import attention_masks, relative_positions, segment_difference
@@ -193,6 +193,7 @@ class XLNetModel(nn.Module):
             device=device,
         )
         h = self.dropout(self.word_embedding(input_ids))
+        mask_h, mask_g = additive_mask(mask_h, h.dtype), additive_mask(mask_g, h.dtype)
         g = None
         if target_mapping is not None:
             g = self.dropout(self.mask_emb.expand(bsz, target_mapping.shape[1], -1))
