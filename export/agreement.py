@@ -103,8 +103,9 @@ def compare_predictions(
     same_text = sum(ref_preds[q].text == got_preds[q].text for q in ref_preds)
     same_span = sum(ref_preds[q].best_span_text == got_preds[q].best_span_text for q in ref_preds)
     same_decision = sum(ref_preds[q].is_impossible == got_preds[q].is_impossible for q in ref_preds)
+    margins = {q: best_span_margin(p) for q, p in ref_preds.items()}
     changed = [q for q in ref_preds if ref_preds[q].best_span_text != got_preds[q].best_span_text]
-    clear = [q for q in ref_preds if best_span_margin(ref_preds[q]) >= NEAR_TIE]
+    clear = [q for q in ref_preds if margins[q] >= NEAR_TIE]
     clear_same = sum(ref_preds[q].best_span_text == got_preds[q].best_span_text for q in clear)
 
     def batches(rows: dict[str, list[np.ndarray]]) -> list[list[np.ndarray]]:
@@ -124,7 +125,7 @@ def compare_predictions(
         "clear_best_span_questions": len(clear),
         "identical_clear_best_span": clear_same / len(clear) if clear else 1.0,
         "best_span_changes": len(changed),
-        "best_span_changes_at_near_ties": sum(best_span_margin(ref_preds[q]) < NEAR_TIE for q in changed),
+        "best_span_changes_at_near_ties": sum(margins[q] < NEAR_TIE for q in changed),
         "max_abs_diff": outputs.max_abs_diff,
         "fraction_equal": outputs.fraction_equal,
     }
