@@ -35,6 +35,12 @@ _FLAGS: tuple[tuple[str, str, type, str], ...] = (
         float,
         "longest wait for a batch to fill (0 = never wait)",
     ),
+    (
+        "--max-batch-padding",
+        "max_batch_padding",
+        float,
+        "most padding per batch, as a fraction of its real tokens (default 0.25)",
+    ),
     ("--pad-multiple-of", "pad_multiple_of", int, "round padded lengths up to a multiple"),
     ("--inference-workers", "inference_workers", int, "backend calls in flight at once"),
     ("--max-context-chars", "max_context_chars", int, "longer contexts get 413"),

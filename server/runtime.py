@@ -64,6 +64,7 @@ class Runtime:
             max_queue=s.max_queue,
             workers=s.inference_workers,
             pad_multiple_of=s.pad_multiple_of,
+            max_padding=s.max_batch_padding,
             min_length=self.spec.min_engine_seq_len,
             on_batch=self._on_batch,
             on_queue_depth=self.metrics.queue_depth.set,

@@ -37,6 +37,9 @@ class ServerSettings(BaseSettings):
     )
     max_batch_size: int = Field(8, ge=1, description="Most windows (features) in one backend call")
     max_batch_delay_ms: float = Field(2.0, ge=0.0, description="Longest wait for a batch to fill")
+    max_batch_padding: float = Field(
+        0.25, ge=0.0, description="Most padding a batch may carry, as a fraction of its real tokens"
+    )
     pad_multiple_of: int | None = Field(
         None, ge=1, description="Round padded lengths up (limits engine shapes)"
     )

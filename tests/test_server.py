@@ -778,6 +778,41 @@ def test_batcher_buckets_by_length_and_drains_admitted_work(xlnet_tok) -> None:
     assert len(shapes) == 3 and lengths[0] < lengths[1], shapes
 
 
+def test_batcher_caps_padding_and_does_not_wait_twice(xlnet_tok) -> None:
+    """A window joins a batch only while padding stays within max_padding of the real tokens; the one
+    left out runs next without waiting max_delay again (its wait counts from its arrival)."""
+    from server.batching import MicroBatcher
+
+    def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        shapes.append(batch["input_ids"].shape)
+        return {"n": batch["attention_mask"].sum(axis=1)}
+
+    short, long_ = _features(xlnet_tok, [3, 25])
+    assert 2 * len(long_[0]) > 1.25 * (len(long_[0]) + len(short[0]))  # padded together: > 25% waste
+
+    async def scenario(max_padding: float) -> float:
+        b = MicroBatcher(run, max_batch_size=4, max_delay_s=0.2, max_padding=max_padding)
+        b.start()
+        start = time.perf_counter()
+        await asyncio.gather(b.submit(long_), b.submit(short))
+        await b.drain()
+        return time.perf_counter() - start
+
+    shapes: list[tuple[int, int]] = []
+    elapsed = asyncio.run(scenario(0.25))
+    assert shapes == [(1, len(long_[0])), (1, len(short[0]))]
+    assert elapsed < 0.35  # one max_delay for both calls, not two
+    shapes = []
+    asyncio.run(scenario(10.0))
+    assert shapes == [(2, len(long_[0]))]
+
+    b = MicroBatcher(run, max_batch_size=4, max_padding=0.25)
+    # 100+96+40 padded to 3x100 is 27% padding: 40 stays out, 90 still joins after it.
+    assert b._within_padding(100, [(0, 96), (1, 40), (2, 90)]) == {0, 2}
+    assert b._within_padding(100, [(0, 40)]) == set()
+    assert b._within_padding(50, [(k, 50) for k in range(5)]) == {0, 1, 2}  # max_batch_size windows in all
+
+
 def test_pipeline_times_out_and_forgets_the_question(xlnet_tok) -> None:
     """request_timeout_s bounds queue + inference (the route answers 504); the question leaves the queue."""
     from server.batching import MicroBatcher
