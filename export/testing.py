@@ -20,10 +20,10 @@ TINY = dict(d_model=32, n_layer=2, n_head=4, d_inner=64, dropout=0.0, start_n_to
 
 
 def perturb(model: torch.nn.Module, scale: float = 0.1) -> torch.nn.Module:
-    """Add noise to biases and norms (zero/one at init), so a wrong bias or norm shows in the outputs."""
+    """Add noise to biases, norms and the match embedding (zero/one at init), so a wrong one shows."""
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "bias" in name or "LayerNorm" in name or "layer_norm" in name:
+            if "bias" in name or "LayerNorm" in name or "layer_norm" in name or name.endswith("match_emb"):
                 param.add_(torch.randn_like(param) * scale)
     return model
 

@@ -178,6 +178,8 @@ def load(
     new_state.pop("lm_loss.weight", None)  # tied to the word embedding
     missing, unexpected = model.load_state_dict(new_state, strict=False)
     missing = [k for k in missing if k != "lm_loss.weight"]
+    if not XLNetConfig.from_hf_dict(config_json).question_match:  # switched on now: starts at zero
+        missing = [k for k in missing if k != "transformer.match_emb"]
     same_head = src_kind == dst_kind
     if strict:
         problems = [k for k in missing if same_head or k.startswith("transformer.") or dst_kind == "base"]

@@ -90,6 +90,12 @@ def build_parser() -> Parser:
     )
     g.add_argument("--activation", choices=ACTIVATIONS, default=None, help="activation for random init")
     g.add_argument("--aoa", action="store_true", help="Attention-on-Attention (random init only)")
+    g.add_argument(
+        "--question-match",
+        action="store_true",
+        help="add the DrQA exact-match feature: a learned embedding on tokens that occur on both sides "
+        "of <sep> (our extension; zero at the start, so a checkpoint without it begins unchanged)",
+    )
     g.add_argument("--dropout", type=float, default=None, help="override dropout")
     g.add_argument("--freeze-layers", type=int, default=0, help="freeze the bottom N transformer layers")
     g.add_argument("--freeze-embeddings", action="store_true", help="freeze the word embedding")
@@ -199,6 +205,7 @@ def config_overrides(args) -> dict:
         "start_n_top": args.start_n_top,
         "end_n_top": args.end_n_top,
         "answer_class_input": args.answer_class_input,
+        "question_match": True if args.question_match else None,
     }
     return {k: v for k, v in fields.items() if v is not None}
 

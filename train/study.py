@@ -60,6 +60,9 @@ def build_parser() -> Parser:
     g.add_argument("--vocab", type=int, default=4000)
     g.add_argument("--head", default="shallow")
     g.add_argument("--threads", type=int, default=None, help="torch threads per stage")
+    g.add_argument(
+        "--question-match", action="store_true", help="fine-tune with the exact-match input feature"
+    )
     g = p.add_argument_group("pretraining")
     g.add_argument("--pretrain-steps", type=int, default=1000)
     g.add_argument("--pretrain-batch", type=int, default=16)
@@ -209,6 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finetune_common = ["--dev-file", str(thr), "--head", args.head, "--batch-size", str(args.finetune_batch)]
     finetune_common += ["--max-seq-len", str(args.max_seq_len), "--doc-stride", str(args.doc_stride)]
     finetune_common += ["--layer-decay", str(args.layer_decay), *resume, *quiet, *threads]
+    if args.question_match:
+        finetune_common.append("--question-match")
 
     def finetune_argv(
         init: list[str], train_file: Path, run_dir: Path, steps: int, lr: float, keep: float, every: int

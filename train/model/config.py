@@ -30,7 +30,12 @@ PRETRAINING_ONLY = {
 
 @dataclass
 class XLNetConfig:
-    """Model shape and behaviour. `d_head` is derived; `use_aoa` is our Attention-on-Attention option."""
+    """Model shape and behaviour. `d_head` is derived.
+
+    Our extensions, off by default (HF and the original have neither): `use_aoa` adds
+    Attention-on-Attention; `question_match` adds a learned vector to the embedding of every token
+    that also occurs on the other side of `<sep>` (see `train.model.layout.question_match`).
+    """
 
     vocab_size: int = 32000
     d_model: int = 768
@@ -54,6 +59,7 @@ class XLNetConfig:
     bos_token_id: int = 1
     eos_token_id: int = 2
     use_aoa: bool = False
+    question_match: bool = False
     answer_class_input: str = "softmax_start"
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 

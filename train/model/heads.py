@@ -21,9 +21,8 @@ from torch.nn import functional as F
 
 from train.model.config import HEADS, XLNetConfig
 from train.model.layers import activation
+from train.model.layout import SEG_ID_CLS
 from train.model.xlnet import XLNetModel, init_weights
-
-SEG_ID_CLS = 2
 
 
 @dataclass

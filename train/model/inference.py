@@ -19,9 +19,8 @@ import torch
 from torch import nn
 
 from train.model.heads import XLNetForQuestionAnswering
+from train.model.layout import SEG_ID_CLS, SEG_ID_PARAGRAPH, SEP_ID
 
-SEP_ID = 4
-SEG_ID_CLS = 2
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
 
@@ -39,7 +38,7 @@ def derive_p_mask(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
 ) -> torch.Tensor:
     """1.0 where a token cannot be (part of) an answer, from the XLNet SQuAD layout `P <sep> Q <sep> <cls>`."""
-    paragraph = (token_type_ids == 0) & (input_ids != SEP_ID) & (attention_mask != 0)
+    paragraph = (token_type_ids == SEG_ID_PARAGRAPH) & (input_ids != SEP_ID) & (attention_mask != 0)
     allowed = paragraph | (token_type_ids == SEG_ID_CLS)
     return (~allowed).to(torch.float32)
 

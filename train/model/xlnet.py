@@ -11,9 +11,8 @@ from torch.nn import functional as F
 from train.model.attention import POSITION_CHUNKS, additive_mask, chunk_bounds, masked_fill_value
 from train.model.config import XLNetConfig
 from train.model.layers import XLNetLayer
+from train.model.layout import NUM_SEGMENT_IDS, question_match
 from train.model.position import attention_masks, relative_positions, segment_difference
-
-NUM_SEGMENT_IDS = 4  # the SQuAD layout's token types: paragraph, question, <cls>, padding
 
 
 @dataclass
@@ -56,6 +55,8 @@ class XLNetModel(nn.Module):
         self.config = config
         self.word_embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.mask_emb = nn.Parameter(torch.empty(1, 1, config.d_model))
+        # Zero at the start, so a checkpoint without it (pretraining, HF) computes exactly as before.
+        self.match_emb = nn.Parameter(torch.zeros(config.d_model)) if config.question_match else None
         self.layer = nn.ModuleList([XLNetLayer(config) for _ in range(config.n_layer)])
         self.dropout = nn.Dropout(config.dropout)
         self.apply(lambda m: init_weights(m, config.initializer_range))
@@ -105,6 +106,19 @@ class XLNetModel(nn.Module):
         self.position_cache_len = None
         self.fused_inference = False
 
+    def embed(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Word embeddings, plus `match_emb` on question-matched tokens when the config asks for it."""
+        h = self.word_embedding(input_ids)
+        if self.match_emb is not None and token_type_ids is not None:
+            match = question_match(input_ids, token_type_ids, attention_mask).to(h.dtype)
+            h = h + match[..., None] * self.match_emb
+        return h
+
     def _forward_fused(
         self,
         input_ids: torch.Tensor,
@@ -113,7 +127,7 @@ class XLNetModel(nn.Module):
         output_hidden_states: bool,
     ) -> XLNetModelOutput:
         """Content stream, no memory, cached positions: see `RelativeAttention.forward_fused`."""
-        h = self.word_embedding(input_ids)
+        h = self.embed(input_ids, token_type_ids, attention_mask)
         qlen = input_ids.shape[1]
         seg_onehot = None
         if token_type_ids is not None:  # [B, 1, T, S]; ids are 0..NUM_SEGMENT_IDS-1 (P, Q, CLS, PAD)
@@ -195,7 +209,7 @@ class XLNetModel(nn.Module):
             same_length=cfg.same_length,
             device=device,
         )
-        h = self.dropout(self.word_embedding(input_ids))
+        h = self.dropout(self.embed(input_ids, token_type_ids, attention_mask))
         mask_h, mask_g = additive_mask(mask_h, h.dtype), additive_mask(mask_g, h.dtype)
         g = None
         if target_mapping is not None:
@@ -246,6 +260,8 @@ class XLNetLMHeadModel(nn.Module):
 
     def __init__(self, config: XLNetConfig) -> None:
         super().__init__()
+        if config.question_match:
+            raise ValueError("question_match is a fine-tuning feature: pretraining has no question to match")
         self.config = config
         self.transformer = XLNetModel(config)
         self.lm_loss = nn.Linear(config.d_model, config.vocab_size)

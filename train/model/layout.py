@@ -1,0 +1,37 @@
+"""The SQuAD input layout the QA model reads: `paragraph <sep> question <sep> <cls>`, and what follows from it.
+
+Segment ids are 0 paragraph, 1 question, 2 `<cls>`, 3 padding (the original XLNet run_squad.py);
+`<sep>` is id 4 in every XLNet vocabulary (the tokenizer checks that layout when it loads).
+"""
+
+from __future__ import annotations
+
+import torch
+
+SEP_ID = 4
+SEG_ID_PARAGRAPH = 0
+SEG_ID_QUESTION = 1
+SEG_ID_CLS = 2
+NUM_SEGMENT_IDS = 4
+
+
+def question_match(
+    input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor | None
+) -> torch.Tensor:
+    """[B, T] 1.0 where a paragraph token's id occurs in the question, or a question token's in the paragraph.
+
+    The exact-match feature of DrQA (Chen et al. 2017): the cheapest signal of where the question
+    points, which a small model trained from scratch does not discover on its own in a few thousand
+    steps. Computed from the ids alone, so exported graphs keep their three inputs. `<sep>` and
+    padding never match. A MatMul of one-hot comparisons rather than `any()`, which every runtime
+    (onnxruntime, TensorRT) implements; counts stay exact in fp16 up to 2048 tokens.
+    """
+    valid = input_ids != SEP_ID
+    if attention_mask is not None:
+        valid = valid & (attention_mask != 0)
+    paragraph = ((token_type_ids == SEG_ID_PARAGRAPH) & valid).float()
+    question = ((token_type_ids == SEG_ID_QUESTION) & valid).float()
+    same = (input_ids[:, :, None] == input_ids[:, None, :]).float()  # [B, T, T]
+    in_question = torch.matmul(same, question[:, :, None]).squeeze(-1) > 0
+    in_paragraph = torch.matmul(same, paragraph[:, :, None]).squeeze(-1) > 0
+    return (paragraph * in_question.float()) + (question * in_paragraph.float())
