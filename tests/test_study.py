@@ -7,7 +7,7 @@ from pathlib import Path
 
 from train.cli import run
 from train.squad import read_squad
-from train.study import main
+from train.study import Run, main, parse_runs
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 TINY = ["--config", "tiny", "--vocab", "1000", "--pretrain-steps", "4", "--pretrain-batch", "2"]
@@ -17,13 +17,13 @@ TINY += ["--max-seq-len", "96", "--doc-stride", "48", "--eval-every", "3", "--no
 
 def test_study_runs_every_stage_and_reports_on_unseen_questions(tmp_path, capsys):
     out = tmp_path / "study"
-    assert main([*TINY, "--runs", "pretrained+synth,random", "--out", str(out)]) == 0
+    assert main([*TINY, "--runs", "pretrained+synth,random+match", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     for stage in (
         "pretrain",
-        "synthetic stage (pretrained)",
+        "synthetic stage (synth-stage-pretrained)",
         "fine-tune (pretrained+synth)",
-        "fine-tune (random)",
+        "fine-tune (random+match)",
     ):
         assert f"[{stage}] done in" in printed
     fit, thr, held = (read_squad(out / f) for f in ("fit.json", "threshold.json", "eval.json"))
@@ -38,16 +38,29 @@ def test_study_runs_every_stage_and_reports_on_unseen_questions(tmp_path, capsys
     )
     report = (out / "RESULTS.md").read_text()
     assert "| no-answer baseline |" in report and "| tiny, pretrained+synth |" in report
-    assert "| tiny, random |" in report and "held-out article(s) of the fine-tuning side" in report
+    assert "| tiny, random+match |" in report and "held-out article(s) of the fine-tuning side" in report
+    configs = {
+        d: json.loads((out / d / "config.json").read_text()) for d in ("finetune-random-match", "pretrain")
+    }
+    assert configs["finetune-random-match"]["question_match"] and not configs["pretrain"]["question_match"]
+    assert not json.loads((out / "finetune-pretrained-synth" / "config.json").read_text())["question_match"]
     assert (out / "study.png").stat().st_size > 5000
     # a second call reuses every stage
-    assert main([*TINY, "--runs", "pretrained+synth,random", "--out", str(out)]) == 0
+    assert main([*TINY, "--runs", "pretrained+synth,random+match", "--out", str(out)]) == 0
     assert "done in" not in capsys.readouterr().out
 
 
+def test_run_names():
+    runs = parse_runs("random, pretrained+synth+match,random+match")
+    assert [r.name for r in runs] == ["random", "pretrained+synth+match", "random+match"]
+    assert parse_runs("random+match+synth") == [Run("random", synth=True, match=True)]
+    assert runs[1].slug == "pretrained-synth-match"
+
+
 def test_bad_study_arguments(tmp_path, capsys):
-    assert run(main, ["--runs", "pretrained+magic", "--out", str(tmp_path)], "study") == 2
-    assert "unknown run" in capsys.readouterr().err
+    for bad in ("pretrained+magic", "random+synth+synth", "synth"):
+        assert run(main, ["--runs", bad, "--out", str(tmp_path)], "study") == 2
+        assert "unknown run" in capsys.readouterr().err
     assert run(main, ["--threshold-articles", "5", "--out", str(tmp_path)], "study") == 2
     assert "leaves no article" in capsys.readouterr().err
     assert run(main, ["--train-file", str(tmp_path / "nope.json"), "--out", str(tmp_path)], "study") == 2

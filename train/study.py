@@ -3,8 +3,8 @@
 tokenizer -> pretraining on unlabelled text -> (optional) a stage on self-supervised cloze questions
 (`train.synth`) -> SQuAD 2.0 fine-tuning -> evaluation on questions the model never trained on,
 next to the no-answer baseline of the same questions. Several runs can be compared in one call
-(`--runs pretrained,random`: what pretraining buys; `pretrained+synth`: what the synthetic stage
-buys); shared stages run once. Every stage is the public CLI and is reused when its output exists,
+(`--runs pretrained,random`: what pretraining buys; `+synth`: what the synthetic stage buys;
+`+match`: what the exact-match input feature buys); shared stages run once. Every stage is the public CLI and is reused when its output exists,
 so an interrupted study continues with `--resume`. Seconds per stage are printed and reported.
 
 Data: `--train-file` / `--eval-file`, or `--labelled FILE` split by article (`--finetune-articles`
@@ -19,6 +19,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from train import evaluate as evaluate_cli
@@ -32,6 +33,7 @@ from train.squad import evaluate, load_dataset, read_squad, split_by_article, wr
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 BASES = ("pretrained", "random")
+MODIFIERS = ("synth", "match")
 
 
 def build_parser() -> Parser:
@@ -60,9 +62,6 @@ def build_parser() -> Parser:
     g.add_argument("--vocab", type=int, default=4000)
     g.add_argument("--head", default="shallow")
     g.add_argument("--threads", type=int, default=None, help="torch threads per stage")
-    g.add_argument(
-        "--question-match", action="store_true", help="fine-tune with the exact-match input feature"
-    )
     g = p.add_argument_group("pretraining")
     g.add_argument("--pretrain-steps", type=int, default=1000)
     g.add_argument("--pretrain-batch", type=int, default=16)
@@ -131,13 +130,32 @@ def short_pretraining_argv(
     return argv + ["--warmup", str(max(1, steps // 20)), "--max-gram", str(max_gram)]
 
 
-def parse_runs(text: str) -> list[tuple[str, bool]]:
+@dataclass(frozen=True)
+class Run:
+    """One compared run: its start (pretrained or random) and what it adds (synthetic stage, match feature)."""
+
+    base: str
+    synth: bool = False
+    match: bool = False
+
+    @property
+    def name(self) -> str:
+        return "+".join([self.base, *(m for m in MODIFIERS if getattr(self, m))])
+
+    @property
+    def slug(self) -> str:
+        return self.name.replace("+", "-")
+
+
+def parse_runs(text: str) -> list[Run]:
     runs = []
     for name in (r.strip() for r in text.split(",") if r.strip()):
-        base, _, extra = name.partition("+")
-        if base not in BASES or extra not in ("", "synth"):
-            raise ValueError(f"unknown run {name!r}: use pretrained or random, optionally +synth")
-        runs.append((base, extra == "synth"))
+        base, *extras = name.split("+")
+        if base not in BASES or any(e not in MODIFIERS for e in extras) or len(set(extras)) < len(extras):
+            raise ValueError(
+                f"unknown run {name!r}: use pretrained or random, optionally +synth and/or +match"
+            )
+        runs.append(Run(base, synth="synth" in extras, match="match" in extras))
     if not runs:
         raise ValueError("--runs is empty")
     return runs
@@ -184,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tok_argv = ["--input", *args.corpus, str(fit), "--vocab-size", str(args.vocab), "--out", str(tok)]
     stages.run("tokenizer", tok / "spiece.model", tokenizer_cli.main, tok_argv)
     pre = out / "pretrain"
-    if any(base == "pretrained" for base, _ in runs):
+    if any(r.base == "pretrained" for r in runs):
         argv_pre = short_pretraining_argv(
             [*args.corpus, str(fit)],
             tok,
@@ -204,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv_pre += ["--out", str(pre), "--save-every", "250", *resume, *quiet, *threads]
         stages.run("pretrain", pre / "model.safetensors", pretrain_cli.main, argv_pre)
     synth_file = out / "synthetic.json"
-    if any(synth for _, synth in runs):
+    if any(r.synth for r in runs):
         synth_argv = ["--input", *args.corpus, str(fit), "--out", str(synth_file)]
         synth_argv += ["--answerable", str(args.synth_answerable), "--in-place", str(args.synth_in_place)]
         synth_argv += ["--per-sentence", str(args.synth_per_sentence)]
@@ -212,8 +230,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     finetune_common = ["--dev-file", str(thr), "--head", args.head, "--batch-size", str(args.finetune_batch)]
     finetune_common += ["--max-seq-len", str(args.max_seq_len), "--doc-stride", str(args.doc_stride)]
     finetune_common += ["--layer-decay", str(args.layer_decay), *resume, *quiet, *threads]
-    if args.question_match:
-        finetune_common.append("--question-match")
 
     def finetune_argv(
         init: list[str], train_file: Path, run_dir: Path, steps: int, lr: float, keep: float, every: int
@@ -224,12 +240,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     held_examples = read_squad(held)
     rows = []
-    for base, synth in runs:
-        name = base + ("+synth" if synth else "")
-        slug = name.replace("+", "-")
-        init = ["--init", str(pre)] if base == "pretrained" else ["--config", args.config, "--spm", str(tok)]
-        if synth:
-            stage = out / f"synth-stage-{base}"
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for r in runs:
+        init = (
+            ["--init", str(pre)] if r.base == "pretrained" else ["--config", args.config, "--spm", str(tok)]
+        )
+        if r.match:
+            init.append("--question-match")
+        if r.synth:
+            stage = out / ("synth-stage-" + r.base + ("-match" if r.match else ""))
             argv_s = finetune_argv(
                 init,
                 synth_file,
@@ -239,8 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.synth_keep_out_of_window,
                 args.synth_steps,
             )
-            stages.run(f"synthetic stage ({base})", stage / "metadata.json", finetune_cli.main, argv_s)
+            stages.run(f"synthetic stage ({stage.name})", stage / "metadata.json", finetune_cli.main, argv_s)
             init = ["--init", str(stage)]
+        name, slug = r.name, r.slug
         ft = out / f"finetune-{slug}"
         argv_f = finetune_argv(
             init, fit, ft, args.finetune_steps, args.finetune_lr, args.keep_out_of_window, args.eval_every
@@ -256,10 +276,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics = json.loads((ev / "metrics.json").read_text())
         metrics.update(span_quality(held_examples, json.loads((ev / "nbest.json").read_text())))
         rows.append((name, metrics))
+        curves[name] = training_losses(ft)
     baseline = no_answer_baseline(held_examples)
     write_report(
         out, args, rows, baseline, stages.seconds, len(read_squad(fit)), held_examples, honest_threshold
     )
+    plot_study(out / "study.png", rows, baseline, curves)
     print((out / "RESULTS.md").read_text())
     return 0
 
@@ -318,24 +340,53 @@ def write_report(out: Path, args, rows, baseline, seconds, n_fit: int, held_exam
         "",
     ]
     (out / "RESULTS.md").write_text("\n".join(text))
+
+
+def training_losses(run_dir: Path) -> list[tuple[int, float]]:
+    """(step, loss) of a fine-tuning run's log, for the learning curves."""
+    log = run_dir / "metrics.jsonl"
+    if not log.exists():
+        return []
+    records = (json.loads(line) for line in log.read_text().splitlines() if line.strip())
+    return [(r["step"], r["loss"]) for r in records if "loss" in r]
+
+
+def moving_mean(values: Sequence[float], window: int) -> list[float]:
+    """Mean of each value and the `window - 1` before it (fewer at the start)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_study(path: Path, rows, baseline: dict, curves: dict[str, list[tuple[int, float]]]) -> None:
+    """Held-out scores per run (left) and the fine-tuning loss curves, smoothed (right)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(7.5, 4))
+        fig, (bars, lines) = plt.subplots(1, 2, figsize=(13, 4.5))
         names = ["no-answer"] + [n for n, _ in rows]
         series = {"F1": "f1", "best F1": "best_f1", "span F1": "span_f1"}
         width = 0.8 / len(series)
         for k, (label, key) in enumerate(series.items()):
             values = [baseline.get(key) or 0.0] + [m.get(key) or 0.0 for _, m in rows]
-            ax.bar([i + (k - 1) * width for i in range(len(names))], values, width=width, label=label)
-        ax.set_xticks(list(range(len(names))), names)
-        ax.set_ylabel("held-out score")
-        ax.legend()
+            bars.bar([i + (k - 1) * width for i in range(len(names))], values, width=width, label=label)
+        bars.set_xticks(list(range(len(names))), names, rotation=20, ha="right")
+        bars.set_ylabel("held-out score")
+        bars.legend()
+        for name, points in curves.items():
+            if points:
+                steps, losses = zip(*points, strict=True)
+                lines.plot(steps, moving_mean(losses, max(1, len(losses) // 20)), label=name)
+        lines.set_xlabel("fine-tuning step")
+        lines.set_ylabel("training loss (moving mean)")
+        lines.legend()
         fig.tight_layout()
-        fig.savefig(out / "study.png", dpi=100)
+        fig.savefig(path, dpi=100)
         plt.close(fig)
     except Exception as exc:  # noqa: BLE001 - the table is the result; the plot is a courtesy
         print(f"(plot skipped: {exc})")
