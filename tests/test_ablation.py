@@ -27,7 +27,7 @@ def test_tiny_grid_pretrains_fine_tunes_and_reports(tmp_path):
         str(SAMPLE / "dev.json"),
     ]
     argv += ["--finetune-steps", "2", "--finetune-batch", "2", "--max-seq-len", "64", "--out", str(out)]
-    argv += ["--no-progress"]
+    argv += ["--no-progress", "--question-match"]
     assert main(argv) == 0
     results = json.loads((out / "results.json").read_text())
     assert [(r["config"], r["seed"]) for r in results] == [
@@ -46,10 +46,13 @@ def test_tiny_grid_pretrains_fine_tunes_and_reports(tmp_path):
         assert config["ff_activation"] == parse_config(r["config"])[0]
         assert config["use_aoa"] is r["config"].endswith("+aoa")
         assert 0.0 <= r["dev_f1"] <= 100.0
+        tuned = json.loads((Path(r["dir"]) / "finetune" / "config.json").read_text())
+        assert tuned["question_match"] and not config["question_match"]
     # seeds differ, so the runs of one configuration differ
     assert results[0]["curve"] != results[1]["curve"]
     table = (out / "ablation.md").read_text()
     assert "| relu | 2 |" in table and "| mish+aoa | 2 |" in table and "±" in table and "dev F1" in table
+    assert "with the exact-match feature" in table
     assert (out / "ablation.png").stat().st_size > 5000
     # a second call reuses the finished cells
     before = {r["dir"]: (Path(r["dir"]) / "model.safetensors").stat().st_mtime_ns for r in results}

@@ -61,6 +61,7 @@ def build_parser() -> Parser:
     g.add_argument("--finetune-batch", type=int, default=16)
     g.add_argument("--max-seq-len", type=int, default=192)
     g.add_argument("--head", default="shallow")
+    g.add_argument("--question-match", action="store_true", help="fine-tune with the exact-match feature")
     p.add_argument("--out", required=True)
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -110,6 +111,7 @@ def finetune_cell(args, cell: Path, seed: int) -> dict:
         argv += ["--doc-stride", str(min(128, args.max_seq_len // 2))]
         argv += ["--eval-every", str(args.finetune_steps), "--save-every", str(args.finetune_steps)]
         argv += ["--seed", str(seed), "--out", str(ft), "--resume"]
+        argv += ["--question-match"] if args.question_match else []
         argv += [*(["--threads", str(args.threads)] if args.threads else [])]
         argv += ["--no-progress"] if args.no_progress else []
         if finetune_cli.main(argv):
@@ -160,7 +162,8 @@ def write_report(out: Path, args, results: list[dict]) -> None:
     if tuned:
         text += [
             f"Fine-tuning: {args.finetune_steps} steps x {args.finetune_batch} windows of {args.max_seq_len}, "
-            f"{args.head} head, on {args.train_file}; scored on {args.dev_file} (final model).",
+            f"{args.head} head{' with the exact-match feature' if args.question_match else ''}, "
+            f"on {args.train_file}; scored on {args.dev_file} (final model).",
             "",
         ]
     (out / "ablation.md").write_text("\n".join(text))
