@@ -124,12 +124,17 @@ def main() -> int:
         argv += ["--lr", "5e-4", "--layer-decay", "0.9", "--eval-every", str(steps), "--log-every", "25"]
         stage(name, finetune.main, [*argv, "--out", str(run_dir)])
 
-    qa_stage(
-        "4/8 a stage on the cloze questions", out / "pretrain", synthetic, args.synth_steps, out / "synth"
-    )
+    if args.qa_init == "pretrained":
+        start = ["--init", str(out / "pretrain")]
+    else:
+        print(
+            "(the QA stages start from random init: at this budget pretraining does not help them, docs/study)"
+        )
+        start = ["--config", args.config, "--spm", str(tok_dir)]
+    qa_stage("4/8 a stage on the cloze questions", start, synthetic, args.synth_steps, out / "synth")
     qa_stage(
         "5/8 fine-tune on SQuAD 2.0 (shallow head)",
-        out / "synth",
+        ["--init", str(out / "synth")],
         SAMPLE / "train.json",
         args.finetune_steps,
         out / "finetune",
