@@ -22,6 +22,7 @@ from train import finetune as finetune_cli
 from train import pretrain as pretrain_cli
 from train.cli import Parser, run
 from train.model import ACTIVATIONS
+from train.runlog import read_series
 from train.study import short_pretraining_argv
 from train.tokenizer import train_spm
 
@@ -67,11 +68,6 @@ def build_parser() -> Parser:
     return p
 
 
-def read_curve(run_dir: Path) -> list[tuple[int, float]]:
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return [(r["step"], r["loss"]) for r in records if "loss" in r]
-
-
 def pretrain_cell(args, out: Path, config: str, seed: int, spm: Path) -> dict:
     activation, aoa = parse_config(config)
     cell = out / f"{config.replace('+', '-')}-seed{seed}"
@@ -86,7 +82,7 @@ def pretrain_cell(args, out: Path, config: str, seed: int, spm: Path) -> dict:
         argv += ["--no-progress"] if args.no_progress else []
         if pretrain_cli.main(argv):
             raise RuntimeError(f"pretraining {cell} failed")
-    curve = read_curve(cell)
+    curve = read_series(cell)
     result = {
         "config": config,
         "seed": seed,

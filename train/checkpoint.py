@@ -167,6 +167,7 @@ def load(
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{cfg_file}: invalid JSON ({exc})") from exc
     config = XLNetConfig.from_hf_dict(config_json)
+    stored_match = config.question_match
     if config_overrides:
         config = config.replace(**config_overrides)
     state = _read_weights(path)
@@ -178,7 +179,7 @@ def load(
     new_state.pop("lm_loss.weight", None)  # tied to the word embedding
     missing, unexpected = model.load_state_dict(new_state, strict=False)
     missing = [k for k in missing if k != "lm_loss.weight"]
-    if not XLNetConfig.from_hf_dict(config_json).question_match:  # switched on now: starts at zero
+    if not stored_match:  # switched on by an override: starts at zero
         missing = [k for k in missing if k != "transformer.match_emb"]
     same_head = src_kind == dst_kind
     if strict:

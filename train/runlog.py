@@ -9,6 +9,13 @@ from pathlib import Path
 from typing import Any
 
 
+def read_series(run_dir: Path, key: str = "loss") -> list[tuple[int, float]]:
+    """(step, value) of every record of `run_dir/metrics.jsonl` that has `key`, for curves across runs."""
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    records = (json.loads(line) for line in lines if line.strip())
+    return [(r["step"], r[key]) for r in records if key in r]
+
+
 class MetricsLog:
     """Appends one JSON object per log step and redraws PNG plots of chosen series.
 

@@ -29,6 +29,7 @@ from train import synth as synth_cli
 from train import tokenizer as tokenizer_cli
 from train.cli import Parser, run
 from train.optim import OPTIMIZERS
+from train.runlog import read_series
 from train.squad import evaluate, load_dataset, read_squad, split_by_article, write_squad
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
@@ -276,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics = json.loads((ev / "metrics.json").read_text())
         metrics.update(span_quality(held_examples, json.loads((ev / "nbest.json").read_text())))
         rows.append((name, metrics))
-        curves[name] = training_losses(ft)
+        curves[name] = read_series(ft) if (ft / "metrics.jsonl").exists() else []
     baseline = no_answer_baseline(held_examples)
     write_report(
         out, args, rows, baseline, stages.seconds, len(read_squad(fit)), held_examples, honest_threshold
@@ -340,15 +341,6 @@ def write_report(out: Path, args, rows, baseline, seconds, n_fit: int, held_exam
         "",
     ]
     (out / "RESULTS.md").write_text("\n".join(text))
-
-
-def training_losses(run_dir: Path) -> list[tuple[int, float]]:
-    """(step, loss) of a fine-tuning run's log, for the learning curves."""
-    log = run_dir / "metrics.jsonl"
-    if not log.exists():
-        return []
-    records = (json.loads(line) for line in log.read_text().splitlines() if line.strip())
-    return [(r["step"], r["loss"]) for r in records if "loss" in r]
 
 
 def moving_mean(values: Sequence[float], window: int) -> list[float]:

@@ -32,6 +32,5 @@ def question_match(
     paragraph = ((token_type_ids == SEG_ID_PARAGRAPH) & valid).float()
     question = ((token_type_ids == SEG_ID_QUESTION) & valid).float()
     same = (input_ids[:, :, None] == input_ids[:, None, :]).float()  # [B, T, T]
-    in_question = torch.matmul(same, question[:, :, None]).squeeze(-1) > 0
-    in_paragraph = torch.matmul(same, paragraph[:, :, None]).squeeze(-1) > 0
-    return (paragraph * in_question.float()) + (question * in_paragraph.float())
+    found = torch.matmul(same, torch.stack([question, paragraph], dim=-1)) > 0  # [B, T, 2]: in Q, in P
+    return paragraph * found[..., 0].float() + question * found[..., 1].float()
