@@ -17,49 +17,15 @@ from pydantic import ValidationError
 
 from server.settings import ServerSettings
 
-# (flag, settings field, type, help); every flag defaults to None = "not given, keep env/default".
-_FLAGS: tuple[tuple[str, str, type, str], ...] = (
-    ("--model", "model", str, "export directory (onnx/trt) or checkpoint directory (torch)"),
-    ("--backend", "backend", str, "onnx | trt | torch"),
-    ("--model-name", "model_name", str, "name reported in responses"),
-    ("--host", "host", str, "bind address (default 127.0.0.1)"),
-    ("--port", "port", int, "port (default 8000; 0 = any free port)"),
-    ("--workers", "workers", int, "uvicorn worker processes (each loads the model)"),
-    ("--threads", "threads", int, "backend intra-op threads (default 1)"),
-    ("--inter-op-threads", "inter_op_threads", int, "backend inter-op threads (default 1)"),
-    ("--providers", "providers", str, "onnxruntime providers, comma-separated, or 'auto'"),
-    ("--max-batch-size", "max_batch_size", int, "most windows per backend call (1 = no batching)"),
-    (
-        "--max-batch-delay-ms",
-        "max_batch_delay_ms",
-        float,
-        "longest wait for a batch to fill (0 = never wait)",
-    ),
-    (
-        "--max-batch-padding",
-        "max_batch_padding",
-        float,
-        "most padding per batch, as a fraction of its real tokens (default 0.25)",
-    ),
-    ("--pad-multiple-of", "pad_multiple_of", int, "round padded lengths up to a multiple"),
-    ("--inference-workers", "inference_workers", int, "backend calls in flight at once"),
-    ("--max-context-chars", "max_context_chars", int, "longer contexts get 413"),
-    ("--max-question-chars", "max_question_chars", int, "longer questions get 413"),
-    ("--max-batch-items", "max_batch_items", int, "larger /answer/batch requests get 413"),
-    ("--max-queue", "max_queue", int, "questions waiting beyond this get 503 + Retry-After"),
-    ("--max-body-bytes", "max_body_bytes", int, "larger request bodies get 413"),
-    ("--request-timeout-s", "request_timeout_s", float, "queue + inference time before 504"),
-    ("--no-answer-threshold", "no_answer_threshold", float, "default threshold (else the model's)"),
-    ("--warmup-delay-s", "warmup_delay_s", float, "sleep before warm-up (testing /readyz)"),
-    ("--graceful-timeout-s", "graceful_timeout_s", float, "how long SIGTERM waits for in-flight requests"),
-    ("--log-level", "log_level", str, "critical | error | warning | info | debug"),
-)
-
 
 def build_parser() -> argparse.ArgumentParser:
+    """One flag per settings field (``max_queue`` -> ``--max-queue``), help from its description."""
     p = argparse.ArgumentParser(prog="python -m server", description="Serve an XLNet QA model over HTTP.")
-    for flag, dest, typ, text in _FLAGS:
-        p.add_argument(flag, dest=dest, type=typ, default=None, help=text)
+    for name, info in ServerSettings.model_fields.items():
+        default = "" if info.default is None else f" (default {info.default})"
+        text = (info.description or name.replace("_", " ")) + default
+        # Every value is parsed by the settings model (one set of rules and messages for flags and env).
+        p.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=text.replace("%", "%%"))
     return p
 
 

@@ -1,32 +1,39 @@
-"""Dynamic micro-batching: windows of concurrent questions share one backend call.
+"""Dynamic micro-batching with fair queueing: windows of concurrent requests share one backend call.
 
-A question is submitted as all of its windows (features). A collector task in the event loop takes
-the oldest waiting window, waits at most ``max_delay_s`` for the batch to fill up to ``max_batch_size``
-windows, pads the batch to its longest window (not to ``max_seq_len``) and runs the backend in a
-worker thread, so the event loop keeps accepting requests while the model runs (onnxruntime and
-torch release the GIL). While a batch runs, new windows queue up and form the next batch ("batch
-while busy"), which is where the throughput gain comes from.
+A request (one HTTP call: one question, or a batch of them) is submitted as all of its windows. A
+collector task in the event loop waits at most ``max_delay_s`` (counted from the first waiting
+request's arrival) for ``max_batch_size`` windows, pads the batch to its longest window (not to
+``max_seq_len``) and runs the backend in a worker thread, so the event loop keeps accepting requests
+while the model runs (onnxruntime and torch release the GIL). While a batch runs, new windows queue up
+and form the next batch ("batch while busy"), which is where the throughput gain comes from.
 
-Bucketing: the oldest waiting window always goes into the next batch (nothing starves), and the rest
-of the batch is the waiting windows closest to it in length among the next ``lookahead`` ones, so short
-questions are not padded to a long context's windows. A window joins only while the batch's padding
-stays within ``max_padding`` of its real tokens: on a compute-bound CPU a batch costs about what its
-windows cost one by one, so padding is pure loss; a window that would exceed the cap waits for the next
-call. (Measured on 2 cores: a single client's questions, whose short last window used to be padded to
-the full first one, were ~30% slower batched than unbatched; with the cap ~15%, the batching delay.) ``max_batch_size=1`` switches batching off;
-``max_delay_s=0`` only stops waiting (windows already queued are still grouped).
+Fairness: waiting requests sit in a ring, and a batch takes their windows round-robin, one window per
+request per round, so a request of one window is never stuck behind every window of a huge one.
+Requests that got a window into the batch move to the back of the ring; one that was skipped stays in
+front and starts the next batch (nothing starves). Forming a batch looks at most ``lookahead``
+requests, so queue housekeeping costs O(lookahead) per batch, independent of the queue length.
 
-Admission is bounded (``max_queue`` questions waiting): beyond it :class:`QueueFull` is raised
-immediately (the HTTP layer answers 503 + Retry-After) instead of letting latency grow without bound.
-A backend exception fails the questions of that batch only. ``drain()`` finishes everything already
-admitted (graceful shutdown).
+Padding: a window joins only while the batch's padding stays within ``max_padding`` of its real
+tokens: on a compute-bound CPU a batch costs about what its windows cost one by one, so padding is
+pure loss; a window that would exceed the cap waits for the next call. ``max_batch_size=1`` switches
+batching off; ``max_delay_s=0`` only stops waiting (windows already queued are still grouped).
+
+Admission is bounded in windows (``max_queue``): beyond it :class:`QueueFull` is raised at once (the
+HTTP layer answers 503 + Retry-After) instead of letting latency grow without bound. Windows of a
+question whose future is already done (client gone, deadline passed, another window failed) are
+dropped before inference. A backend exception or a non-finite output fails the questions of the
+affected windows only.
+
+Health: the watchdog marks the batcher unhealthy while a backend call runs longer than
+``watchdog_factor`` times its expected time (from the measured seconds per token, never below
+``watchdog_min_s``) and fails that call's questions; a crashed collector makes it unhealthy for good.
+``drain()`` finishes everything already admitted (graceful shutdown).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
 from collections import deque
@@ -45,15 +52,27 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 class QueueFull(RuntimeError):
-    """Too many questions are waiting; retry later."""
+    """Too many windows are waiting; retry later."""
 
 
 class BatcherClosed(RuntimeError):
     """The server is shutting down and accepts no new work."""
 
 
+class BatcherUnhealthy(RuntimeError):
+    """The collector crashed or a backend call hangs: no new work until it recovers (or a restart)."""
+
+
 class InferenceError(RuntimeError):
-    """The backend call that held this question's windows raised."""
+    """The backend call that held this question's windows raised (details are in the server log)."""
+
+
+class NonFiniteOutput(InferenceError):
+    """The backend returned NaN or infinity for one of this question's windows."""
+
+
+class BackendHung(BatcherUnhealthy):
+    """The backend call holding this question's windows exceeded the watchdog's limit."""
 
 
 @dataclass
@@ -65,6 +84,7 @@ class BatchStats:
     padding_ratio: float
     seconds: float
     failed: bool = False
+    non_finite: int = 0  # windows whose outputs were not finite
 
 
 @dataclass(eq=False)
@@ -75,14 +95,23 @@ class _Job:
     future: asyncio.Future
     enqueued: float
     rows: list[dict[str, np.ndarray] | None]
-    undispatched: int  # windows still in the queue
+    undispatched: int  # windows still counted in the queue
     remaining: int  # windows without outputs yet
     first_start: float | None = None
+    tag: str = ""  # the request id, for the log
 
     @property
     def dead(self) -> bool:
         """Failed, cancelled (client gone, timeout) or done: its remaining windows are skipped."""
         return self.future.done()
+
+
+@dataclass(eq=False)
+class _Request:
+    """The waiting windows of one submission, in order; the unit of round-robin fairness."""
+
+    windows: deque[tuple[_Job, int]]
+    enqueued: float
 
 
 @dataclass
@@ -94,22 +123,36 @@ class JobResult:
     inference_s: float
 
 
+@dataclass(eq=False)
+class _Call:
+    """A backend call in flight, for the watchdog."""
+
+    chosen: list[tuple[_Job, int]]
+    started: float
+    limit_s: float
+    hung: bool = False
+
+
 class MicroBatcher:
-    """Groups windows of concurrent questions into backend calls; see the module docstring."""
+    """Groups windows of concurrent requests into backend calls; see the module docstring."""
 
     def __init__(
         self,
         run: RunFn,
         max_batch_size: int = 8,
         max_delay_s: float = 0.002,
-        max_queue: int = 256,
+        max_queue: int = 1024,
         workers: int = 1,
         pad_multiple_of: int | None = None,
         min_length: int | None = None,
         lookahead: int | None = None,
         max_padding: float = 0.25,
+        watchdog_factor: float = 20.0,
+        watchdog_min_s: float = 5.0,
         on_batch: Callable[[BatchStats], None] | None = None,
         on_queue_depth: Callable[[int], None] | None = None,
+        on_dropped: Callable[[int], None] | None = None,
+        on_hang: Callable[[], None] | None = None,
     ) -> None:
         self._run = run
         self.max_batch_size = max_batch_size
@@ -119,59 +162,85 @@ class MicroBatcher:
         self.min_length = min_length  # e.g. a TensorRT profile's shortest sequence
         self.lookahead = lookahead if lookahead is not None else 4 * max_batch_size
         self.max_padding = max_padding  # padded tokens / real tokens - 1, at most
+        self.watchdog_factor = watchdog_factor
+        self.watchdog_min_s = watchdog_min_s
         self._on_batch = on_batch
         self._on_queue_depth = on_queue_depth
-        self._pending: deque[tuple[_Job, int]] = deque()  # (job, window index)
-        self._queued_jobs = 0  # admitted questions not yet fully dispatched
+        self._on_dropped = on_dropped
+        self._on_hang = on_hang
+        self._ring: deque[_Request] = deque()  # requests with windows waiting, round-robin order
+        self._waiting = 0  # windows of live questions not dispatched yet
         self._wakeup = asyncio.Event()
         self._slots = asyncio.Semaphore(workers)
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="inference")
         self._running: set[asyncio.Task] = set()
+        self._calls: set[_Call] = set()
+        self._seconds_per_token: float | None = None  # measured; sets the watchdog's expectation
         self._closed = False
+        self.crashed = False
         self._collector: asyncio.Task | None = None
+        self._watchdog: asyncio.Task | None = None
 
     # ---- public API ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the collector task (inside a running event loop)."""
+        """Start the collector and watchdog tasks (inside a running event loop)."""
         if self._collector is None:
-            self._collector = asyncio.get_running_loop().create_task(self._collect(), name="micro-batcher")
+            loop = asyncio.get_running_loop()
+            self._collector = loop.create_task(self._collect(), name="micro-batcher")
             self._collector.add_done_callback(self._collector_done)
+            self._watchdog = loop.create_task(self._watch(), name="batcher-watchdog")
 
     def _collector_done(self, task: asyncio.Task) -> None:
-        """If the collector ever dies, fail what is queued rather than leave requests hanging."""
+        """If the collector ever dies, fail what is queued and stay unhealthy (never a silent 503)."""
         if task.cancelled() or task.exception() is None:
             return
         logger.error("micro-batcher collector crashed", exc_info=task.exception())
-        self._closed = True
-        self._fail(list(self._pending), InferenceError(f"batcher crashed: {task.exception()!r}"))
+        self.crashed = True
+        error = BatcherUnhealthy("the micro-batcher crashed")
+        while self._ring:  # their callbacks bring the queue count down
+            for job, _ in self._ring.popleft().windows:
+                self._fail_job(job, error)
+
+    @property
+    def healthy(self) -> bool:
+        """False after a collector crash or while a backend call is overdue."""
+        return not self.crashed and not any(c.hung for c in self._calls)
 
     @property
     def queued(self) -> int:
-        """Questions admitted whose windows are not all dispatched yet."""
-        return self._queued_jobs
+        """Windows of live questions waiting for a backend call."""
+        return self._waiting
 
-    def submit_many(self, groups: Sequence[Sequence[Feature]]) -> list[asyncio.Future]:
-        """Admit several questions at once, all or none (a batch request is never half-queued).
+    def submit_many(self, groups: Sequence[Sequence[Feature]], tag: str = "") -> list[asyncio.Future]:
+        """Admit one request's questions at once, all or none (a batch request is never half-queued).
 
-        Returns one future per question resolving to a :class:`JobResult`. Raises QueueFull or
-        BatcherClosed without queueing anything.
+        Returns one future per question resolving to a :class:`JobResult`. Raises QueueFull,
+        BatcherClosed or BatcherUnhealthy without queueing anything.
         """
         if self._closed:
             raise BatcherClosed("the server is shutting down")
-        if self._queued_jobs + len(groups) > self.max_queue:
-            raise QueueFull(f"{self._queued_jobs} questions are waiting (limit {self.max_queue})")
+        if not self.healthy:
+            raise BatcherUnhealthy("the inference backend is unhealthy")
+        if any(not features for features in groups):
+            raise ValueError("a question needs at least one window")
+        n = sum(len(features) for features in groups)
+        if self._waiting + n > self.max_queue:
+            raise QueueFull(
+                f"{self._waiting} windows are waiting and this request has {n} (limit {self.max_queue})"
+            )
         loop = asyncio.get_running_loop()
         now = time.perf_counter()
+        request = _Request(deque(), now)
         futures = []
         for features in groups:
-            if not features:
-                raise ValueError("a question needs at least one window")
-            n = len(features)
-            job = _Job(features, loop.create_future(), now, [None] * n, undispatched=n, remaining=n)
-            self._pending.extend((job, i) for i in range(len(features)))
-            self._queued_jobs += 1
+            k = len(features)
+            job = _Job(features, loop.create_future(), now, [None] * k, undispatched=k, remaining=k, tag=tag)
+            job.future.add_done_callback(lambda _, job=job: self._forget(job))
+            request.windows.extend((job, i) for i in range(k))
             futures.append(job.future)
+        self._ring.append(request)
+        self._waiting += n
         self._depth_changed()
         self._wakeup.set()
         return futures
@@ -182,25 +251,54 @@ class MicroBatcher:
         return await future
 
     async def drain(self, timeout: float | None = None) -> None:
-        """Refuse new work, finish all admitted work, stop the collector and the threads."""
+        """Refuse new work, finish admitted work (at most ``timeout`` s), stop the tasks and threads."""
         self._closed = True
         self._wakeup.set()
         if self._collector is not None:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self._collector), timeout)
             self._collector.cancel()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        error = BatcherClosed("the server shut down before this question was answered")
+        for request in self._ring:
+            for job, _ in request.windows:
+                self._fail_job(job, error)
+        for call in self._calls:
+            for job, _ in call.chosen:
+                self._fail_job(job, error)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    # ---- collector ------------------------------------------------------------------------------
+    # ---- queue bookkeeping --------------------------------------------------------------------
 
     def _depth_changed(self) -> None:
         if self._on_queue_depth is not None:
-            self._on_queue_depth(len(self._pending))
+            self._on_queue_depth(self._waiting)
+
+    def _forget(self, job: _Job) -> None:
+        """A question died (cancelled, timed out, failed): its queued windows stop counting at once and
+        are discarded when the ring reaches them. (An answered question has none left.)"""
+        if job.undispatched:
+            if self._on_dropped is not None:
+                self._on_dropped(job.undispatched)
+            self._waiting -= job.undispatched
+            job.undispatched = 0
+            self._depth_changed()
+
+    def _next_live(self, request: _Request) -> tuple[_Job, int] | None:
+        """Pop ``request``'s next window of a live question (dead ones are discarded on the way)."""
+        while request.windows:
+            job, i = request.windows.popleft()
+            if not job.dead:
+                return job, i
+        return None
+
+    # ---- collector ------------------------------------------------------------------------------
 
     async def _collect(self) -> None:
         while True:
-            self._purge_dead()
-            if not self._pending:
+            if not self._waiting:
+                self._ring.clear()  # only windows of dead questions can be left
                 if self._closed and not self._running:
                     return
                 self._wakeup.clear()
@@ -215,100 +313,116 @@ class MicroBatcher:
             except BaseException:
                 self._slots.release()
                 raise
-            if not batch:
+            if not batch:  # only windows of dead questions were left: let their callbacks run
                 self._slots.release()
+                await asyncio.sleep(0)
                 continue
             task = asyncio.get_running_loop().create_task(self._execute(batch))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
-    def _purge_dead(self) -> None:
-        """Forget queued windows of questions that already failed or were cancelled."""
-        if any(job.dead for job, _ in self._pending):
-            alive: deque[tuple[_Job, int]] = deque()
-            for item in self._pending:
-                if item[0].dead:
-                    self._leave_queue(item[0])
-                else:
-                    alive.append(item)
-            self._pending = alive
-            self._depth_changed()
-
-    def _leave_queue(self, job: _Job) -> None:
-        """One window of ``job`` left the queue; the question stops counting once all of them have."""
-        job.undispatched -= 1
-        if job.undispatched == 0:
-            self._queued_jobs -= 1
+    async def _wait_for_fill(self) -> None:
+        """Wait up to max_delay, counted from the first waiting request's arrival, for a full batch."""
+        if self.max_batch_size <= 1 or self.max_delay_s <= 0 or not self._ring:
+            return
+        deadline = self._ring[0].enqueued + self.max_delay_s
+        while self._waiting < self.max_batch_size and not self._closed:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return
+            self._wakeup.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), left)
 
     async def _form_batch(self) -> list[tuple[_Job, int]]:
-        """Wait up to max_delay for max_batch_size windows, then pick them (oldest first, then closest lengths)."""
-        if self.max_batch_size > 1 and self.max_delay_s > 0 and len(self._pending) < self.max_batch_size:
-            # The delay counts from the oldest window's arrival: one that already waited (behind a running
-            # batch, or left out of the last one by the padding cap) does not wait again.
-            deadline = self._pending[0][0].enqueued + self.max_delay_s
-            while len(self._pending) < self.max_batch_size and not self._closed:
-                left = deadline - time.perf_counter()
-                if left <= 0:
-                    break
-                self._wakeup.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), left)
-        self._purge_dead()
-        if not self._pending:
-            return []
-        head = self._pending.popleft()
-        chosen = [head]
-        if self.max_batch_size > 1 and self._pending:
-            window = min(len(self._pending), self.lookahead)
-            target = len(head[0].features[head[1]])
-            lengths = [len(job.features[i]) for job, i in itertools.islice(self._pending, window)]
-            closest = sorted(range(window), key=lambda k: (abs(lengths[k] - target), k))
-            picked = self._within_padding(target, [(k, lengths[k]) for k in closest])
-            chosen += [self._pending[k] for k in sorted(picked)]
-            self._pending = deque(x for k, x in enumerate(self._pending) if k not in picked)
+        """Take windows round-robin from the first ``lookahead`` requests, within the padding cap."""
+        await self._wait_for_fill()
+        visited: list[_Request] = []
+        while self._ring and len(visited) < self.lookahead:
+            visited.append(self._ring.popleft())
+        chosen: list[tuple[_Job, int]] = []
+        served: set[int] = set()
+        blocked: set[int] = set()
+        longest = real = 0
+        progress = True
+        while progress and len(chosen) < self.max_batch_size:
+            progress = False
+            for k, request in enumerate(visited):
+                if k in blocked or len(chosen) == self.max_batch_size:
+                    continue
+                item = self._next_live(request)
+                if item is None:
+                    blocked.add(k)
+                    continue
+                length = len(item[0].features[item[1]])
+                wider = max(longest, length)
+                if chosen and wider * (len(chosen) + 1) > (1 + self.max_padding) * (real + length):
+                    request.windows.appendleft(item)  # too much padding: it leads a later batch
+                    blocked.add(k)
+                    continue
+                chosen.append(item)
+                served.add(k)
+                longest, real = wider, real + length
+                progress = True
+        # Skipped requests keep their place in front; served ones go to the back (round-robin).
+        front = [r for k, r in enumerate(visited) if k not in served and r.windows]
+        back = [r for k, r in enumerate(visited) if k in served and r.windows]
+        self._ring.extendleft(reversed(front))
+        self._ring.extend(back)
         now = time.perf_counter()
         for job, _ in chosen:
             if job.first_start is None:
                 job.first_start = now
-            self._leave_queue(job)
+            job.undispatched -= 1
+            self._waiting -= 1
         self._depth_changed()
         return chosen
 
-    def _within_padding(self, first: int, candidates: list[tuple[int, int]]) -> set[int]:
-        """Of (index, length) candidates, closest length first, those that join a batch starting with a
-        window of `first` tokens while it has room and its padding stays within max_padding."""
-        picked: set[int] = set()
-        longest, real = first, first
-        for k, length in candidates:
-            if len(picked) == self.max_batch_size - 1:
-                break
-            wider = max(longest, length)
-            if wider * (len(picked) + 2) <= (1 + self.max_padding) * (real + length):
-                picked.add(k)
-                longest, real = wider, real + length
-        return picked
+    def _expected_seconds(self, tokens: int) -> float:
+        """How long a call of ``tokens`` padded tokens may take before the watchdog calls it hung (the
+        first call, which measures the speed, has no limit: a hang there keeps the server not ready)."""
+        if self._seconds_per_token is None:
+            return float("inf")
+        return max(self.watchdog_min_s, self.watchdog_factor * self._seconds_per_token * tokens)
 
     async def _execute(self, chosen: list[tuple[_Job, int]]) -> None:
         start = time.perf_counter()
         batch: dict[str, np.ndarray] | None = None
+        call: _Call | None = None
         try:
             features = [job.features[i] for job, i in chosen]
             pad_to = max(self.min_length, max(len(f) for f in features)) if self.min_length else None
             batch = pad_batch(features, pad_to=pad_to, multiple_of=self.pad_multiple_of)
             inputs = {k: batch[k] for k in MODEL_INPUTS}
+            call = _Call(chosen, start, self._expected_seconds(int(inputs["input_ids"].size)))
+            self._calls.add(call)
             outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self._run, inputs)
-        except Exception as exc:  # noqa: BLE001 - any backend failure fails this batch only
-            logger.exception("backend call failed for a batch of %d windows", len(chosen))
-            self._fail(chosen, InferenceError(f"inference failed: {type(exc).__name__}: {exc}"))
+        except Exception:  # noqa: BLE001 - any backend failure fails this batch only
+            tags = sorted({job.tag for job, _ in chosen})
+            logger.exception("backend call failed for a batch of %d windows (requests %s)", len(chosen), tags)
+            self._fail(chosen, InferenceError("the inference backend failed on this request's batch"))
             self._stats(batch, len(chosen), time.perf_counter() - start, failed=True)
             return
         finally:
+            if call is not None:
+                self._calls.discard(call)
             self._slots.release()
             self._wakeup.set()
         end = time.perf_counter()
-        self._stats(batch, len(chosen), end - start)
+        if call.hung:
+            logger.warning("a backend call the watchdog had given up on returned after %.1f s", end - start)
+        else:
+            self._learn_speed(end - start, int(batch["input_ids"].size))
+        finite = _finite_rows(outputs, len(chosen))
+        self._stats(batch, len(chosen), end - start, non_finite=int((~finite).sum()))
         for row, (job, i) in enumerate(chosen):
             if job.dead:
+                continue
+            if not finite[row]:
+                logger.error("non-finite backend output for window %d of request %s", i, job.tag)
+                self._fail_job(
+                    job, NonFiniteOutput("the model produced a non-finite output for this question")
+                )
                 continue
             job.rows[i] = {name: value[row] for name, value in outputs.items()}
             job.remaining -= 1
@@ -316,17 +430,62 @@ class MicroBatcher:
                 first = job.first_start if job.first_start is not None else end
                 job.future.set_result(JobResult(job.rows, first - job.enqueued, end - first))  # type: ignore[arg-type]
 
-    @staticmethod
-    def _fail(chosen: list[tuple[_Job, int]], error: Exception) -> None:
+    def _learn_speed(self, seconds: float, tokens: int) -> None:
+        """Seconds per padded token, a slowly moving average (one slow call barely moves it)."""
+        if tokens <= 0:
+            return
+        rate = seconds / tokens
+        old = self._seconds_per_token
+        self._seconds_per_token = rate if old is None else 0.9 * old + 0.1 * rate
+
+    # ---- watchdog -------------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        interval = max(0.05, min(0.5, self.watchdog_min_s / 4))
+        while True:
+            await asyncio.sleep(interval)
+            now = time.perf_counter()
+            for call in list(self._calls):
+                if not call.hung and now - call.started > call.limit_s:
+                    call.hung = True
+                    logger.error(
+                        "backend call of %d windows still running after %.1f s (limit %.1f s): unhealthy",
+                        len(call.chosen), now - call.started, call.limit_s,
+                    )  # fmt: skip
+                    self._fail(call.chosen, BackendHung("the inference backend stopped responding"))
+                    if self._on_hang is not None:
+                        self._on_hang()
+
+    # ---- failures and stats ---------------------------------------------------------------------
+
+    def _fail_job(self, job: _Job, error: Exception) -> None:
+        if not job.dead:
+            job.future.set_exception(error)
+            job.future.exception()  # retrieved: a question nobody awaits any more is not "never retrieved"
+
+    def _fail(self, chosen: list[tuple[_Job, int]], error: Exception) -> None:
         for job, _ in chosen:
-            if not job.dead:
-                job.future.set_exception(error)
+            self._fail_job(job, error)
 
     def _stats(
-        self, batch: dict[str, np.ndarray] | None, size: int, seconds: float, failed: bool = False
+        self,
+        batch: dict[str, np.ndarray] | None,
+        size: int,
+        seconds: float,
+        failed: bool = False,
+        non_finite: int = 0,
     ) -> None:
         if self._on_batch is None or batch is None:
             return
         mask = batch["attention_mask"]
         ratio = 1.0 - float(mask.sum()) / float(mask.size) if mask.size else 0.0
-        self._on_batch(BatchStats(size, int(mask.shape[1]), ratio, seconds, failed))
+        self._on_batch(BatchStats(size, int(mask.shape[1]), ratio, seconds, failed, non_finite))
+
+
+def _finite_rows(outputs: Mapping[str, np.ndarray], rows: int) -> np.ndarray:
+    """Per batch row: are all of its floating-point outputs finite?"""
+    ok = np.ones(rows, dtype=bool)
+    for value in outputs.values():
+        if np.issubdtype(value.dtype, np.floating):
+            ok &= np.isfinite(value.reshape(rows, -1)).all(axis=1)
+    return ok

@@ -1,20 +1,30 @@
-"""Every error the API returns is JSON ``{"error": kind, "message": text}`` (+ ``details`` for 422).
+"""Every error the API returns is JSON ``{"error": kind, "message": text, "request_id": id}`` (+
+``details`` for 422).
 
-Status codes: 400 body not JSON / not UTF-8; 413 context, question, batch or body over the limits;
-415 Content-Type not JSON; 422 wrong types, unknown fields, empty question, out-of-range values;
-500 the backend call holding the request failed; 503 (+ Retry-After) not ready, overloaded or
-shutting down; 504 no answer within ``request_timeout_s``. Framework errors (404, 405, FastAPI's
-validation and body-parsing errors) are translated here into the same shape.
+Status codes: 400 body not JSON / not UTF-8; 413 over a size or work limit; 415 Content-Type not JSON;
+422 wrong types, unknown fields, a question or context without tokens, out-of-range values; 500 the
+backend call holding the request failed or gave a non-finite output; 503 (+ Retry-After) not ready,
+unhealthy, overloaded or shutting down; 504 no answer within ``request_timeout_s``. Framework errors
+(404, 405, FastAPI's validation and body-parsing errors) are translated here into the same shape.
+
+Bodies are bounded: at most ``MAX_DETAILS`` validation entries (each cut to ``MAX_TEXT`` characters)
+plus the count of the rest, so an error is never much larger than the request that caused it.
+Exception text and file paths go to the log under the request id (``X-Request-ID``, taken from the
+request when it is a short token, else generated), never to the client.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import uuid
+from contextvars import ContextVar
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -23,6 +33,49 @@ from server.schemas import ErrorResponse
 from server.settings import ServerSettings
 
 logger = logging.getLogger("server")
+
+MAX_DETAILS = 5
+MAX_TEXT = 200
+REQUEST_ID_HEADER = "X-Request-ID"
+_CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
+
+
+class RequestIdFilter(logging.Filter):
+    """Adds ``record.request_id`` (the request being handled, or "-") to every log record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = request_id_var.get()
+        return True
+
+
+class RequestIdMiddleware:
+    """Gives every request an id: in the log context, in error bodies and in the X-Request-ID header."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope.get("headers") or []).get(REQUEST_ID_HEADER.lower().encode(), b"")
+        given_text = given.decode("latin-1")
+        request_id = given_text if _CLIENT_ID.fullmatch(given_text) else uuid.uuid4().hex
+        request_id_var.set(request_id)  # each request runs in its own task, hence its own context
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                if REQUEST_ID_HEADER not in headers:
+                    headers.append(REQUEST_ID_HEADER, request_id)
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def _cut(text: str, limit: int = MAX_TEXT) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -97,22 +150,35 @@ class BodyLimitMiddleware:
 
 def error_response(metrics: Metrics, status: int, kind: str, message: str, **extra: Any) -> JSONResponse:
     metrics.errors.labels(kind).inc()
-    headers = extra.pop("headers", None)
-    body = ErrorResponse(error=kind, message=message, **extra).model_dump(exclude_none=True)
-    return JSONResponse(body, status_code=status, headers=headers)
+    request_id = request_id_var.get()
+    headers = {**(extra.pop("headers", None) or {}), REQUEST_ID_HEADER: request_id}
+    body = ErrorResponse(error=kind, message=message, request_id=request_id, **extra)
+    return JSONResponse(body.model_dump(exclude_none=True), status_code=status, headers=headers)
 
 
 def _msg(error: dict[str, Any]) -> str:
-    return str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    return _cut(str(error.get("msg", "invalid")).removeprefix("Value error, "))
+
+
+def _loc(error: dict[str, Any]) -> str:
+    return _cut(".".join(str(x) for x in error.get("loc", ()) if x != "body") or "body", 100)
 
 
 def _validation_message(errors: list[dict[str, Any]]) -> str:
-    parts = []
-    for e in errors[:5]:
-        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
-        parts.append(f"{loc}: {_msg(e)}")
-    more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
+    parts = [f"{_loc(e)}: {_msg(e)}" for e in errors[:MAX_DETAILS]]
+    more = f" (+{len(errors) - MAX_DETAILS} more)" if len(errors) > MAX_DETAILS else ""
     return "; ".join(parts) + more
+
+
+def _details(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "loc": [_cut(str(x), 100) for x in e.get("loc", ())][:10],
+            "msg": _msg(e),
+            "type": _cut(str(e.get("type"))),
+        }
+        for e in errors[:MAX_DETAILS]
+    ]
 
 
 def install_error_handlers(app: FastAPI, metrics: Metrics, settings: ServerSettings) -> None:
@@ -138,8 +204,15 @@ def install_error_handlers(app: FastAPI, metrics: Metrics, settings: ServerSetti
                 "unsupported_media_type",
                 f"Content-Type must be application/json, got {content_type!r}",
             )
-        details = [{"loc": list(e.get("loc", ())), "msg": _msg(e), "type": e.get("type")} for e in errors]
-        return error_response(metrics, 422, "validation_error", _validation_message(errors), details=details)
+        if first.get("type") == "too_long" and tuple(first.get("loc", ())) == ("body", "items"):
+            n = (first.get("ctx") or {}).get("actual_length", "more")
+            message = f"the batch has {n} items; the limit is {settings.max_batch_items} (max_batch_items)"
+            return error_response(metrics, 413, "too_many_items", message)
+        omitted = max(0, len(errors) - MAX_DETAILS) or None
+        return error_response(
+            metrics, 422, "validation_error", _validation_message(errors),
+            details=_details(errors), details_omitted=omitted,
+        )  # fmt: skip
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -156,11 +229,11 @@ def install_error_handlers(app: FastAPI, metrics: Metrics, settings: ServerSetti
             metrics,
             exc.status_code,
             kinds.get(exc.status_code, "http_error"),
-            str(exc.detail),
+            _cut(str(exc.detail)),
             headers=exc.headers,
         )
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error")
-        return error_response(metrics, 500, "internal_error", f"internal error: {type(exc).__name__}")
+        return error_response(metrics, 500, "internal_error", "internal error; see the server log")

@@ -66,6 +66,20 @@ class Metrics:
             "xlnetqa_inference_seconds", "Backend call duration", buckets=_LATENCY_BUCKETS, registry=r
         )
         self.batch_failures = Counter("xlnetqa_batch_failures", "Backend calls that raised", registry=r)
+        self.non_finite = Counter(
+            "xlnetqa_non_finite_outputs", "Windows whose model outputs were NaN or infinite", registry=r
+        )
+        self.backend_hangs = Counter(
+            "xlnetqa_backend_hangs", "Backend calls the watchdog declared hung", registry=r
+        )
+        self.dropped_windows = Counter(
+            "xlnetqa_dropped_windows",
+            "Queued windows dropped before inference (client gone, deadline passed, question failed)",
+            registry=r,
+        )
+        self.disconnects = Counter(
+            "xlnetqa_client_disconnects", "Requests whose client disconnected before the answer", registry=r
+        )
         self.queue_depth = Gauge("xlnetqa_queue_depth", "Windows waiting for a backend call", registry=r)
         self.ready = Gauge("xlnetqa_ready", "1 once the model is loaded and warmed up", registry=r)
         self.model_info = Gauge(

@@ -1,21 +1,29 @@
-"""One question's path through the server: featurize -> micro-batcher (backend) -> decode.
+"""One request's path through the server: limits -> featurize -> micro-batcher (backend) -> decode.
 
 Featurizing and decoding are the same torch-free functions evaluation uses (``train.squad``), so an
 answer from the server is exactly the answer ``featurize_one`` + ``decode`` give in-process.
+
+Work is bounded before it is done: the characters the tokenizer will read (after NFKD, which can
+expand one character into 18) are counted first, in C and with an early exit; the tokens next; the
+windows last, before any of them is queued. Every limit counts the whole request (a batch sums its
+items). Featurizing happens inside the request's deadline, in a thread of its own for long inputs, and
+is skipped when the request gave up while it waited for that thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import unicodedata
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from server.batching import JobResult, MicroBatcher
 from server.model_spec import ModelSpec
-from train.squad import Feature, Prediction, decode, decode_beam, featurize_one, simple_null_logit
+from train.squad import Feature, Prediction, decode, decode_beam, featurize_encoded, simple_null_logit
 from train.squad.features import TokenizerLike
 
 # Below this many characters featurizing/decoding inline is cheaper than a thread hop; above it,
@@ -24,7 +32,44 @@ _INLINE_CHARS = 2000
 
 
 class RequestTimeout(RuntimeError):
-    """Queue + inference took longer than ``request_timeout_s``."""
+    """Featurizing + queue + inference took longer than ``request_timeout_s``."""
+
+
+class RejectedInput(ValueError):
+    """The request is unanswerable as sent: too much work (``too_large``) or no tokens to read."""
+
+    def __init__(self, kind: str, message: str, too_large: bool) -> None:
+        super().__init__(message)
+        self.kind, self.message, self.too_large = kind, message, too_large
+
+
+@dataclass(frozen=True)
+class WorkLimits:
+    """Most work one request may ask for, summed over its questions (see server.settings)."""
+
+    max_normalized_chars: int = 65536
+    max_tokens: int = 16384
+    max_windows: int = 128
+
+
+def normalized_length(text: str) -> int:
+    """Characters the tokenizer reads: NFKD expands ligatures and compatibility characters."""
+    return len(text) if text.isascii() else len(unicodedata.normalize("NFKD", text))
+
+
+def _covers_text(offsets: Sequence[tuple[int, int]]) -> bool:
+    """Does any token stand for a character? (A bare word-start marker or nothing at all does not.)"""
+    return any(end > start for start, end in offsets)
+
+
+def _where(items: Sequence, i: int) -> str:
+    return f"items[{i}]." if len(items) > 1 else ""
+
+
+def _too_large(kind: str, what: str, measured: int, partial: bool, limit: int, setting: str) -> RejectedInput:
+    """413 text naming the limit and what was measured (a lower bound when counting stopped early)."""
+    amount = f"at least {measured}" if partial else str(measured)
+    return RejectedInput(kind, f"the request has {amount} {what}; the limit is {limit} ({setting})", True)
 
 
 @dataclass(frozen=True)
@@ -87,6 +132,7 @@ class QAPipeline:
         n_best_pool: int = 20,
         threshold: float | None = None,
         timeout_s: float = 30.0,
+        limits: WorkLimits | None = None,
     ) -> None:
         self.spec = spec
         self.tokenizer = tokenizer
@@ -94,18 +140,78 @@ class QAPipeline:
         self.n_best_pool = n_best_pool
         self.threshold = spec.no_answer_threshold if threshold is None else threshold
         self.timeout_s = timeout_s
+        self.limits = limits or WorkLimits()
+        # One thread: long inputs are tokenized one at a time, so a flood of them cannot take every core.
+        self._featurizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="featurize")
 
-    def featurize(self, question: str, context: str) -> list[Feature]:
-        s = self.spec
-        return featurize_one(question, context, self.tokenizer, s.max_seq_len, s.doc_stride, s.max_query_len)
+    def close(self) -> None:
+        self._featurizer.shutdown(wait=False, cancel_futures=True)
 
-    def _featurize_all(self, items: Sequence[Question]) -> tuple[list[list[Feature]], list[float]]:
-        groups, times = [], []
-        for q in items:
+    def check_text_size(self, items: Sequence[Question]) -> None:
+        """The cheap check, before any tokenizing: characters after normalisation, summed."""
+        limit, total = self.limits.max_normalized_chars, 0
+        for i, q in enumerate(items):
+            total += normalized_length(q.question) + normalized_length(q.context)
+            if total > limit:
+                raise _too_large(
+                    "too_many_characters", "characters after Unicode normalisation (NFKD)", total,
+                    i < len(items) - 1, limit, "max_normalized_chars",
+                )  # fmt: skip
+
+    def featurize_checked(self, items: Sequence[Question]) -> tuple[list[list[Feature]], list[float]]:
+        """Windows of every question, refusing (RejectedInput) empty texts, too many tokens or windows."""
+        s, limits = self.spec, self.limits
+        encoded, seconds, tokens = [], [], 0
+        for i, q in enumerate(items):
             t = time.perf_counter()
-            groups.append(self.featurize(q.question, q.context))
-            times.append((time.perf_counter() - t) * 1000)
-        return groups, times
+            question_ids, question_offsets = self.tokenizer.encode_with_offsets(q.question)
+            n_question = len(question_ids)
+            if not _covers_text(question_offsets):
+                message = f"{_where(items, i)}question has no tokens after normalisation"
+                raise RejectedInput("empty_question", message, too_large=False)
+            ids, offsets = self.tokenizer.encode_with_offsets(q.context)
+            if not _covers_text(offsets):
+                message = f"{_where(items, i)}context has no tokens after normalisation"
+                raise RejectedInput("empty_context", message, too_large=False)
+            tokens += n_question + len(ids)
+            if tokens > limits.max_tokens:
+                last = i == len(items) - 1
+                raise _too_large(
+                    "too_many_tokens", "tokens", tokens, not last, limits.max_tokens, "max_request_tokens"
+                )
+            encoded.append((ids, offsets))
+            seconds.append(time.perf_counter() - t)
+        groups, windows = [], 0
+        for i, (q, (ids, offsets)) in enumerate(zip(items, encoded, strict=True)):
+            t = time.perf_counter()
+            features = featurize_encoded(
+                q.question, ids, offsets, self.tokenizer, s.max_seq_len, s.doc_stride, s.max_query_len
+            )
+            windows += len(features)
+            if windows > limits.max_windows:
+                raise _too_large(
+                    "too_many_windows", f"windows of {s.max_seq_len} tokens", windows, i < len(items) - 1,
+                    limits.max_windows, "max_request_windows",
+                )  # fmt: skip
+            groups.append(features)
+            seconds[i] += time.perf_counter() - t
+        return groups, [x * 1000 for x in seconds]
+
+    async def _featurize(self, items: Sequence[Question]) -> tuple[list[list[Feature]], list[float]]:
+        if sum(len(q.context) + len(q.question) for q in items) <= _INLINE_CHARS:
+            return self.featurize_checked(items)
+        given_up = False
+
+        def work() -> tuple[list[list[Feature]], list[float]] | None:
+            return None if given_up else self.featurize_checked(items)
+
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(self._featurizer, work)
+        except asyncio.CancelledError:
+            given_up = True  # still waiting for the thread: it skips this request
+            raise
+        assert result is not None
+        return result
 
     def _decode_all(
         self, items: Sequence[Question], groups: Sequence[Sequence[Feature]], results: Sequence[JobResult]
@@ -127,27 +233,28 @@ class QAPipeline:
             times.append((time.perf_counter() - t) * 1000)
         return preds, times
 
-    async def answer_many(self, items: Sequence[Question]) -> list[Answered]:
-        """Answer several questions; their windows are queued together (all admitted or none).
+    async def answer_many(self, items: Sequence[Question], tag: str = "") -> list[Answered]:
+        """Answer one request's questions; their windows are queued together (all admitted or none).
 
-        Raises QueueFull/BatcherClosed (nothing queued), InferenceError (a batch holding one of
-        them failed) or RequestTimeout.
+        Raises RejectedInput (nothing queued), QueueFull/BatcherClosed/BatcherUnhealthy (nothing
+        queued), InferenceError (a batch holding one of them failed) or RequestTimeout. Cancelling it
+        (client gone) drops its windows that are still queued.
         """
         t0 = time.perf_counter()
-        inline = sum(len(q.context) + len(q.question) for q in items) <= _INLINE_CHARS
-        if inline:
-            groups, feat_ms = self._featurize_all(items)
-        else:
-            groups, feat_ms = await asyncio.to_thread(self._featurize_all, items)
-        futures = self.batcher.submit_many(groups)
+        self.check_text_size(items)
+        futures: list[asyncio.Future] = []
         try:
-            results: list[JobResult] = await asyncio.wait_for(asyncio.gather(*futures), self.timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.timeout_s):
+                groups, feat_ms = await self._featurize(items)
+                futures = self.batcher.submit_many(groups, tag=tag)
+                results: list[JobResult] = await asyncio.gather(*futures)
+        except TimeoutError:
             raise RequestTimeout(f"no answer within {self.timeout_s:g} s (server overloaded)") from None
         finally:
             for f in futures:  # on any failure, stop the other questions' queued windows
                 if not f.done():
                     f.cancel()
+        inline = sum(len(q.context) + len(q.question) for q in items) <= _INLINE_CHARS
         if inline:
             preds, dec_ms = self._decode_all(items, groups, results)
         else:

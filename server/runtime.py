@@ -3,13 +3,18 @@
 The server listens while the model loads, so ``/healthz`` answers at once and ``/readyz`` stays 503
 until the model is loaded *and* has answered a dummy request through the whole path (load balancers
 only route to warm replicas). On shutdown the micro-batcher is drained, so every admitted question is
-still answered.
+still answered, within what is left of one graceful timeout.
+
+States: starting -> loading -> warming -> ready -> stopping; ``failed`` when loading failed and
+``unhealthy`` while the batcher has crashed or a backend call hangs. Live (``/healthz`` 200) in every
+state but those two, so an orchestrator restarts a replica that cannot recover by itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from server.backends import Backend
@@ -17,7 +22,7 @@ from server.batching import BatchStats, MicroBatcher
 from server.errors import ApiError
 from server.metrics import Metrics
 from server.model_spec import ModelSpec
-from server.pipeline import QAPipeline, Question
+from server.pipeline import QAPipeline, Question, WorkLimits
 from server.settings import ServerSettings
 from train.tokenizer import XLNetTokenizer
 
@@ -42,8 +47,8 @@ class Runtime:
         self.metrics = metrics
         self.backend_factory = backend_factory
         self.on_fatal = on_fatal
-        self.state = "starting"
-        self.error: str | None = None
+        self._state = "starting"
+        self.error: str | None = None  # for the log only: it may hold paths and exception text
         self.backend: Backend | None = None
         self.pipeline: QAPipeline | None = None
         self.batcher: MicroBatcher | None = None
@@ -51,9 +56,27 @@ class Runtime:
         self.max_batch_size = min(settings.max_batch_size, spec.max_batch_size or settings.max_batch_size)
         self.name = settings.model_name or spec.name
 
+        self._shutdown_started: float | None = None
+
+    @property
+    def state(self) -> str:
+        if self._state in ("ready", "warming") and self.batcher is not None and not self.batcher.healthy:
+            return "unhealthy"
+        return self._state
+
     @property
     def ready(self) -> bool:
         return self.state == "ready"
+
+    @property
+    def live(self) -> bool:
+        """False when only a restart helps: the model failed to load or the backend is unhealthy."""
+        return self.state not in ("failed", "unhealthy")
+
+    def begin_shutdown(self) -> None:
+        """The moment shutdown began (SIGTERM): waiting for requests and draining share one timeout."""
+        if self._shutdown_started is None:
+            self._shutdown_started = time.monotonic()
 
     async def start(self) -> None:
         s = self.settings
@@ -66,8 +89,12 @@ class Runtime:
             pad_multiple_of=s.pad_multiple_of,
             max_padding=s.max_batch_padding,
             min_length=self.spec.min_engine_seq_len,
+            watchdog_factor=s.watchdog_factor,
+            watchdog_min_s=s.watchdog_min_s,
             on_batch=self._on_batch,
             on_queue_depth=self.metrics.queue_depth.set,
+            on_dropped=self.metrics.dropped_windows.inc,
+            on_hang=self.metrics.backend_hangs.inc,
         )
         self.batcher.start()
         self._loader = asyncio.get_running_loop().create_task(self._load(), name="model-loader")
@@ -84,11 +111,13 @@ class Runtime:
         m.inference_time.observe(stats.seconds)
         if stats.failed:
             m.batch_failures.inc()
+        if stats.non_finite:
+            m.non_finite.inc(stats.non_finite)
 
     async def _load(self) -> None:
         s, spec = self.settings, self.spec
         try:
-            self.state = "loading"
+            self._state = "loading"
             tokenizer = await asyncio.to_thread(XLNetTokenizer.from_dir, spec.tokenizer_dir)
             self.backend = await asyncio.to_thread(self.backend_factory, spec, s)
             assert self.batcher is not None
@@ -99,48 +128,53 @@ class Runtime:
                 n_best_pool=s.n_best_pool,
                 threshold=s.no_answer_threshold,
                 timeout_s=s.request_timeout_s,
+                limits=WorkLimits(s.max_normalized_chars, s.max_request_tokens, s.max_request_windows),
             )
-            self.state = "warming"
+            self._state = "warming"
             if s.warmup_delay_s:
                 await asyncio.sleep(s.warmup_delay_s)
             lengths = tuple(sorted({max(16, spec.min_engine_seq_len or 0), spec.max_seq_len}))
             await asyncio.to_thread(self.backend.warmup, lengths, tuple(sorted({1, self.max_batch_size})))
             await self.pipeline.answer(Question("What is warmed up?", "The model is warmed up. " * 8))
-            self.state = "ready"
+            self._state = "ready"
             self.metrics.ready.set(1)
             runtime = self.backend.describe()
             logger.info("model %s ready: backend %s, head %s", self.name, runtime, spec.head)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - report any load failure, then stop the server
-            self.state = "failed"
+            self._state = "failed"
             self.error = f"{type(exc).__name__}: {exc}"
-            logger.error("model failed to load: %s", self.error)
+            logger.error("model failed to load: %s", self.error, exc_info=exc)
             if self.on_fatal is not None:
                 self.on_fatal()
 
     async def stop(self) -> None:
         """Refuse new work and finish what was admitted (uvicorn already waited for open requests)."""
-        if self.ready:
-            self.state = "stopping"
+        self.begin_shutdown()
+        if self._state == "ready":
+            self._state = "stopping"
         self.metrics.ready.set(0)
         if self._loader is not None and not self._loader.done():
             self._loader.cancel()
         if self.batcher is not None:
-            await self.batcher.drain(timeout=self.settings.graceful_timeout_s)
+            assert self._shutdown_started is not None
+            left = self.settings.graceful_timeout_s - (time.monotonic() - self._shutdown_started)
+            await self.batcher.drain(timeout=max(0.0, left))
+        if self.pipeline is not None:
+            self.pipeline.close()
         if self.backend is not None:
             self.backend.close()
 
     def require_ready(self) -> QAPipeline:
-        if not self.ready or self.pipeline is None:
-            retry = str(self.settings.retry_after_s)
-            if self.state == "failed":
-                raise ApiError(
-                    503, "model_failed", f"the model failed to load: {self.error}", {"Retry-After": retry}
-                )
-            if self.state == "stopping":
-                raise ApiError(503, "shutting_down", "the server is shutting down", {"Retry-After": retry})
-            raise ApiError(
-                503, "not_ready", f"the model is not ready yet ({self.state})", {"Retry-After": retry}
-            )
-        return self.pipeline
+        """The pipeline, or the 503 that says why there is none (never internals: they are logged)."""
+        if self.ready and self.pipeline is not None:
+            return self.pipeline
+        retry = {"Retry-After": str(self.settings.retry_after_s)}
+        messages = {
+            "failed": ("model_failed", "the model failed to load; see the server log"),
+            "unhealthy": ("unhealthy", "the inference backend is unhealthy; see the server log"),
+            "stopping": ("shutting_down", "the server is shutting down"),
+        }
+        kind, message = messages.get(self.state, ("not_ready", f"the model is not ready yet ({self.state})"))
+        raise ApiError(503, kind, message, retry)

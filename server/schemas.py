@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 MAX_TOP_K = 20
 
@@ -21,7 +21,7 @@ class AnswerRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     question: str = Field(description="The question; must contain a non-whitespace character")
-    context: str = Field(description="The text to answer from (may be empty: then the answer is 'no answer')")
+    context: str = Field(description="The text to answer from; must contain at least one token")
     top_k: int = Field(1, ge=1, le=MAX_TOP_K, description="n_best entries to return (only when > 1)")
     max_answer_len: int | None = Field(
         None, ge=1, le=512, description="Longest answer in tokens (default: the model's, usually 30)"
@@ -29,6 +29,19 @@ class AnswerRequest(BaseModel):
     threshold: float | None = Field(
         None, ge=0.0, le=1.0, allow_inf_nan=False, description="No-answer threshold (default: the model's)"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        """Unknown fields are one error naming a few of them, however many were sent (pydantic's own
+        check costs one error per field, and a body of a million of them would take seconds)."""
+        if isinstance(data, dict):
+            unknown = [key for key in data if key not in cls.model_fields]
+            if unknown:
+                shown = ", ".join(repr(str(k)[:40]) for k in unknown[:3])
+                more = f" (+{len(unknown) - 3} more)" if len(unknown) > 3 else ""
+                raise ValueError(f"unknown field(s) {shown}{more}; allowed: {', '.join(cls.model_fields)}")
+        return data
 
     @field_validator("question", "context")
     @classmethod
@@ -54,6 +67,20 @@ class BatchRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     items: list[AnswerRequest] = Field(min_length=1, description="At most max_batch_items (setting) items")
+
+
+def batch_request_model(max_items: int) -> type[BatchRequest]:
+    """BatchRequest with the server's item limit in the schema: validation stops at the first item too
+    many (one error, not one per item of a huge list) and the route answers 413."""
+    return create_model(  # type: ignore[call-overload, no-any-return]
+        "BatchRequest",
+        __base__=BatchRequest,
+        __doc__=BatchRequest.__doc__,
+        items=(
+            list[AnswerRequest],
+            Field(min_length=1, max_length=max_items, description=f"At most {max_items} items"),
+        ),
+    )
 
 
 class NBestEntry(BaseModel):
@@ -98,16 +125,21 @@ class BatchResponse(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    """Every error: a machine-readable ``error`` kind and a human-readable ``message``."""
+    """Every error: a machine-readable ``error`` kind, a human-readable ``message`` and the request id
+    (also the ``X-Request-ID`` header) under which the server logged it. 422 lists at most five
+    ``details`` and counts the rest in ``details_omitted``."""
 
     error: str
     message: str
+    request_id: str
     details: list[dict[str, Any]] | None = None
+    details_omitted: int | None = None
 
 
 class HealthResponse(BaseModel):
+    """``status``: starting, loading, warming, ready, stopping, unhealthy or failed."""
+
     status: str
-    error: str | None = None
 
 
 class ModelInfoResponse(BaseModel):

@@ -44,14 +44,30 @@ class ServerSettings(BaseSettings):
         None, ge=1, description="Round padded lengths up (limits engine shapes)"
     )
     inference_workers: int = Field(1, ge=1, description="Backend calls in flight at once")
-    max_context_chars: int = Field(20000, ge=1)
-    max_question_chars: int = Field(1000, ge=1)
-    max_batch_items: int = Field(32, ge=1)
+    max_context_chars: int = Field(20000, ge=1, description="Characters of one context as sent")
+    max_question_chars: int = Field(1000, ge=1, description="Characters of one question as sent")
+    max_batch_items: int = Field(32, ge=1, description="Questions in one /answer/batch request")
+    max_normalized_chars: int = Field(
+        65536, ge=1, description="Characters of a request after NFKD normalisation (what the tokenizer reads), "
+        "summed over its questions and contexts; checked before tokenizing",
+    )  # fmt: skip
+    max_request_tokens: int = Field(
+        16384, ge=1, description="Tokens of a request (questions + contexts, summed over batch items)"
+    )
+    max_request_windows: int = Field(
+        128, ge=1, description="Windows (model inputs of max_seq_len) of a request, summed over batch items"
+    )
     max_queue: int = Field(
-        256, ge=1, description="Questions waiting for inference; beyond it 503 + Retry-After"
+        1024, ge=1, description="Windows waiting for inference; beyond it 503 + Retry-After"
     )
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    request_timeout_s: float = Field(30.0, gt=0.0, description="Queue + inference time before a 504")
+    request_timeout_s: float = Field(
+        30.0, gt=0.0, description="Featurizing + queue + inference time before a 504"
+    )
+    watchdog_factor: float = Field(
+        20.0, gt=1.0, description="A backend call slower than this multiple of its expected time is a hang"
+    )
+    watchdog_min_s: float = Field(5.0, gt=0.0, description="The watchdog never calls a call hung sooner")
     retry_after_s: int = Field(1, ge=1, description="Retry-After header value on 503")
     no_answer_threshold: float | None = Field(
         None, ge=0.0, le=1.0, description="Default: the model's sidecar"
@@ -65,11 +81,11 @@ class ServerSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
-        """A batch request larger than the queue could never be admitted: refuse that configuration."""
-        if self.max_batch_items > self.max_queue:
+        """A request larger than the queue could never be admitted: refuse that configuration."""
+        if self.max_request_windows > self.max_queue:
             raise ValueError(
-                f"max_batch_items ({self.max_batch_items}) must be <= max_queue ({self.max_queue}), "
-                "or a full batch request could never be queued"
+                f"max_request_windows ({self.max_request_windows}) must be <= max_queue ({self.max_queue}), "
+                "or a request within the limits could never be queued"
             )
         return self
 

@@ -46,7 +46,7 @@ def _openapi() -> dict:
     from server.settings import ServerSettings
 
     spec = ModelSpec(name="fuzz", directory=Path("."), tokenizer_dir=Path("."), head="shallow", kind="export")
-    return create_app(ServerSettings(), spec=spec).openapi()
+    return create_app(ServerSettings(max_batch_items=8), spec=spec).openapi()
 
 
 OPENAPI = _openapi()

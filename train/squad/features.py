@@ -334,14 +334,28 @@ def featurize_one(
 
     An empty context still gives one window (``<sep> Q <sep> <cls>``) so the model can answer "no".
     """
-    _check_lengths(max_seq_len, doc_stride, max_query_len)
     ids, offsets = tokenizer.encode_with_offsets(context)
+    return featurize_encoded(question, ids, offsets, tokenizer, max_seq_len, doc_stride, max_query_len)
+
+
+def featurize_encoded(
+    question: str,
+    context_ids: Sequence[int],
+    context_offsets: Sequence[tuple[int, int]],
+    tokenizer: TokenizerLike,
+    max_seq_len: int = 384,
+    doc_stride: int = 128,
+    max_query_len: int = 64,
+) -> list[Feature]:
+    """``featurize_one`` for a context already encoded (``tokenizer.encode_with_offsets``), so a caller
+    can look at the token count before any window is built."""
+    _check_lengths(max_seq_len, doc_stride, max_query_len)
     return _featurize_example(
         0,
         "",
         question,
-        np.asarray(ids, dtype=np.int64),
-        offsets_array(offsets),
+        np.asarray(context_ids, dtype=np.int64),
+        offsets_array(context_offsets),
         tokenizer,
         max_seq_len,
         doc_stride,

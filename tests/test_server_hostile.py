@@ -1,0 +1,376 @@
+"""The server as a hostile client and a failing backend meet it, against real uvicorn on 127.0.0.1.
+
+Bounded error bodies, limits on work (not characters), inputs without tokens, fair queueing, windows of
+departed clients dropped, the deadline covering featurizing, request ids instead of internals, and
+honest health when the backend hangs, returns NaN, fails to load or the batcher crashes. Faults are
+injected by wrapping the real ONNX backend (a question holding ``<eop>`` triggers them).
+"""
+
+# ruff: noqa: F811 - pytest fixtures imported from other modules are redefined as arguments
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from fixtures_spm import spm_dir, xlnet_tok  # noqa: F401 - pytest fixtures
+from test_server import (  # noqa: F401 - pytest fixtures
+    HOST,
+    OK,
+    REPO,
+    WINDOWS,
+    ServerProcess,
+    free_port,
+    long_context,
+    metric_value,
+    onnx_export,
+    onnx_server,
+    post,
+    qa_checkpoint,
+)
+
+from train.squad import featurize_one
+
+EOP = 8  # "<eop>" in a question: the injected fault's trigger
+FAULTY = {"question": "What is <eop> here?", "context": "Nothing happened here."}
+
+
+# ---- helpers ---------------------------------------------------------------------------------------------
+
+
+def faulty_backend(fault: Callable) -> Callable:
+    """A backend factory: the real backend, but batches holding <eop> go through ``fault(run, batch)``."""
+    from server.backends import create_backend
+
+    def factory(spec, settings):
+        backend = create_backend(spec, settings)
+        run = backend.run
+
+        def run_or_fault(batch):
+            return fault(run, batch) if (batch["input_ids"] == EOP).any() else run(batch)
+
+        backend.run = run_or_fault
+        return backend
+
+    return factory
+
+
+def slow_backend(seconds: float) -> Callable:
+    """Every call takes at least ``seconds`` (a big model on a small CPU), so queueing order is visible."""
+    from server.backends import create_backend
+
+    def factory(spec, settings):
+        backend = create_backend(spec, settings)
+        run = backend.run
+
+        def slow(batch):
+            time.sleep(seconds)
+            return run(batch)
+
+        backend.run = slow
+        return backend
+
+    return factory
+
+
+@contextlib.contextmanager
+def app_server(
+    model: Path, backend_factory: Callable | None = None, **settings
+) -> Iterator[tuple[str, object]]:
+    """uvicorn serving ``create_app`` in a thread; yields (url, app) once the model is ready or failed."""
+    import uvicorn
+
+    from server.app import create_app
+    from server.settings import ServerSettings
+
+    config = ServerSettings(model=model, port=free_port(), **settings)
+    app = create_app(config, backend_factory=backend_factory)
+    server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=config.port, log_level="critical"))
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    url = f"http://{HOST}:{config.port}"
+    try:
+        deadline = time.monotonic() + 60
+        while not (server.started and app.state.runtime.state in ("ready", "failed")):
+            assert time.monotonic() < deadline and thread.is_alive(), "in-process server did not start"
+            time.sleep(0.02)
+        yield url, app
+    finally:
+        server.should_exit = True
+        thread.join(60)
+
+
+async def _post_many(url: str, bodies: list[dict], timeout: float = 60) -> list[httpx.Response]:
+    async with httpx.AsyncClient(base_url=url, timeout=timeout) as c:
+        return await asyncio.gather(*(c.post("/answer", json=b) for b in bodies))
+
+
+# ---- the three measured attacks ----------------------------------------------------------------------
+
+
+def test_huge_invalid_batch_gets_a_small_error_at_once(onnx_server: ServerProcess) -> None:
+    body = b'{"items":[' + b",".join([b"1"] * 400_000) + b"]}"  # 800 KB, every item invalid
+    r = post(onnx_server.url + "/answer/batch", None, raw=body)
+    assert r.status_code == 413 and r.json()["error"] == "too_many_items", r.text[:300]
+    assert "400000" in r.json()["message"] and len(r.content) < 1000
+    # Within the item limit, every item wrong in three ways: five details and the count of the rest.
+    items = [{"question": 1, "context": 2, "top_k": "x"} for _ in range(32)]
+    r = post(onnx_server.url + "/answer/batch", {"items": items})
+    err = r.json()
+    assert r.status_code == 422 and len(err["details"]) == 5 and err["details_omitted"] == 32 * 3 - 5
+    assert "(+91 more)" in err["message"] and len(r.content) < 3000
+    # A million unknown fields are one error naming a few of them, not a million.
+    fields = ",".join(f'"f{i}":1' for i in range(600_000))
+    r = post(
+        onnx_server.url + "/answer", None, raw=('{"question":"a","context":"b",' + fields + "}").encode()
+    )
+    assert r.status_code == 413  # over this server's 1 MB body limit: refused before parsing
+    fields = ",".join(f'"f{i}":1' for i in range(60_000))
+    r = post(
+        onnx_server.url + "/answer", None, raw=('{"question":"a","context":"b",' + fields + "}").encode()
+    )
+    err = r.json()
+    assert r.status_code == 422 and "unknown field" in err["message"] and "'f0'" in err["message"]
+    assert "(+59997 more)" in err["message"] and len(r.content) < 2000
+
+
+def test_expanding_unicode_is_refused_before_tokenizing(onnx_server: ServerProcess) -> None:
+    before = httpx.get(onnx_server.url + "/metrics").text
+    r = post(onnx_server.url + "/answer", {"question": "What?", "context": "\ufdfa" * 20_000})
+    err = r.json()
+    assert r.status_code == 413 and err["error"] == "too_many_characters", r.text
+    assert (
+        "360005" in err["message"] and "65536" in err["message"] and "max_normalized_chars" in err["message"]
+    )
+    after = httpx.get(onnx_server.url + "/metrics").text
+    assert metric_value(after, "xlnetqa_batch_size_count") == metric_value(before, "xlnetqa_batch_size_count")
+    # The same text sent raw, within the character limit, is fine: only the expansion is refused.
+    assert (
+        post(onnx_server.url + "/answer", {"question": "What?", "context": "\ufdfa" * 100}).status_code == 200
+    )
+
+
+def test_question_without_tokens_is_422(onnx_server: ServerProcess) -> None:
+    for question in ("\u200b", "\u200b\u200d\ufeff", " \u2060 "):
+        r = post(onnx_server.url + "/answer", {"question": question, "context": "Something happened."})
+        assert r.status_code == 422 and r.json()["error"] == "empty_question", (question, r.text)
+        assert "no tokens" in r.json()["message"]
+
+
+# ---- limits on work ------------------------------------------------------------------------------------
+
+
+def test_token_and_window_limits_count_the_whole_request(
+    onnx_export: Path, xlnet_tok, tmp_path: Path
+) -> None:
+    question = "What did they decide?"
+    context = long_context(xlnet_tok, question, 3)
+    windows = len(featurize_one(question, context, xlnet_tok, **WINDOWS))
+    tokens = len(xlnet_tok.encode(question)) + len(xlnet_tok.encode(context))
+    flags = ("--max-request-windows", str(windows), "--max-request-tokens", str(2 * tokens - 1))
+    s = ServerProcess(onnx_export, tmp_path, *flags).start()
+    try:
+        item = {"question": question, "context": context}
+        assert post(s.url + "/answer", item).status_code == 200  # exactly at the window limit
+        r = post(s.url + "/answer/batch", {"items": [OK, item]})  # one more window than allowed
+        err = r.json()
+        assert r.status_code == 413 and err["error"] == "too_many_windows"
+        assert f"has {windows + 1} windows" in err["message"] and f"limit is {windows}" in err["message"]
+        r = post(s.url + "/answer/batch", {"items": [item, item, OK]})  # tokens: stops counting early
+        err = r.json()
+        assert r.status_code == 413 and err["error"] == "too_many_tokens"
+        assert f"at least {2 * tokens}" in err["message"] and "max_request_tokens" in err["message"]
+        info = httpx.get(s.url + "/v1/model").json()["limits"]
+        assert (info["max_request_windows"], info["max_request_tokens"]) == (windows, 2 * tokens - 1)
+    finally:
+        s.stop()
+
+
+def test_typical_requests_pass_the_default_limits(onnx_server: ServerProcess) -> None:
+    """The README's example and every sample paragraph, all in one batch request, are within the defaults
+    (the sample's 24 paragraphs are ~110 windows of this test model's 128 tokens)."""
+    readme = {
+        "question": "Who gave their name to Normandy?",
+        "context": "The Normans ... gave their name to Normandy ...",
+    }
+    data = json.loads((REPO / "data" / "sample" / "dev.json").read_text())
+    items = [
+        {"question": p["qas"][0]["question"], "context": p["context"]}
+        for a in data["data"]
+        for p in a["paragraphs"]
+    ]
+    assert post(onnx_server.url + "/answer", readme).status_code == 200
+    r = post(onnx_server.url + "/answer/batch", {"items": [readme, *items]})
+    assert r.status_code == 200, r.text
+
+
+# ---- queueing: fair, bounded, and forgetting the departed ----------------------------------------------
+
+
+def test_small_requests_are_not_stuck_behind_a_huge_one(onnx_export: Path, xlnet_tok) -> None:
+    question = "What did the ministers decide?"
+    big = {"question": question, "context": long_context(xlnet_tok, question, 30)}
+    with app_server(onnx_export, slow_backend(0.02), max_batch_size=1, max_batch_delay_ms=0) as (url, _):
+        finished: list[str] = []
+
+        async def scenario() -> None:
+            async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+
+                async def ask(name: str, body: dict) -> None:
+                    r = await c.post("/answer", json=body)
+                    assert r.status_code == 200, r.text
+                    finished.append(name)
+
+                huge = asyncio.ensure_future(ask("big", big))
+                await asyncio.sleep(0.15)  # its 30+ windows are queued (0.02 s each)
+                await asyncio.gather(*(ask(f"small{i}", OK) for i in range(3)))
+                await huge
+
+        asyncio.run(scenario())
+    assert finished[-1] == "big" and len(finished) == 4, finished
+
+
+def test_windows_of_a_departed_client_are_dropped(onnx_export: Path, xlnet_tok) -> None:
+    question = "What did the ministers decide?"
+    big = {"question": question, "context": long_context(xlnet_tok, question, 60)}
+    with app_server(onnx_export, slow_backend(0.02), max_batch_size=1, max_batch_delay_ms=0) as (url, _):
+        calls_before = metric_value(httpx.get(url + "/metrics").text, "xlnetqa_batch_size_count")
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + "/answer", json=big, timeout=0.2)  # the client gives up and disconnects
+        time.sleep(1.5)  # longer than its 60+ windows would have taken
+        text = httpx.get(url + "/metrics").text
+        calls = metric_value(text, "xlnetqa_batch_size_count") - calls_before
+        assert metric_value(text, "xlnetqa_client_disconnects_total") == 1
+        assert metric_value(text, "xlnetqa_dropped_windows_total") >= 30
+        assert calls < 30, calls
+        assert metric_value(text, "xlnetqa_queue_depth") == 0
+        assert post(url + "/answer", OK).status_code == 200
+
+
+def test_deadline_covers_featurizing_and_nothing_is_queued_after_it(xlnet_tok) -> None:
+    from server.batching import MicroBatcher
+    from server.model_spec import ModelSpec
+    from server.pipeline import QAPipeline, Question, RequestTimeout
+
+    calls: list[int] = []
+
+    def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        calls.append(1)
+        b, t = batch["input_ids"].shape
+        return {"start_logits": np.zeros((b, t)), "end_logits": np.zeros((b, t)), "cls_logits": np.zeros(b)}
+
+    spec = ModelSpec(name="t", directory=REPO, tokenizer_dir=REPO, head="shallow", kind="export", **WINDOWS)
+    context = long_context(xlnet_tok, "Why?", 30)  # tokenizing it takes well over a millisecond
+
+    async def scenario() -> None:
+        batcher = MicroBatcher(run, max_batch_size=4, max_delay_s=0.0)
+        batcher.start()
+        pipeline = QAPipeline(spec, xlnet_tok, batcher, timeout_s=0.001)
+        with pytest.raises(RequestTimeout):
+            await pipeline.answer(Question("Why?", context))
+        await asyncio.sleep(0.3)
+        assert calls == [] and batcher.queued == 0
+        pipeline.timeout_s = 10
+        assert (await pipeline.answer(Question("Why?", "Because."))).windows == 1
+        await batcher.drain()
+        pipeline.close()
+
+    asyncio.run(scenario())
+
+
+# ---- failures: hangs, NaN, crashes, load errors ---------------------------------------------------------
+
+
+def test_a_hung_backend_call_makes_the_server_unhealthy_until_it_returns(onnx_export: Path) -> None:
+    release = threading.Event()
+
+    def hang(run, batch):
+        release.wait(30)
+        return run(batch)
+
+    watchdog = {"watchdog_min_s": 0.3, "watchdog_factor": 2.0, "max_batch_delay_ms": 0}
+    with app_server(onnx_export, faulty_backend(hang), **watchdog) as (url, _):
+        try:
+            r = post(url + "/answer", FAULTY)
+            assert r.status_code == 503 and r.json()["error"] == "unhealthy" and r.headers["retry-after"]
+            for path in ("/readyz", "/healthz"):
+                r = httpx.get(url + path)
+                assert r.status_code == 503 and r.json() == {"status": "unhealthy"}, path
+            r = post(url + "/answer", OK)
+            assert r.status_code == 503 and r.json()["error"] == "unhealthy"
+            text = httpx.get(url + "/metrics").text
+            assert (
+                metric_value(text, "xlnetqa_backend_hangs_total") == 1
+                and metric_value(text, "xlnetqa_ready") == 0
+            )
+        finally:
+            release.set()
+        deadline = time.monotonic() + 10
+        while httpx.get(url + "/readyz").status_code != 200:  # the call returned: healthy again
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert post(url + "/answer", OK).status_code == 200
+        assert httpx.get(url + "/healthz").json() == {"status": "ready"}
+
+
+def test_non_finite_outputs_are_a_500_never_a_null(onnx_export: Path) -> None:
+    def nan(run, batch):
+        outputs = run(batch)
+        outputs["start_logits"] = np.full_like(outputs["start_logits"], np.nan)
+        return outputs
+
+    with app_server(onnx_export, faulty_backend(nan), max_batch_delay_ms=0) as (url, _):
+        r = post(url + "/answer", FAULTY)
+        assert r.status_code == 500 and r.json()["error"] == "non_finite_output", r.text
+        assert post(url + "/answer", OK).status_code == 200  # only that request failed
+        text = httpx.get(url + "/metrics").text
+        assert metric_value(text, "xlnetqa_non_finite_outputs_total") == 1
+        assert httpx.get(url + "/readyz").status_code == 200
+
+
+def test_a_crashed_batcher_is_unhealthy_not_shutting_down(onnx_export: Path) -> None:
+    with app_server(onnx_export, max_batch_delay_ms=0) as (url, app):
+        batcher = app.state.runtime.batcher
+
+        async def broken() -> list:
+            raise RuntimeError("collector bug")
+
+        batcher._form_batch = broken  # the next batch crashes the collector task
+        r = post(url + "/answer", OK)
+        assert r.status_code == 503 and r.json()["error"] == "unhealthy", r.text
+        r = post(url + "/answer", OK)
+        assert r.status_code == 503 and r.json()["error"] == "unhealthy", r.text
+        for path in ("/readyz", "/healthz"):
+            r = httpx.get(url + path)
+            assert r.status_code == 503 and r.json() == {"status": "unhealthy"}, path
+
+
+def test_a_failed_load_says_so_without_internals(onnx_export: Path, caplog) -> None:
+    def broken(spec, settings):
+        raise RuntimeError("cannot open /secret/models/xlnet/model.onnx")
+
+    with app_server(onnx_export, broken) as (url, _):
+        responses = [httpx.get(url + "/readyz"), httpx.get(url + "/healthz"), post(url + "/answer", OK)]
+        assert [r.status_code for r in responses] == [503, 503, 503]
+        assert responses[0].json() == {"status": "failed"} and responses[2].json()["error"] == "model_failed"
+        assert not any("/secret" in r.text for r in responses)
+        assert any("/secret" in r.getMessage() for r in caplog.records)  # the operator sees it in the log
+
+
+def test_request_ids_are_echoed_or_generated(onnx_server: ServerProcess) -> None:
+    r = post(onnx_server.url + "/answer", OK, headers={"X-Request-ID": "trace-42.a"})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "trace-42.a"
+    r = post(onnx_server.url + "/answer", {**OK, "top_k": 0}, headers={"X-Request-ID": "bad id with spaces"})
+    assert (
+        r.status_code == 422 and r.json()["request_id"] == r.headers["x-request-id"] != "bad id with spaces"
+    )
+    ids = {post(onnx_server.url + "/answer", OK).headers["x-request-id"] for _ in range(3)}
+    assert len(ids) == 3
