@@ -10,11 +10,16 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 from pydantic import ValidationError
 
+from server.metrics import LOAD_FAILED_MARK, MULTIPROC_ENV, multiprocess_dir
+from server.request_ids import configure_logging
 from server.settings import ServerSettings
 
 
@@ -50,9 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(problems)
     if settings.model is None:
         return _fail("--model DIR (or XLNETQA_MODEL) is required")
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.log_level)
 
     import uvicorn
 
@@ -69,12 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "host": settings.host,
         "port": settings.port,
         "log_level": settings.log_level,
-        "timeout_graceful_shutdown": max(1, round(settings.graceful_timeout_s)),
+        # uvicorn waits this long for open requests; the drain after it gets what is left of it.
+        "timeout_graceful_shutdown": settings.graceful_timeout_s,
     }
-    if settings.workers > 1:  # worker processes rebuild the app from the environment
-        os.environ.update(settings.to_env())
-        uvicorn.run("server.app:create_app_from_env", factory=True, workers=settings.workers, **common)
-        return 0
+    if settings.workers > 1:
+        return _run_workers(settings, common)
 
     from server.app import create_app
 
@@ -88,8 +90,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = uvicorn.Server(uvicorn.Config(app, lifespan="on", **common))
     server.run()
     runtime = app.state.runtime
+    code = 0
     if runtime.state == "failed":
         print(f"error: model failed to load: {runtime.error}", file=sys.stderr)
+        code = 1
+    if runtime.batcher is not None and runtime.batcher.busy:
+        # A backend call that never returned holds a thread the interpreter would wait for at exit.
+        logging.getLogger("server").error("exiting with a backend call still running")
+        logging.shutdown()
+        os._exit(code or 1)
+    return code
+
+
+def _run_workers(settings: ServerSettings, common: dict) -> int:
+    """Worker processes rebuild the app from the environment and share one metrics directory."""
+    import uvicorn
+
+    own_dir = multiprocess_dir() is None
+    directory = tempfile.mkdtemp(prefix="xlnetqa-metrics-") if own_dir else multiprocess_dir()
+    os.environ.update(settings.to_env())
+    os.environ[MULTIPROC_ENV] = str(directory)
+    try:
+        uvicorn.run("server.app:create_app_from_env", factory=True, workers=settings.workers, **common)
+        failed = (Path(directory) / LOAD_FAILED_MARK).exists()
+    finally:
+        if own_dir:
+            shutil.rmtree(str(directory), ignore_errors=True)
+    if failed:
+        print("error: model failed to load in a worker (see the log above)", file=sys.stderr)
         return 1
     return 0
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
+import os
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,17 +22,11 @@ from fastapi.responses import JSONResponse, Response
 
 from server.backends import create_backend
 from server.batching import BatcherClosed, BatcherUnhealthy, InferenceError, NonFiniteOutput, QueueFull
-from server.errors import (
-    ERROR_RESPONSES,
-    ApiError,
-    BodyLimitMiddleware,
-    RequestIdMiddleware,
-    install_error_handlers,
-    request_id_var,
-)
+from server.errors import ERROR_RESPONSES, ApiError, BodyLimitMiddleware, install_error_handlers
 from server.metrics import Metrics, MetricsMiddleware
 from server.model_spec import ModelSpec, resolve_spec
 from server.pipeline import Answered, Question, RejectedInput, RequestTimeout
+from server.request_ids import RequestIdMiddleware, configure_logging, request_id_var
 from server.runtime import BackendFactory, Runtime
 from server.schemas import (
     AnswerRequest,
@@ -173,6 +169,7 @@ def create_app(
             yield
         finally:
             await runtime.stop()
+            metrics.process_exiting()
 
     app = FastAPI(
         title="XLNet QA",
@@ -272,6 +269,19 @@ def create_app(
     return app
 
 
+WORKER_LOAD_FAILED = 3  # uvicorn's "startup failure" exit code: its supervisor stops instead of restarting
+
+
+def _exit_worker() -> None:
+    """A worker whose model failed to load exits, and its supervisor stops every worker (a restart would
+    fail the same way); ``python -m server`` reports it."""
+    Metrics.mark_load_failed()
+    logging.shutdown()
+    os._exit(WORKER_LOAD_FAILED)
+
+
 def create_app_from_env() -> FastAPI:
     """App factory for ``uvicorn --factory`` / multi-worker mode: settings from ``XLNETQA_*`` only."""
-    return create_app(ServerSettings())
+    settings = ServerSettings()
+    configure_logging(settings.log_level)
+    return create_app(settings, on_fatal=_exit_worker)

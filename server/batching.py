@@ -208,6 +208,11 @@ class MicroBatcher:
         return not self.crashed and not any(c.hung for c in self._calls)
 
     @property
+    def busy(self) -> bool:
+        """A backend call is running (possibly one the watchdog gave up on)."""
+        return bool(self._calls)
+
+    @property
     def queued(self) -> int:
         """Windows of live questions waiting for a backend call."""
         return self._waiting
@@ -260,14 +265,19 @@ class MicroBatcher:
             self._collector.cancel()
         if self._watchdog is not None:
             self._watchdog.cancel()
-        error = BatcherClosed("the server shut down before this question was answered")
+        self.abort(BatcherClosed("the server shut down before this question was answered"))
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def abort(self, error: Exception) -> None:
+        """Refuse new work and fail every admitted question now (queued or in a running call)."""
+        self._closed = True
+        self._wakeup.set()
         for request in self._ring:
             for job, _ in request.windows:
                 self._fail_job(job, error)
         for call in self._calls:
             for job, _ in call.chosen:
                 self._fail_job(job, error)
-        self._executor.shutdown(wait=False, cancel_futures=True)
 
     # ---- queue bookkeeping --------------------------------------------------------------------
 

@@ -9,26 +9,23 @@ unhealthy, overloaded or shutting down; 504 no answer within ``request_timeout_s
 
 Bodies are bounded: at most ``MAX_DETAILS`` validation entries (each cut to ``MAX_TEXT`` characters)
 plus the count of the rest, so an error is never much larger than the request that caused it.
-Exception text and file paths go to the log under the request id (``X-Request-ID``, taken from the
-request when it is a short token, else generated), never to the client.
+Exception text and file paths go to the log under the request id (:mod:`server.request_ids`), never
+to the client.
 """
 
 from __future__ import annotations
 
 import logging
-import re
-import uuid
-from contextvars import ContextVar
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.metrics import Metrics
+from server.request_ids import REQUEST_ID_HEADER, request_id_var
 from server.schemas import ErrorResponse
 from server.settings import ServerSettings
 
@@ -36,42 +33,6 @@ logger = logging.getLogger("server")
 
 MAX_DETAILS = 5
 MAX_TEXT = 200
-REQUEST_ID_HEADER = "X-Request-ID"
-_CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
-request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
-
-
-class RequestIdFilter(logging.Filter):
-    """Adds ``record.request_id`` (the request being handled, or "-") to every log record."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = request_id_var.get()
-        return True
-
-
-class RequestIdMiddleware:
-    """Gives every request an id: in the log context, in error bodies and in the X-Request-ID header."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        given = dict(scope.get("headers") or []).get(REQUEST_ID_HEADER.lower().encode(), b"")
-        given_text = given.decode("latin-1")
-        request_id = given_text if _CLIENT_ID.fullmatch(given_text) else uuid.uuid4().hex
-        request_id_var.set(request_id)  # each request runs in its own task, hence its own context
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = MutableHeaders(scope=message)
-                if REQUEST_ID_HEADER not in headers:
-                    headers.append(REQUEST_ID_HEADER, request_id)
-            await send(message)
-
-        await self.app(scope, receive, send_with_id)
 
 
 def _cut(text: str, limit: int = MAX_TEXT) -> str:

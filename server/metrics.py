@@ -1,16 +1,29 @@
 """Prometheus metrics in a registry of the app's own (several apps per process in tests never collide).
 
 Route labels are route templates, never raw paths, so a scan of random URLs cannot blow up the
-number of time series.
+number of time series. With several worker processes (``--workers N``) prometheus-client's
+multiprocess mode is on (``PROMETHEUS_MULTIPROC_DIR``, set by ``python -m server`` before the workers
+start): every worker writes its values to files there and ``/metrics``, whichever worker answers it,
+aggregates all of them (counters summed, gauges summed over live workers).
 """
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+LOAD_FAILED_MARK = "load-failed"  # a worker whose model failed leaves this in the shared directory
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get(MULTIPROC_ENV) or None
+
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
@@ -37,7 +50,9 @@ class Metrics:
             registry=r,
         )
         self.errors = Counter("xlnetqa_errors", "Error responses by kind", ["kind"], registry=r)
-        self.inflight = Gauge("xlnetqa_inflight_requests", "Requests being handled", registry=r)
+        self.inflight = Gauge(
+            "xlnetqa_inflight_requests", "Requests being handled", registry=r, multiprocess_mode="livesum"
+        )
         self.questions = Counter(
             "xlnetqa_questions", "Questions answered (batch items count one each)", registry=r
         )
@@ -80,17 +95,46 @@ class Metrics:
         self.disconnects = Counter(
             "xlnetqa_client_disconnects", "Requests whose client disconnected before the answer", registry=r
         )
-        self.queue_depth = Gauge("xlnetqa_queue_depth", "Windows waiting for a backend call", registry=r)
-        self.ready = Gauge("xlnetqa_ready", "1 once the model is loaded and warmed up", registry=r)
+        self.queue_depth = Gauge(
+            "xlnetqa_queue_depth",
+            "Windows waiting for a backend call",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.ready = Gauge(
+            "xlnetqa_ready",
+            "1 once the model is loaded and warmed up (with several workers: how many are ready)",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.model_info = Gauge(
             "xlnetqa_model_info",
             "Served model (value 1)",
             ["name", "backend", "head", "precision"],
             registry=r,
+            multiprocess_mode="max",
         )
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """This process's metrics, or every worker's when several share a multiprocess directory."""
+        directory = multiprocess_dir()
+        if directory is None:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged, path=directory)
+        return generate_latest(merged)
+
+    @staticmethod
+    def mark_load_failed() -> None:
+        directory = multiprocess_dir()
+        if directory is not None:
+            (Path(directory) / LOAD_FAILED_MARK).touch()
+
+    @staticmethod
+    def process_exiting() -> None:
+        """Drop this worker's live gauges from the aggregate (its counters stay counted)."""
+        if multiprocess_dir() is not None:
+            multiprocess.mark_process_dead(os.getpid())
 
 
 class MetricsMiddleware:

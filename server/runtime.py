@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import threading
 import time
 from collections.abc import Callable
+from types import FrameType
 
 from server.backends import Backend
-from server.batching import BatchStats, MicroBatcher
+from server.batching import BatcherClosed, BatchStats, MicroBatcher
 from server.errors import ApiError
 from server.metrics import Metrics
 from server.model_spec import ModelSpec
@@ -57,6 +60,7 @@ class Runtime:
         self.name = settings.model_name or spec.name
 
         self._shutdown_started: float | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def state(self) -> str:
@@ -74,9 +78,39 @@ class Runtime:
         return self.state not in ("failed", "unhealthy")
 
     def begin_shutdown(self) -> None:
-        """The moment shutdown began (SIGTERM): waiting for requests and draining share one timeout."""
-        if self._shutdown_started is None:
-            self._shutdown_started = time.monotonic()
+        """Shutdown began (SIGTERM): open requests get until shortly before the graceful timeout ends, then
+        whatever is still unanswered gets a 503 (uvicorn would cancel those requests, and the client
+        would see a bare 500), so waiting and draining together take one timeout."""
+        if self._shutdown_started is not None:
+            return
+        self._shutdown_started = time.monotonic()
+        if self._loop is not None:  # may run inside a signal handler: only the thread-safe call
+            self._loop.call_soon_threadsafe(self._schedule_cutoff)
+
+    def _schedule_cutoff(self) -> None:
+        graceful = self.settings.graceful_timeout_s
+        assert self._loop is not None
+        self._loop.call_later(max(0.0, graceful - min(1.0, 0.2 * graceful)), self._cut_off)
+
+    def _cut_off(self) -> None:
+        if self.batcher is not None:
+            self.batcher.abort(BatcherClosed("the server is shutting down"))
+
+    def _track_shutdown_signals(self) -> None:
+        """Note when SIGTERM/SIGINT arrive, then let uvicorn's handlers (installed before the app
+        starts, main thread only) do the rest."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(sig)
+            if not callable(previous):
+                continue
+
+            def noted(signum: int, frame: FrameType | None, previous: Callable = previous) -> None:
+                self.begin_shutdown()
+                previous(signum, frame)
+
+            signal.signal(sig, noted)
 
     async def start(self) -> None:
         s = self.settings
@@ -97,6 +131,8 @@ class Runtime:
             on_hang=self.metrics.backend_hangs.inc,
         )
         self.batcher.start()
+        self._loop = asyncio.get_running_loop()
+        self._track_shutdown_signals()
         self._loader = asyncio.get_running_loop().create_task(self._load(), name="model-loader")
 
     def _run_backend(self, batch):

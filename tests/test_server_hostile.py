@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -374,3 +376,81 @@ def test_request_ids_are_echoed_or_generated(onnx_server: ServerProcess) -> None
     )
     ids = {post(onnx_server.url + "/answer", OK).headers["x-request-id"] for _ in range(3)}
     assert len(ids) == 3
+
+
+# ---- shutdown and worker processes ----------------------------------------------------------------------
+
+
+def test_shutdown_takes_one_graceful_timeout_in_total(onnx_export: Path, tmp_path: Path, xlnet_tok) -> None:
+    """SIGTERM with far more work admitted than fits: waiting for requests and draining the batcher share
+    one --graceful-timeout-s (they used to take one each); every client gets an answer or a closed socket."""
+    question = "What did the ministers decide?"
+    body = {"question": question, "context": long_context(xlnet_tok, question, 100)}
+    flags = ("--max-batch-size", "1", "--max-batch-delay-ms", "0", "--graceful-timeout-s", "1.5")
+    s = ServerProcess(onnx_export, tmp_path, *flags, "--max-queue", "4096").start()
+    results: list = []
+
+    def client() -> None:
+        async def fire() -> None:
+            limits = httpx.Limits(max_connections=32)
+            async with httpx.AsyncClient(base_url=s.url, timeout=60, limits=limits) as c:
+                results.extend(
+                    await asyncio.gather(
+                        *(c.post("/answer", json=body) for _ in range(24)), return_exceptions=True
+                    )
+                )
+
+        asyncio.run(fire())
+
+    thread = threading.Thread(target=client)
+    try:
+        thread.start()
+        deadline = time.monotonic() + 30
+        while metric_value(httpx.get(s.url + "/metrics").text, "xlnetqa_inflight_requests") < 25:
+            assert time.monotonic() < deadline, "requests never got in flight"
+            time.sleep(0.01)
+        assert s.proc is not None
+        start = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        s.proc.wait(30)
+        elapsed = time.monotonic() - start
+        thread.join(30)
+    finally:
+        s.stop()
+    assert elapsed < 1.5 + 1.2, elapsed  # two timeouts would be 3 s or more
+    for r in results:
+        if isinstance(r, httpx.Response):
+            assert r.status_code in (200, 503), r.text
+        else:
+            assert isinstance(r, httpx.TransportError), repr(r)
+    assert len(results) == 24
+
+
+def test_workers_share_one_metrics_view_and_a_failed_load_stops_them(
+    onnx_export: Path, tmp_path: Path
+) -> None:
+    s = ServerProcess(onnx_export, tmp_path, "--workers", "2").start()
+    try:
+        deadline = time.monotonic() + 60
+        while metric_value(httpx.get(s.url + "/metrics").text, "xlnetqa_ready") < 2:  # both workers, summed
+            assert time.monotonic() < deadline, s.log()
+            time.sleep(0.1)
+        for _ in range(10):
+            with httpx.Client(base_url=s.url) as c:  # a new connection each: the kernel picks the worker
+                assert c.post("/answer", json=OK).status_code == 200
+        for _ in range(4):  # whichever worker answers /metrics counts every worker's requests
+            with httpx.Client(base_url=s.url) as c:
+                text = c.get("/metrics").text
+            assert metric_value(text, "xlnetqa_requests_total", route="/answer", status="200") == 10
+    finally:
+        s.stop()
+    broken = tmp_path / "broken"
+    shutil.copytree(onnx_export, broken)
+    (broken / "model.onnx").write_bytes(b"not an onnx model")  # passes the sidecar checks, fails to load
+    b = ServerProcess(broken, tmp_path, "--workers", "2").launch()
+    assert b.proc is not None
+    try:
+        assert b.proc.wait(60) == 1, b.log()
+    finally:
+        b.stop()
+    assert "failed to load" in b.log()
