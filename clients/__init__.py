@@ -33,7 +33,8 @@ asyncio.run(main())
 ```
 
 Unanswerable questions come back with ``answer == ""`` and ``start == end == -1``. Connection errors
-and 503 (not ready / overloaded) are retried with exponential backoff, honouring ``Retry-After``.
+and 503 (not ready / overloaded) are retried with jittered exponential backoff, honouring
+``Retry-After``, within ``deadline`` seconds per call when given; every failure is an ``XLNetQAError``.
 """
 
 from clients.client import (
@@ -42,7 +43,9 @@ from clients.client import (
     XLNetQAClientError,
     XLNetQAConnectionError,
     XLNetQAError,
+    XLNetQAResponseError,
     XLNetQAServerError,
+    XLNetQATimeoutError,
 )
 from clients.models import Answer, ModelInfo, NBestEntry, QARequest, Timing
 
@@ -57,5 +60,7 @@ __all__ = [
     "XLNetQAClientError",
     "XLNetQAConnectionError",
     "XLNetQAError",
+    "XLNetQAResponseError",
     "XLNetQAServerError",
+    "XLNetQATimeoutError",
 ]

@@ -1,11 +1,17 @@
 """Sync and async clients for the XLNet QA server (httpx + pydantic only).
 
-Retries: connection failures and 503 (not ready, overloaded, shutting down) are retried with
-exponential backoff, honouring the server's ``Retry-After`` (capped by ``max_backoff``); every other
-error, in particular 4xx, is raised at once as an :class:`XLNetQAError` carrying the status code and
-the server's message, because sending the same bad request again cannot succeed. Answer requests are
-pure functions of their input, so retrying them is safe; a read timeout is not retried (the server may
-still be working on it, and a retry would double its load).
+Errors: everything that goes wrong is an :class:`XLNetQAError` subclass, never an httpx or pydantic
+exception: 4xx :class:`XLNetQAClientError`, 5xx :class:`XLNetQAServerError`, unreachable
+:class:`XLNetQAConnectionError`, no answer in time :class:`XLNetQATimeoutError`, a response that is not
+what the API promises :class:`XLNetQAResponseError`. Each carries the server's error kind and request
+id when there was one.
+
+Retries: connection failures and 503 (not ready, unhealthy, overloaded, shutting down) are retried with
+jittered exponential backoff, honouring the server's ``Retry-After`` (capped by ``max_backoff``), all
+within ``deadline`` seconds per call when one is set. Every other error, in particular 4xx, is raised at
+once, because sending the same bad request again cannot succeed. Answer requests are pure functions of
+their input, so retrying them is safe; a read timeout is not retried (the server may still be working
+on it, and a retry would double its load).
 """
 
 from __future__ import annotations
@@ -15,9 +21,10 @@ import email.utils
 import random
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
 from clients.models import Answer, ModelInfo, QARequest
 
@@ -29,21 +36,29 @@ _RETRY_TRANSPORT = (
     httpx.WriteError,
     httpx.PoolTimeout,
 )
+_NO_ANSWER_IN_TIME = (httpx.ReadTimeout, httpx.WriteTimeout)
 
 BatchItem = QARequest | Mapping[str, Any] | tuple[str, str]
+Model = TypeVar("Model", bound=BaseModel)
 
 
 class XLNetQAError(Exception):
-    """A request failed. ``status_code`` is None when the server could not be reached at all."""
+    """A request failed. ``status_code`` is None when no HTTP response came back."""
 
     def __init__(
-        self, message: str, status_code: int | None = None, error: str | None = None, body: Any = None
+        self,
+        message: str,
+        status_code: int | None = None,
+        error: str | None = None,
+        body: Any = None,
+        request_id: str | None = None,
     ) -> None:
         super().__init__(f"{status_code}: {message}" if status_code else message)
         self.message = message
         self.status_code = status_code
         self.error = error  # the server's machine-readable kind, e.g. "validation_error"
         self.body = body
+        self.request_id = request_id  # quote it when reporting a server problem
 
 
 class XLNetQAClientError(XLNetQAError):
@@ -58,18 +73,44 @@ class XLNetQAConnectionError(XLNetQAError):
     """The server could not be reached after all retries."""
 
 
+class XLNetQATimeoutError(XLNetQAError):
+    """No response within ``timeout`` (one attempt) or ``deadline`` (the whole call with retries)."""
+
+
+class XLNetQAResponseError(XLNetQAError):
+    """The server answered, but not in the shape the API promises (a proxy's page, a version mismatch)."""
+
+
 def _error_from(response: httpx.Response) -> XLNetQAError:
     try:
         body = response.json()
     except ValueError:
-        body = response.text
+        body = response.text[:1000]
+    request_id = response.headers.get("x-request-id")
     if isinstance(body, dict):
         message = str(body.get("message") or body.get("detail") or body)
         kind = body.get("error")
+        request_id = body.get("request_id") or request_id
     else:
         message, kind = (str(body) or response.reason_phrase), None
     cls = XLNetQAClientError if response.status_code < 500 else XLNetQAServerError
-    return cls(message, response.status_code, kind, body)
+    return cls(message, response.status_code, kind, body, request_id)
+
+
+def _parse(model: type[Model], response: httpx.Response, key: str | None = None) -> Any:
+    """The response body as ``model`` (a list of them under ``key``), or XLNetQAResponseError."""
+    request_id = response.headers.get("x-request-id")
+    try:
+        data = response.json()
+        if key is None:
+            return model.model_validate(data)
+        return [model.model_validate(item) for item in data[key]]
+    except (ValueError, ValidationError, KeyError, TypeError) as exc:
+        detail = exc.errors(include_url=False)[:3] if isinstance(exc, ValidationError) else repr(exc)[:200]
+        message = f"the server's response is not a valid {model.__name__}: {detail}"
+        raise XLNetQAResponseError(
+            message, response.status_code, body=response.text[:1000], request_id=request_id
+        ) from None
 
 
 def _retry_after(response: httpx.Response | None) -> float | None:
@@ -100,6 +141,53 @@ def _batch_payload(items: Iterable[BatchItem]) -> list[dict[str, Any]]:
     return out
 
 
+class _Attempts:
+    """The retry bookkeeping of one call: what to do after each attempt, within the overall deadline."""
+
+    def __init__(self, policy: _Policy) -> None:
+        self.policy = policy
+        self.attempt = 0
+        self.ends = None if policy.deadline is None else time.monotonic() + policy.deadline
+
+    def _left(self) -> float:
+        return float("inf") if self.ends is None else self.ends - time.monotonic()
+
+    def timeout(self) -> float:
+        """This attempt's timeout: the client's, cut to what is left of the deadline."""
+        left = self._left()
+        if left <= 0:
+            raise XLNetQATimeoutError(
+                f"no answer from {self.policy.base_url} within the {self.policy.deadline:g} s deadline"
+            )
+        return min(self.policy.timeout, left)
+
+    def _wait(self, delay: float, error: XLNetQAError) -> float:
+        """``delay`` before the next attempt, or ``error`` when retries or time have run out."""
+        self.attempt += 1
+        if self.attempt > self.policy.retries or delay >= self._left():
+            raise error
+        return delay
+
+    def after_transport_error(self, exc: httpx.HTTPError) -> float:
+        where = self.policy.base_url
+        if isinstance(exc, _NO_ANSWER_IN_TIME):
+            raise XLNetQATimeoutError(
+                f"no response from {where} within {self.policy.timeout:g} s: {exc!r}"
+            ) from exc
+        error = XLNetQAConnectionError(f"cannot reach {where}: {exc!r}")
+        if not isinstance(exc, _RETRY_TRANSPORT):
+            raise error from exc
+        return self._wait(self.policy._delay(self.attempt, None), error)
+
+    def after_response(self, response: httpx.Response) -> float | None:
+        """None when the response is final (a success), a delay before retrying a 503; raises errors."""
+        if response.status_code == 503:
+            return self._wait(self.policy._delay(self.attempt, response), _error_from(response))
+        if response.is_error:
+            raise _error_from(response)
+        return None
+
+
 class _Policy:
     """Configuration and retry arithmetic shared by the sync and async clients."""
 
@@ -111,31 +199,34 @@ class _Policy:
         backoff: float = 0.1,
         max_backoff: float = 5.0,
         headers: Mapping[str, str] | None = None,
+        deadline: float | None = None,
     ) -> None:
         if retries < 0 or backoff < 0 or max_backoff < 0:
             raise ValueError("retries, backoff and max_backoff must be >= 0")
+        if timeout <= 0 or (deadline is not None and deadline <= 0):
+            raise ValueError("timeout and deadline must be > 0")
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.headers = dict(headers or {})
+        self.deadline = deadline
 
     def _delay(self, attempt: int, response: httpx.Response | None) -> float:
-        """Retry-After when the server sent one, else backoff * 2**attempt with jitter; capped."""
+        """Retry-After when the server sent one (plus up to 10% jitter, so clients told the same do not
+        return in lockstep), else backoff * 2**attempt with full jitter; capped at max_backoff."""
         hinted = _retry_after(response)
         if hinted is not None:
-            return min(hinted, self.max_backoff)
+            return min(hinted * random.uniform(1.0, 1.1), self.max_backoff)
         base = self.backoff * (2**attempt)
         return min(self.max_backoff, base / 2 + random.uniform(0, base / 2))
 
-    def _retryable(self, response: httpx.Response, attempt: int) -> bool:
-        return response.status_code == 503 and attempt < self.retries
-
     @staticmethod
     def _answer_payload(
-        question: str, context: str, top_k: int, max_answer_len: int, threshold: float | None
+        question: str, context: str, top_k: int | None, max_answer_len: int | None, threshold: float | None
     ) -> dict[str, Any]:
+        """Only what the caller set: the server's (and the model's) defaults apply to the rest."""
         return QARequest(
             question=question,
             context=context,
@@ -164,21 +255,17 @@ class XLNetQAClient(_Policy):
         self._http.close()
 
     def _request(self, method: str, path: str, json: Any = None) -> httpx.Response:
-        for attempt in range(self.retries + 1):
+        attempts = _Attempts(self)
+        while True:
             try:
-                response = self._http.request(method, path, json=json)
-            except _RETRY_TRANSPORT as exc:
-                if attempt == self.retries:
-                    raise XLNetQAConnectionError(f"cannot reach {self.base_url}: {exc!r}") from exc
-                time.sleep(self._delay(attempt, None))
+                response = self._http.request(method, path, json=json, timeout=attempts.timeout())
+            except httpx.HTTPError as exc:
+                time.sleep(attempts.after_transport_error(exc))
                 continue
-            if self._retryable(response, attempt):
-                time.sleep(self._delay(attempt, response))
-                continue
-            if response.is_error:
-                raise _error_from(response)
-            return response
-        raise AssertionError("unreachable")  # pragma: no cover
+            delay = attempts.after_response(response)
+            if delay is None:
+                return response
+            time.sleep(delay)
 
     def _probe(self, path: str) -> bool:
         try:
@@ -190,18 +277,19 @@ class XLNetQAClient(_Policy):
         self,
         question: str,
         context: str,
-        top_k: int = 1,
-        max_answer_len: int = 30,
+        top_k: int | None = None,
+        max_answer_len: int | None = None,
         threshold: float | None = None,
     ) -> Answer:
         """Answer one question about ``context`` (``context[a.start:a.end] == a.answer``)."""
         payload = self._answer_payload(question, context, top_k, max_answer_len, threshold)
-        return Answer.model_validate(self._request("POST", "/answer", payload).json())
+        return _parse(Answer, self._request("POST", "/answer", payload))
 
     def answer_batch(self, items: Iterable[BatchItem]) -> list[Answer]:
         """Answer several questions in one request; results in the same order."""
-        data = self._request("POST", "/answer/batch", {"items": _batch_payload(items)}).json()
-        return [Answer.model_validate(r) for r in data["results"]]
+        return _parse(
+            Answer, self._request("POST", "/answer/batch", {"items": _batch_payload(items)}), "results"
+        )
 
     def health(self) -> bool:
         """True when the server process answers (no retries)."""
@@ -212,7 +300,7 @@ class XLNetQAClient(_Policy):
         return self._probe("/readyz")
 
     def model_info(self) -> ModelInfo:
-        return ModelInfo.model_validate(self._request("GET", "/v1/model").json())
+        return _parse(ModelInfo, self._request("GET", "/v1/model"))
 
 
 class AsyncXLNetQAClient(_Policy):
@@ -234,21 +322,17 @@ class AsyncXLNetQAClient(_Policy):
         await self._http.aclose()
 
     async def _request(self, method: str, path: str, json: Any = None) -> httpx.Response:
-        for attempt in range(self.retries + 1):
+        attempts = _Attempts(self)
+        while True:
             try:
-                response = await self._http.request(method, path, json=json)
-            except _RETRY_TRANSPORT as exc:
-                if attempt == self.retries:
-                    raise XLNetQAConnectionError(f"cannot reach {self.base_url}: {exc!r}") from exc
-                await asyncio.sleep(self._delay(attempt, None))
+                response = await self._http.request(method, path, json=json, timeout=attempts.timeout())
+            except httpx.HTTPError as exc:
+                await asyncio.sleep(attempts.after_transport_error(exc))
                 continue
-            if self._retryable(response, attempt):
-                await asyncio.sleep(self._delay(attempt, response))
-                continue
-            if response.is_error:
-                raise _error_from(response)
-            return response
-        raise AssertionError("unreachable")  # pragma: no cover
+            delay = attempts.after_response(response)
+            if delay is None:
+                return response
+            await asyncio.sleep(delay)
 
     async def _probe(self, path: str) -> bool:
         try:
@@ -260,16 +344,16 @@ class AsyncXLNetQAClient(_Policy):
         self,
         question: str,
         context: str,
-        top_k: int = 1,
-        max_answer_len: int = 30,
+        top_k: int | None = None,
+        max_answer_len: int | None = None,
         threshold: float | None = None,
     ) -> Answer:
         payload = self._answer_payload(question, context, top_k, max_answer_len, threshold)
-        return Answer.model_validate((await self._request("POST", "/answer", payload)).json())
+        return _parse(Answer, await self._request("POST", "/answer", payload))
 
     async def answer_batch(self, items: Iterable[BatchItem]) -> list[Answer]:
-        data = (await self._request("POST", "/answer/batch", {"items": _batch_payload(items)})).json()
-        return [Answer.model_validate(r) for r in data["results"]]
+        response = await self._request("POST", "/answer/batch", {"items": _batch_payload(items)})
+        return _parse(Answer, response, "results")
 
     async def health(self) -> bool:
         return await self._probe("/healthz")
@@ -278,4 +362,4 @@ class AsyncXLNetQAClient(_Policy):
         return await self._probe("/readyz")
 
     async def model_info(self) -> ModelInfo:
-        return ModelInfo.model_validate((await self._request("GET", "/v1/model")).json())
+        return _parse(ModelInfo, await self._request("GET", "/v1/model"))

@@ -59,11 +59,12 @@ class QARequest(BaseModel):
 
     question: str
     context: str
-    top_k: int = 1
-    max_answer_len: int = 30
+    top_k: int | None = None
+    max_answer_len: int | None = None  # None: the served model's own setting
     threshold: float | None = None
 
     def payload(self) -> dict[str, Any]:
+        """Only the fields that were set, so the server's defaults apply to the others."""
         return self.model_dump(exclude_none=True)
 
 

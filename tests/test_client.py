@@ -6,12 +6,16 @@ and 503 (honouring Retry-After), no retries on 4xx, typed errors, and the README
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -38,7 +42,10 @@ from clients import (
     XLNetQAClient,
     XLNetQAClientError,
     XLNetQAConnectionError,
+    XLNetQAError,
+    XLNetQAResponseError,
     XLNetQAServerError,
+    XLNetQATimeoutError,
 )
 from clients.client import _Policy
 
@@ -148,9 +155,10 @@ def test_unreachable_server_raises_connection_error_after_retries() -> None:
     asyncio.run(async_case())
 
 
-def test_retry_after_is_honoured_and_capped() -> None:
+def test_retry_after_is_honoured_with_jitter_and_capped() -> None:
     policy = _Policy("http://127.0.0.1:1", backoff=0.1, max_backoff=2.0)
-    assert policy._delay(0, httpx.Response(503, headers={"Retry-After": "1"})) == 1.0
+    hinted = {policy._delay(0, httpx.Response(503, headers={"Retry-After": "1"})) for _ in range(20)}
+    assert all(1.0 <= d <= 1.1 for d in hinted) and len(hinted) > 1  # clients do not return in lockstep
     assert policy._delay(0, httpx.Response(503, headers={"Retry-After": "120"})) == 2.0
     assert 0.05 <= policy._delay(0, httpx.Response(503)) <= 0.1  # exponential backoff with jitter
     assert 0.2 <= policy._delay(2, None) <= 0.4
@@ -218,3 +226,136 @@ def test_clients_import_only_httpx_and_pydantic() -> None:
         [sys.executable, "-c", code], cwd=REPO, env=server_env(), capture_output=True, text=True
     )
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+# ---- the SDK against broken servers: stand-ins for a proxy, a hung process, a version mismatch ---------
+
+
+@contextmanager
+def stub_server(respond: Callable[[BaseHTTPRequestHandler, dict | None], None]) -> Iterator[tuple[str, list]]:
+    """An HTTP server on 127.0.0.1 whose every POST/GET is answered by ``respond``; yields (url, bodies seen)."""
+    seen: list = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _handle(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            body = json.loads(self.rfile.read(length)) if length else None
+            seen.append(body)
+            respond(self, body)
+
+        do_GET = do_POST = _handle  # noqa: N815 - http.server's naming
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", seen
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _reply(handler: BaseHTTPRequestHandler, status: int, text: str, headers: dict | None = None) -> None:
+    payload = text.encode()
+    handler.send_response(status)
+    for k, v in {"content-type": "application/json", **(headers or {})}.items():
+        handler.send_header(k, v)
+    handler.send_header("content-length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
+
+
+GOOD = {"answer": "x", "start": 0, "end": 1, "score": 0.0, "no_answer_prob": 0.1, "is_impossible": False}
+
+
+def test_only_the_options_the_caller_set_are_sent() -> None:
+    def respond(h, body) -> None:
+        _reply(h, 200, json.dumps({"results": [GOOD]} if h.path == "/answer/batch" else GOOD))
+
+    with stub_server(respond) as (url, seen), XLNetQAClient(url) as qa:
+        qa.answer("Why?", "Because.")
+        qa.answer("Why?", "Because.", top_k=2, max_answer_len=5)
+        qa.answer_batch([("Why?", "Because.")])
+    assert seen == [
+        {"question": "Why?", "context": "Because."},  # the model's own max_answer_len applies
+        {"question": "Why?", "context": "Because.", "top_k": 2, "max_answer_len": 5},
+        {"items": [{"question": "Why?", "context": "Because."}]},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("status", "text", "content_type"),
+    [
+        (
+            200,
+            json.dumps({**GOOD, "no_answer_prob": None}),
+            "application/json",
+        ),  # a null where a number is due
+        (200, "<html>gateway</html>", "text/html"),  # a proxy's page
+        (200, json.dumps({"result": []}), "application/json"),  # another API version
+    ],
+)
+def test_a_malformed_response_is_a_clear_sdk_error(status: int, text: str, content_type: str) -> None:
+    def respond(h, body) -> None:
+        _reply(h, status, text, {"content-type": content_type, "x-request-id": "abc123"})
+
+    with stub_server(respond) as (url, _):
+        with XLNetQAClient(url) as qa:
+            with pytest.raises(XLNetQAResponseError) as err:
+                qa.answer("Why?", "Because.")
+            assert "not a valid Answer" in err.value.message and err.value.request_id == "abc123"
+            with pytest.raises(XLNetQAResponseError):
+                qa.answer_batch([("Why?", "Because.")])
+
+        async def async_case() -> None:
+            async with AsyncXLNetQAClient(url) as aqa:
+                with pytest.raises(XLNetQAResponseError):
+                    await aqa.answer("Why?", "Because.")
+
+        asyncio.run(async_case())
+
+
+def test_a_hung_server_is_a_timeout_error_not_httpx() -> None:
+    """A process that accepts connections and never answers: XLNetQATimeoutError, after one attempt."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        with XLNetQAClient(url, timeout=0.3, retries=3) as qa:
+            start = time.monotonic()
+            with pytest.raises(XLNetQATimeoutError) as err:
+                qa.answer("Why?", "Because.")
+            assert time.monotonic() - start < 1.5 and isinstance(err.value, XLNetQAError)
+
+        async def async_case() -> None:
+            async with AsyncXLNetQAClient(url, timeout=0.3) as aqa:
+                with pytest.raises(XLNetQATimeoutError):
+                    await aqa.answer("Why?", "Because.")
+
+        asyncio.run(async_case())
+
+
+def test_the_deadline_bounds_all_retries() -> None:
+    """A server that always answers 503 with Retry-After 1: many retries allowed, but one deadline."""
+
+    def respond(h, body) -> None:
+        _reply(
+            h,
+            503,
+            json.dumps({"error": "overloaded", "message": "busy", "request_id": "r1"}),
+            {"Retry-After": "1"},
+        )
+
+    with (
+        stub_server(respond) as (url, seen),
+        XLNetQAClient(url, retries=50, max_backoff=0.2, deadline=1.0) as qa,
+    ):
+        start = time.monotonic()
+        with pytest.raises(XLNetQAServerError) as err:
+            qa.answer("Why?", "Because.")
+        elapsed = time.monotonic() - start
+    assert err.value.status_code == 503 and err.value.error == "overloaded" and err.value.request_id == "r1"
+    assert elapsed < 1.5 and 3 <= len(seen) <= 7, (elapsed, len(seen))
