@@ -6,6 +6,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -38,6 +39,26 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+_SPEED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def cpu_summary() -> str:
+    """CPU model, visible cores and the instruction sets int8/bf16 speed depends on (Linux /proc/cpuinfo)."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        lines = Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            model = value.strip()
+        elif key.strip() == "flags":
+            flags = set(value.split())
+    present = [f for f in _SPEED_FLAGS if f in flags] or ["none of " + "/".join(_SPEED_FLAGS)]
+    return f"{model}, {os.cpu_count()} cores, flags: {' '.join(present)}"
 
 
 def machine_line(threads: int) -> str:

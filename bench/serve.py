@@ -32,8 +32,8 @@ import httpx
 
 from bench.serve_load import (
     DEV,
+    LocalServer,
     Result,
-    _Server,
     add_load_arguments,
     check_load_arguments,
     load_pairs,
@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"bare backend: {len(asked)} questions ...", file=sys.stderr, flush=True)
         bare = bare_latencies(args.model, args.backend, args.threads, asked)
 
-    def measure_overhead(mode: str, server: _Server) -> None:
+    def measure_overhead(mode: str, server: LocalServer) -> None:
         nonlocal over
         if mode == "unbatched" and not args.skip_overhead:
             print(f"HTTP, batching off: {len(asked)} questions ...", file=sys.stderr, flush=True)

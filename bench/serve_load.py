@@ -129,7 +129,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class _Server:
+class LocalServer:
     """``python -m server`` on a free loopback port for one mode."""
 
     def __init__(self, model: str, backend: str, flags: Sequence[str], log: Path) -> None:
@@ -231,12 +231,12 @@ def run_modes(
     args: argparse.Namespace,
     pairs: list[tuple[str, str]],
     log_prefix: str,
-    on_ready: Callable[[str, _Server], None] | None = None,
+    on_ready: Callable[[str, LocalServer], None] | None = None,
 ) -> list[Result]:
     """Start a server per mode, call ``on_ready(mode, server)``, then measure every client level."""
     results: list[Result] = []
     for mode in args.mode_list:
-        server = _Server(
+        server = LocalServer(
             args.model, args.backend, server_flags(args, mode), args.log_dir / f"{log_prefix}-{mode}.log"
         )
         try:

@@ -103,3 +103,33 @@ def test_realistic_windows_are_unpadded_true_lengths(xlnet_tok) -> None:
     for w in windows:
         assert set(w) == set(INPUT_NAMES) and w["input_ids"].shape[0] == 1
         assert w["attention_mask"].all()  # no padding
+
+
+def test_bench_abuse_runs_both_phases_and_reports_the_targets(
+    onnx_export: Path, tmp_path: Path, capsys
+) -> None:
+    from bench import abuse
+
+    out = tmp_path / "abuse.json"
+    argv = ["--model", str(onnx_export), "--seconds", "1.5", "--clients", "2", "--adversaries", "2"]
+    assert abuse.main([*argv, "--json", str(out), "--log-dir", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "| baseline |" in printed and "| attack |" in printed and "under attack / without" in printed
+    baseline, attack = json.loads(out.read_text())["phases"]
+    assert baseline["requests"] > 0 and attack["requests"] > 0 and attack["adversary_requests"] >= 2
+    for phase in (baseline, attack):  # hostile traffic never makes the server fail or hang
+        assert phase["errors_5xx"] == phase["hangs"] == phase["adversary_5xx"] == 0, phase
+        assert phase["largest_response_bytes"] < 5000 and phase["peak_rss_mb"] > 0
+    statuses = attack["adversary_status"]
+    assert any(k.startswith("max-size: ") for k in statuses) and any(
+        k.startswith("expanding-unicode: 413") for k in statuses
+    )
+
+
+@pytest.mark.parametrize("argv", [["--seconds", "0"], ["--clients", "0"], ["--seconds", "700"]])
+def test_bench_abuse_rejects_unbounded_runs(argv, capsys) -> None:
+    from bench import abuse
+
+    with pytest.raises(SystemExit):
+        abuse.parse_args(["--model", "m", *argv])
+    assert "must be in" in capsys.readouterr().err

@@ -1,0 +1,258 @@
+"""The server under attack: well-behaved clients' latency with and without an adversary (loopback only).
+
+    python -m bench.abuse --model DIR [--backend onnx] [--clients 32] [--seconds 30] [--json out.json]
+
+Starts ``python -m server`` once and runs two bounded phases of ``--seconds`` each:
+  1. ``baseline``: ``--clients`` well-behaved clients (closed loop, SQuAD sample questions);
+  2. ``attack``: the same clients while ``--adversaries`` loops send, in turn, the largest context the
+     character limit admits, a context of expanding Unicode (NFKD x18), a body over the byte limit,
+     malformed bodies (invalid JSON, 400,000 batch items, 60,000 unknown fields), and big requests
+     whose client disconnects after 50 ms.
+Reports per phase: well-behaved requests, p50/p99 latency, 5xx responses (target 0), hangs (a request
+without an answer within ``--hang-s``, target 0), the server's peak RSS, the largest response body,
+and the ratio of the well-behaved p99 under attack to the baseline p99 (target <= 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from bench.common import cpu_summary
+from bench.serve_load import LocalServer, load_pairs, percentile
+
+
+@dataclass
+class Phase:
+    name: str
+    seconds: float
+    requests: int = 0
+    p50_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    errors_5xx: int = 0
+    other_errors: int = 0
+    hangs: int = 0
+    adversary_requests: int = 0
+    adversary_status: dict[str, int] = field(default_factory=dict)
+    adversary_5xx: int = 0
+    largest_response_bytes: int = 0
+    peak_rss_mb: float = float("nan")
+
+
+class Tally:
+    """What one phase saw: latencies of well-behaved requests, statuses, sizes, hangs."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.errors_5xx = self.other_errors = self.hangs = 0
+        self.adversary: Counter[str] = Counter()
+        self.largest = 0
+
+    def response(self, r: httpx.Response) -> None:
+        self.largest = max(self.largest, len(r.content))
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's resident-set high-water mark (Linux /proc), in MiB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+async def well_behaved(url: str, clients: int, seconds: float, hang_s: float, tally: Tally, pairs) -> None:
+    deadline = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+
+    async def worker(i: int, client: httpx.AsyncClient) -> None:
+        k = i * 7
+        while time.perf_counter() < deadline:
+            question, context = pairs[k % len(pairs)]
+            k += 1
+            start = time.perf_counter()
+            try:
+                r = await client.post("/answer", json={"question": question, "context": context})
+            except httpx.TimeoutException:
+                tally.hangs += 1
+                continue
+            except httpx.HTTPError:
+                tally.other_errors += 1
+                continue
+            tally.response(r)
+            if r.status_code == 200:
+                tally.latencies.append(time.perf_counter() - start)
+            elif r.status_code >= 500:
+                tally.errors_5xx += 1
+            else:
+                tally.other_errors += 1
+
+    async with httpx.AsyncClient(base_url=url, timeout=hang_s, limits=limits) as client:
+        await asyncio.gather(*(worker(i, client) for i in range(clients)))
+
+
+def attacks(
+    limits: dict, pairs
+) -> list[tuple[str, Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]]]:
+    """(name, send) for every kind of hostile request, in the order the adversaries cycle through them."""
+    paragraphs = " ".join(c for _, c in pairs)
+    largest = (paragraphs * (1 + limits["max_context_chars"] // len(paragraphs)))[
+        : limits["max_context_chars"]
+    ]
+    expanding = "\ufdfa" * limits["max_context_chars"]
+    over = b'{"question": "a", "context": "' + b"x" * (limits["max_body_bytes"] + 1) + b'"}'
+    many_items = b'{"items":[' + b",".join([b"1"] * 400_000) + b"]}"
+    fields = ("{" + ",".join(f'"f{i}":1' for i in range(60_000)) + "}").encode()
+    json_headers = {"content-type": "application/json"}
+
+    def post(body: dict | None = None, raw: bytes | None = None, path: str = "/answer", timeout=None):
+        async def send(c: httpx.AsyncClient) -> httpx.Response:
+            kw = {"timeout": timeout} if timeout is not None else {}
+            if raw is not None:
+                return await c.post(path, content=raw, headers=json_headers, **kw)
+            return await c.post(path, json=body, **kw)
+
+        return send
+
+    return [
+        ("max-size", post({"question": "What happened?", "context": largest})),
+        ("expanding-unicode", post({"question": "What?", "context": expanding})),
+        ("oversized-body", post(raw=over)),
+        ("invalid-json", post(raw=b'{"question": "a", "context": ')),
+        ("400k-items", post(raw=many_items, path="/answer/batch")),
+        ("60k-unknown-fields", post(raw=fields)),
+        ("disconnect", post({"question": "What happened?", "context": largest}, timeout=0.05)),
+    ]
+
+
+async def adversary(url: str, loops: int, seconds: float, tally: Tally, limits: dict, pairs) -> None:
+    kinds = attacks(limits, pairs)
+    deadline = time.perf_counter() + seconds
+
+    async def loop(i: int, client: httpx.AsyncClient) -> None:
+        k = i
+        while time.perf_counter() < deadline:
+            name, send = kinds[k % len(kinds)]
+            k += 1
+            try:
+                r = await send(client)
+            except httpx.TimeoutException:
+                tally.adversary[f"{name}: client gave up"] += 1
+                continue
+            except httpx.HTTPError as exc:
+                tally.adversary[f"{name}: {type(exc).__name__}"] += 1
+                continue
+            tally.response(r)
+            tally.adversary[f"{name}: {r.status_code}"] += 1
+
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        await asyncio.gather(*(loop(i, client) for i in range(loops)))
+
+
+def run_phase(name: str, server: LocalServer, args: argparse.Namespace, limits: dict, pairs) -> Phase:
+    tally = Tally()
+
+    async def both() -> None:
+        jobs = [well_behaved(server.url, args.clients, args.seconds, args.hang_s, tally, pairs)]
+        if name == "attack":
+            jobs.append(adversary(server.url, args.adversaries, args.seconds, tally, limits, pairs))
+        await asyncio.gather(*jobs)
+
+    start = time.perf_counter()
+    asyncio.run(both())
+    elapsed = time.perf_counter() - start
+    phase = Phase(name, round(elapsed, 1), len(tally.latencies))
+    phase.p50_ms = percentile(tally.latencies, 50) * 1000
+    phase.p99_ms = percentile(tally.latencies, 99) * 1000
+    phase.errors_5xx, phase.other_errors, phase.hangs = tally.errors_5xx, tally.other_errors, tally.hangs
+    phase.adversary_requests = sum(tally.adversary.values())
+    phase.adversary_status = dict(sorted(tally.adversary.items()))
+    phase.adversary_5xx = sum(n for k, n in tally.adversary.items() if k.split(": ")[1][:1] == "5")
+    phase.largest_response_bytes = tally.largest
+    phase.peak_rss_mb = peak_rss_mb(server.proc.pid)
+    return phase
+
+
+def markdown(phases: Sequence[Phase], title: str) -> str:
+    lines = [
+        f"**{title}**",
+        "",
+        "| phase | well-behaved requests | p50 ms | p99 ms | 5xx | hangs | other errors | adversary requests "
+        "| adversary 5xx | largest response (bytes) | peak RSS (MiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in phases:
+        lines.append(
+            f"| {p.name} | {p.requests} | {p.p50_ms:.1f} | {p.p99_ms:.1f} | {p.errors_5xx} | {p.hangs} | "
+            f"{p.other_errors} | {p.adversary_requests} | {p.adversary_5xx} | {p.largest_response_bytes} | "
+            f"{p.peak_rss_mb:.0f} |"
+        )
+    base, attack = phases[0], phases[-1]
+    lines += [
+        "",
+        f"Well-behaved p99 under attack / without: **{attack.p99_ms / base.p99_ms:.2f}x** (target <= 3).",
+    ]
+    if attack.adversary_status:
+        lines += [
+            "",
+            "Adversary responses: " + ", ".join(f"{k} x{n}" for k, n in attack.adversary_status.items()),
+        ]
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.abuse", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="export dir (onnx/trt) or checkpoint dir (torch)")
+    p.add_argument("--backend", default="onnx", choices=("onnx", "trt", "torch"))
+    p.add_argument("--clients", type=int, default=32, help="well-behaved concurrent clients")
+    p.add_argument("--adversaries", type=int, default=4, help="concurrent hostile loops")
+    p.add_argument("--seconds", type=float, default=30.0, help="measured seconds per phase")
+    p.add_argument("--threads", type=int, default=1, help="backend intra-op threads")
+    p.add_argument(
+        "--hang-s", type=float, default=30.0, help="a request without an answer this long is a hang"
+    )
+    p.add_argument("--json", type=Path, help="also write the results as JSON here")
+    p.add_argument("--log-dir", type=Path, default=Path("/tmp"), help="where the server's log goes")
+    args = p.parse_args(argv)
+    if not 0 < args.seconds <= 600:
+        p.error("--seconds must be in (0, 600] (the benchmark is bounded)")
+    if not 1 <= args.clients <= 256 or not 0 <= args.adversaries <= 64:
+        p.error("--clients must be in 1..256 and --adversaries in 0..64")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    pairs = load_pairs()
+    flags = ("--threads", str(args.threads))
+    server = LocalServer(args.model, args.backend, flags, args.log_dir / "abuse-server.log")
+    try:
+        server.wait_ready()
+        limits = httpx.get(server.url + "/v1/model").json()["limits"]
+        phases = []
+        for name in ("baseline", "attack"):
+            phases.append(run_phase(name, server, args, limits, pairs))
+            print(f"  {name}: {phases[-1].requests} well-behaved requests", file=sys.stderr)
+    finally:
+        server.stop()
+    title = f"{args.backend} backend, {args.threads} intra-op thread(s), {args.clients} clients, "
+    title += f"{args.adversaries} adversaries, {args.seconds:g} s per phase; {cpu_summary()}"
+    print(markdown(phases, title))
+    if args.json:
+        args.json.write_text(json.dumps({"title": title, "phases": [asdict(p) for p in phases]}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
