@@ -20,8 +20,16 @@ class AnswerRequest(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    question: str = Field(description="The question; must contain a non-whitespace character")
-    context: str = Field(description="The text to answer from; must contain at least one token")
+    # The pattern documents the rule for clients and fuzzers; the validators below enforce it with a
+    # clearer message, and the server answers 422 for text that has no tokens after normalisation.
+    question: str = Field(
+        description="The question; must contain a non-whitespace character and at least one token",
+        json_schema_extra={"minLength": 1, "pattern": r"\S"},
+    )
+    context: str = Field(
+        description="The text to answer from; must contain at least one token",
+        json_schema_extra={"minLength": 1, "pattern": r"\S"},
+    )
     top_k: int = Field(1, ge=1, le=MAX_TOP_K, description="n_best entries to return (only when > 1)")
     max_answer_len: int | None = Field(
         None, ge=1, le=512, description="Longest answer in tokens (default: the model's, usually 30)"
@@ -42,6 +50,12 @@ class AnswerRequest(BaseModel):
                 more = f" (+{len(unknown) - 3} more)" if len(unknown) > 3 else ""
                 raise ValueError(f"unknown field(s) {shown}{more}; allowed: {', '.join(cls.model_fields)}")
         return data
+
+    @field_validator("top_k", "max_answer_len", mode="before")
+    @classmethod
+    def _whole_numbers(cls, value: Any) -> Any:
+        """JSON Schema counts 3.0 as an integer; strict mode would not. Strings and booleans stay errors."""
+        return int(value) if type(value) is float and value.is_integer() else value
 
     @field_validator("question", "context")
     @classmethod
