@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 
 from bench.common import cpu_summary
-from bench.serve_load import LocalServer, load_pairs, percentile
+from bench.serve_load import LocalServer, Outcome, closed_loop, load_pairs, percentile
 
 
 @dataclass
@@ -73,33 +73,21 @@ def peak_rss_mb(pid: int) -> float:
 
 
 async def well_behaved(url: str, clients: int, seconds: float, hang_s: float, tally: Tally, pairs) -> None:
-    deadline = time.perf_counter() + seconds
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-
-    async def worker(i: int, client: httpx.AsyncClient) -> None:
-        k = i * 7
-        while time.perf_counter() < deadline:
-            question, context = pairs[k % len(pairs)]
-            k += 1
-            start = time.perf_counter()
-            try:
-                r = await client.post("/answer", json={"question": question, "context": context})
-            except httpx.TimeoutException:
-                tally.hangs += 1
-                continue
-            except httpx.HTTPError:
-                tally.other_errors += 1
-                continue
-            tally.response(r)
-            if r.status_code == 200:
-                tally.latencies.append(time.perf_counter() - start)
-            elif r.status_code >= 500:
+    def record(outcome: Outcome, latency: float) -> None:
+        if isinstance(outcome, httpx.TimeoutException):
+            tally.hangs += 1
+        elif isinstance(outcome, httpx.HTTPError):
+            tally.other_errors += 1
+        else:
+            tally.response(outcome)
+            if outcome.status_code == 200:
+                tally.latencies.append(latency)
+            elif outcome.status_code >= 500:
                 tally.errors_5xx += 1
             else:
                 tally.other_errors += 1
 
-    async with httpx.AsyncClient(base_url=url, timeout=hang_s, limits=limits) as client:
-        await asyncio.gather(*(worker(i, client) for i in range(clients)))
+    await closed_loop(url, clients, seconds, pairs, record, timeout=hang_s)
 
 
 def attacks(

@@ -70,33 +70,53 @@ def _metric(text: str, name: str) -> float:
     )
 
 
-async def _run_clients(
-    url: str, clients: int, seconds: float, pairs: list[tuple[str, str]]
-) -> tuple[list[float], int]:
-    latencies: list[float] = []
-    errors = 0
+Outcome = httpx.Response | httpx.HTTPError
+
+
+async def closed_loop(
+    url: str,
+    clients: int,
+    seconds: float,
+    pairs: list[tuple[str, str]],
+    record: Callable[[Outcome, float], None],
+    timeout: float = 60,
+) -> None:
+    """``clients`` closed-loop clients post ``pairs`` to ``/answer`` for ``seconds``; every request's
+    outcome (response or transport error) and latency go to ``record``."""
     deadline = time.perf_counter() + seconds
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
 
     async def worker(i: int, client: httpx.AsyncClient) -> None:
-        nonlocal errors
         k = i * 7
         while time.perf_counter() < deadline:
             question, context = pairs[k % len(pairs)]
             k += 1
             start = time.perf_counter()
+            outcome: Outcome
             try:
-                r = await client.post("/answer", json={"question": question, "context": context})
-                ok = r.status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            if ok:
-                latencies.append(time.perf_counter() - start)
-            else:
-                errors += 1
+                outcome = await client.post("/answer", json={"question": question, "context": context})
+            except httpx.HTTPError as exc:
+                outcome = exc
+            record(outcome, time.perf_counter() - start)
 
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
         await asyncio.gather(*(worker(i, client) for i in range(clients)))
+
+
+async def _run_clients(
+    url: str, clients: int, seconds: float, pairs: list[tuple[str, str]]
+) -> tuple[list[float], int]:
+    latencies: list[float] = []
+    errors = 0
+
+    def record(outcome: Outcome, latency: float) -> None:
+        nonlocal errors
+        if isinstance(outcome, httpx.Response) and outcome.status_code == 200:
+            latencies.append(latency)
+        else:
+            errors += 1
+
+    await closed_loop(url, clients, seconds, pairs, record)
     return latencies, errors
 
 

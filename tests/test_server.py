@@ -581,62 +581,6 @@ def test_sigterm_finishes_in_flight_requests(onnx_export: Path, tmp_path: Path, 
         httpx.get(s.url + "/healthz")
 
 
-def test_backend_failure_fails_only_its_batch(onnx_export: Path, xlnet_tok, caplog) -> None:
-    """In-process uvicorn with the real ONNX backend wrapped to raise on batches holding <eop> (id 8)."""
-    import uvicorn
-
-    from server.app import create_app
-    from server.backends import create_backend
-    from server.settings import ServerSettings
-
-    def poisoned(spec, settings):
-        real = create_backend(spec, settings)
-        run = real.run
-
-        def run_or_fail(batch):
-            if (batch["input_ids"] == 8).any():
-                raise RuntimeError("poisoned batch")
-            return run(batch)
-
-        real.run = run_or_fail
-        return real
-
-    settings = ServerSettings(model=onnx_export, port=free_port(), max_batch_size=8, max_batch_delay_ms=300)
-    app = create_app(settings, backend_factory=poisoned)
-    server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=settings.port, log_level="critical"))
-    thread = threading.Thread(target=server.run)
-    thread.start()
-    url = f"http://{HOST}:{settings.port}"
-    try:
-        deadline = time.monotonic() + 30
-        while not (server.started and httpx.get(url + "/readyz").status_code == 200):
-            assert time.monotonic() < deadline, "in-process server not ready"
-            time.sleep(0.05)
-        poison = {"question": "What is <eop> here?", "context": "Nothing."}
-
-        async def fire(bodies) -> list[httpx.Response]:
-            async with httpx.AsyncClient(base_url=url, timeout=30) as c:
-                return await asyncio.gather(*(c.post("/answer", json=b) for b in bodies))
-
-        # The poisoned question shares its backend call (300 ms delay, room for 8) with three others.
-        shared = asyncio.run(fire([poison, OK, OK, OK]))
-        assert [r.status_code for r in shared] == [500] * 4
-        failed = [r.json() for r in shared]
-        assert all(b["error"] == "inference_failed" for b in failed)
-        assert all("poisoned" not in b["message"] and "Error" not in b["message"] for b in failed)
-        # The exception is in the log, under the failed requests' ids.
-        logged = [r for r in caplog.records if r.name == "server.batching" and r.exc_info]
-        assert len(logged) == 1 and "poisoned batch" in str(logged[0].exc_info[1])
-        assert all(b["request_id"] in logged[0].getMessage() for b in failed)
-        assert post(url + "/answer", OK).status_code == 200  # later batches are unaffected
-        assert httpx.get(url + "/readyz").status_code == 200
-        text = httpx.get(url + "/metrics").text
-        assert metric_value(text, "xlnetqa_batch_failures_total") == 1
-    finally:
-        server.should_exit = True
-        thread.join(30)
-
-
 # ---- startup errors and the torch-free rule ---------------------------------------------------------
 
 
@@ -813,33 +757,3 @@ def test_batcher_caps_padding_and_does_not_wait_twice(xlnet_tok) -> None:
     shapes = []
     asyncio.run(scenario(10.0))
     assert shapes == [(2, len(long_[0]))]
-
-
-def test_pipeline_times_out_and_forgets_the_question(xlnet_tok) -> None:
-    """request_timeout_s bounds queue + inference (the route answers 504); the question leaves the queue."""
-    from server.batching import MicroBatcher
-    from server.model_spec import ModelSpec
-    from server.pipeline import QAPipeline, Question, RequestTimeout
-
-    def slow(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        time.sleep(0.3)
-        b, t = batch["input_ids"].shape
-        return {"start_logits": np.zeros((b, t)), "end_logits": np.zeros((b, t)), "cls_logits": np.zeros(b)}
-
-    spec = ModelSpec(name="t", directory=REPO, tokenizer_dir=REPO, head="shallow", kind="export", **WINDOWS)
-    context = long_context(xlnet_tok, "Why?", 3)
-
-    async def scenario() -> None:
-        batcher = MicroBatcher(slow, max_batch_size=1, max_delay_s=0.0)
-        batcher.start()
-        pipeline = QAPipeline(spec, xlnet_tok, batcher, timeout_s=0.1)
-        with pytest.raises(RequestTimeout):
-            await pipeline.answer(Question("Why?", context))
-        await asyncio.sleep(0.4)  # the running window finishes; the question's other windows are dropped
-        assert batcher.queued == 0
-        pipeline.timeout_s = 10
-        answered = await pipeline.answer(Question("Why?", "Because."))
-        assert answered.windows == 1 and 0 <= answered.prediction.no_answer_prob <= 1
-        await batcher.drain()
-
-    asyncio.run(scenario())

@@ -257,7 +257,9 @@ def test_windows_of_a_departed_client_are_dropped(onnx_export: Path, xlnet_tok) 
         assert post(url + "/answer", OK).status_code == 200
 
 
-def test_deadline_covers_featurizing_and_nothing_is_queued_after_it(xlnet_tok) -> None:
+def test_the_deadline_covers_featurizing_queueing_and_inference(xlnet_tok) -> None:
+    """request_timeout_s bounds the whole path (the route answers 504): a timeout while tokenizing queues
+    nothing; one during inference drops the question's windows still queued."""
     from server.batching import MicroBatcher
     from server.model_spec import ModelSpec
     from server.pipeline import QAPipeline, Question, RequestTimeout
@@ -265,23 +267,30 @@ def test_deadline_covers_featurizing_and_nothing_is_queued_after_it(xlnet_tok) -
     calls: list[int] = []
 
     def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        calls.append(1)
+        calls.append(batch["input_ids"].shape[0])
+        time.sleep(0.3)
         b, t = batch["input_ids"].shape
         return {"start_logits": np.zeros((b, t)), "end_logits": np.zeros((b, t)), "cls_logits": np.zeros(b)}
 
     spec = ModelSpec(name="t", directory=REPO, tokenizer_dir=REPO, head="shallow", kind="export", **WINDOWS)
-    context = long_context(xlnet_tok, "Why?", 30)  # tokenizing it takes well over a millisecond
+    long_text = long_context(xlnet_tok, "Why?", 30)  # tokenizing it takes well over a millisecond
 
     async def scenario() -> None:
-        batcher = MicroBatcher(run, max_batch_size=4, max_delay_s=0.0)
+        batcher = MicroBatcher(run, max_batch_size=1, max_delay_s=0.0)
         batcher.start()
         pipeline = QAPipeline(spec, xlnet_tok, batcher, timeout_s=0.001)
         with pytest.raises(RequestTimeout):
-            await pipeline.answer(Question("Why?", context))
-        await asyncio.sleep(0.3)
-        assert calls == [] and batcher.queued == 0
+            await pipeline.answer(Question("Why?", long_text))
+        await asyncio.sleep(0.1)
+        assert calls == [] and batcher.queued == 0  # timed out while tokenizing: nothing was queued
+        pipeline.timeout_s = 0.45
+        with pytest.raises(RequestTimeout):  # 30+ windows of 0.3 s each
+            await pipeline.answer(Question("Why?", long_text))
+        await asyncio.sleep(0.4)  # the running window finishes; the question's other windows are dropped
+        assert 1 <= len(calls) <= 2 and batcher.queued == 0
         pipeline.timeout_s = 10
-        assert (await pipeline.answer(Question("Why?", "Because."))).windows == 1
+        answered = await pipeline.answer(Question("Why?", "Because."))
+        assert answered.windows == 1 and 0 <= answered.prediction.no_answer_prob <= 1
         await batcher.drain()
         pipeline.close()
 
@@ -321,6 +330,27 @@ def test_a_hung_backend_call_makes_the_server_unhealthy_until_it_returns(onnx_ex
             time.sleep(0.05)
         assert post(url + "/answer", OK).status_code == 200
         assert httpx.get(url + "/healthz").json() == {"status": "ready"}
+
+
+def test_backend_failure_fails_only_its_batch_and_logs_it_under_the_request_ids(
+    onnx_export: Path, caplog
+) -> None:
+    def fail(run, batch):
+        raise RuntimeError("poisoned batch at /secret/path")
+
+    with app_server(onnx_export, faulty_backend(fail), max_batch_size=8, max_batch_delay_ms=300) as (url, _):
+        # The faulty question shares its backend call (300 ms delay, room for 8) with three others.
+        shared = asyncio.run(_post_many(url, [FAULTY, OK, OK, OK]))
+        assert [r.status_code for r in shared] == [500] * 4
+        failed = [r.json() for r in shared]
+        assert all(b["error"] == "inference_failed" for b in failed)
+        assert all("poisoned" not in r.text and "/secret" not in r.text for r in shared)
+        logged = [r for r in caplog.records if r.name == "server.batching" and r.exc_info]
+        assert len(logged) == 1 and "poisoned batch" in str(logged[0].exc_info[1])
+        assert all(b["request_id"] in logged[0].getMessage() for b in failed)
+        assert post(url + "/answer", OK).status_code == 200  # later batches are unaffected
+        assert httpx.get(url + "/readyz").status_code == 200
+        assert metric_value(httpx.get(url + "/metrics").text, "xlnetqa_batch_failures_total") == 1
 
 
 def test_non_finite_outputs_are_a_500_never_a_null(onnx_export: Path) -> None:
