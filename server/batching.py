@@ -217,23 +217,28 @@ class MicroBatcher:
         """Windows of live questions waiting for a backend call."""
         return self._waiting
 
+    def check_admission(self, windows: int = 1) -> None:
+        """Raise BatcherClosed, BatcherUnhealthy or QueueFull if ``windows`` more could not be queued now
+        (the pipeline asks with 1 before tokenizing, so a full queue costs a request no work)."""
+        if self._closed:
+            raise BatcherClosed("the server is shutting down")
+        if not self.healthy:
+            raise BatcherUnhealthy("the inference backend is unhealthy")
+        if self._waiting + windows > self.max_queue:
+            raise QueueFull(
+                f"{self._waiting} windows are waiting and this request has {windows} (limit {self.max_queue})"
+            )
+
     def submit_many(self, groups: Sequence[Sequence[Feature]], tag: str = "") -> list[asyncio.Future]:
         """Admit one request's questions at once, all or none (a batch request is never half-queued).
 
         Returns one future per question resolving to a :class:`JobResult`. Raises QueueFull,
         BatcherClosed or BatcherUnhealthy without queueing anything.
         """
-        if self._closed:
-            raise BatcherClosed("the server is shutting down")
-        if not self.healthy:
-            raise BatcherUnhealthy("the inference backend is unhealthy")
         if any(not features for features in groups):
             raise ValueError("a question needs at least one window")
         n = sum(len(features) for features in groups)
-        if self._waiting + n > self.max_queue:
-            raise QueueFull(
-                f"{self._waiting} windows are waiting and this request has {n} (limit {self.max_queue})"
-            )
+        self.check_admission(n)
         loop = asyncio.get_running_loop()
         now = time.perf_counter()
         request = _Request(deque(), now)

@@ -241,6 +241,7 @@ class QAPipeline:
         (client gone) drops its windows that are still queued.
         """
         t0 = time.perf_counter()
+        self.batcher.check_admission()  # cheap checks first: no tokenizing for a request that cannot run
         self.check_text_size(items)
         futures: list[asyncio.Future] = []
         try:
