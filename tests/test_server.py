@@ -388,6 +388,7 @@ BAD_INPUTS = [
     ("NaN threshold", "/answer", None, b'{"question": "a", "context": "b", "threshold": NaN}', 422, "validation_error"),
     ("non-UTF-8 body", "/answer", None, b'{"question": "\xff\xfe", "context": "b"}', 400, "invalid_utf8"),
     ("invalid JSON", "/answer", None, b'{"question": "a", ', 400, "invalid_json"),
+    ("deeply nested JSON", "/answer", None, b"[" * 100_000 + b"]" * 100_000, 400, "bad_request"),
     ("empty body", "/answer", None, b"", 422, "validation_error"),
     ("form content type", "/answer", None, b"question=a&context=b", 415, "unsupported_media_type"),
     ("body too large", "/answer", None, b'{"question": "a", "context": "' + b"x" * 1_000_001 + b'"}', 413, "body_too_large"),
