@@ -129,15 +129,30 @@ def _retry_after(response: httpx.Response | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+def _request_payload(**fields: Any) -> dict[str, Any]:
+    """One request item, or XLNetQAClientError (no status: nothing was sent) naming what is wrong."""
+    try:
+        return QARequest(**fields).payload()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)[:5]
+        )
+        raise XLNetQAClientError(f"invalid request: {problems}") from None
+
+
 def _batch_payload(items: Iterable[BatchItem]) -> list[dict[str, Any]]:
     out = []
-    for item in items:
+    for i, item in enumerate(items):
         if isinstance(item, QARequest):
             out.append(item.payload())
-        elif isinstance(item, tuple):
-            out.append(QARequest(question=item[0], context=item[1]).payload())
+        elif isinstance(item, tuple) and len(item) == 2:
+            out.append(_request_payload(question=item[0], context=item[1]))
+        elif isinstance(item, Mapping):
+            out.append(_request_payload(**item))
         else:
-            out.append(QARequest(**item).payload())
+            raise XLNetQAClientError(
+                f"items[{i}] must be a QARequest, a mapping or a (question, context) pair"
+            )
     return out
 
 
@@ -227,13 +242,13 @@ class _Policy:
         question: str, context: str, top_k: int | None, max_answer_len: int | None, threshold: float | None
     ) -> dict[str, Any]:
         """Only what the caller set: the server's (and the model's) defaults apply to the rest."""
-        return QARequest(
+        return _request_payload(
             question=question,
             context=context,
             top_k=top_k,
             max_answer_len=max_answer_len,
             threshold=threshold,
-        ).payload()
+        )
 
 
 class XLNetQAClient(_Policy):

@@ -61,7 +61,7 @@ class QARequest(BaseModel):
     context: str
     top_k: int | None = None
     max_answer_len: int | None = None  # None: the served model's own setting
-    threshold: float | None = None
+    threshold: float | None = Field(None, allow_inf_nan=False)
 
     def payload(self) -> dict[str, Any]:
         """Only the fields that were set, so the server's defaults apply to the others."""

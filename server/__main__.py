@@ -8,7 +8,6 @@ line on stderr before anything listens; a model that fails while loading stops t
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import shutil
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from server.metrics import LOAD_FAILED_MARK, MULTIPROC_ENV, multiprocess_dir
+from server.metrics import LOAD_FAILED_MARK, MULTIPROC_ENV, multiprocess_dir, reset_multiprocess_dir
 from server.request_ids import configure_logging
 from server.settings import ServerSettings
 
@@ -90,16 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = uvicorn.Server(uvicorn.Config(app, lifespan="on", **common))
     server.run()
     runtime = app.state.runtime
-    code = 0
     if runtime.state == "failed":
         print(f"error: model failed to load: {runtime.error}", file=sys.stderr)
-        code = 1
-    if runtime.batcher is not None and runtime.batcher.busy:
-        # A backend call that never returned holds a thread the interpreter would wait for at exit.
-        logging.getLogger("server").error("exiting with a backend call still running")
-        logging.shutdown()
-        os._exit(code or 1)
-    return code
+        return 1
+    return 0
 
 
 def _run_workers(settings: ServerSettings, common: dict) -> int:
@@ -107,7 +100,9 @@ def _run_workers(settings: ServerSettings, common: dict) -> int:
     import uvicorn
 
     own_dir = multiprocess_dir() is None
-    directory = tempfile.mkdtemp(prefix="xlnetqa-metrics-") if own_dir else multiprocess_dir()
+    directory = tempfile.mkdtemp(prefix="xlnetqa-metrics-") if own_dir else str(multiprocess_dir())
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    reset_multiprocess_dir(directory)
     os.environ.update(settings.to_env())
     os.environ[MULTIPROC_ENV] = str(directory)
     try:

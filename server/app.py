@@ -9,7 +9,6 @@ and waits for in-flight requests; the lifespan then drains the micro-batcher.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -106,8 +105,7 @@ async def _answer(runtime: Runtime, items: list[AnswerRequest], request: Request
         if not work.done():  # the client left, or this handler was cancelled (shutdown)
             work.cancel()
     if not work.done() or work.cancelled():
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await work  # let the cancellation reach the batcher (its queued windows are dropped)
+        await asyncio.wait({work})  # let the cancellation reach the batcher (its queued windows are dropped)
         runtime.metrics.disconnects.inc()
         raise ApiError(499, "client_disconnected", "the client closed the connection before the answer")
     try:

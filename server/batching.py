@@ -99,6 +99,7 @@ class _Job:
     remaining: int  # windows without outputs yet
     first_start: float | None = None
     tag: str = ""  # the request id, for the log
+    request: _Request | None = None  # whose ring entry holds its queued windows
 
     @property
     def dead(self) -> bool:
@@ -171,6 +172,7 @@ class MicroBatcher:
         self._ring: deque[_Request] = deque()  # requests with windows waiting, round-robin order
         self._waiting = 0  # windows of live questions not dispatched yet
         self._wakeup = asyncio.Event()
+        self.workers = workers
         self._slots = asyncio.Semaphore(workers)
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="inference")
         self._running: set[asyncio.Task] = set()
@@ -245,7 +247,7 @@ class MicroBatcher:
         futures = []
         for features in groups:
             k = len(features)
-            job = _Job(features, loop.create_future(), now, [None] * k, undispatched=k, remaining=k, tag=tag)
+            job = _Job(features, loop.create_future(), now, [None] * k, k, k, tag=tag, request=request)
             job.future.add_done_callback(lambda _, job=job: self._forget(job))
             request.windows.extend((job, i) for i in range(k))
             futures.append(job.future)
@@ -265,7 +267,7 @@ class MicroBatcher:
         self._closed = True
         self._wakeup.set()
         if self._collector is not None:
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            with contextlib.suppress(Exception, asyncio.CancelledError):  # timeout, or a crash already logged
                 await asyncio.wait_for(asyncio.shield(self._collector), timeout)
             self._collector.cancel()
         if self._watchdog is not None:
@@ -291,13 +293,15 @@ class MicroBatcher:
             self._on_queue_depth(self._waiting)
 
     def _forget(self, job: _Job) -> None:
-        """A question died (cancelled, timed out, failed): its queued windows stop counting at once and
-        are discarded when the ring reaches them. (An answered question has none left.)"""
+        """A question died (cancelled, timed out, failed): its queued windows leave the queue at once,
+        in time linear in its request's windows (an answered question has none left)."""
         if job.undispatched:
             if self._on_dropped is not None:
                 self._on_dropped(job.undispatched)
             self._waiting -= job.undispatched
             job.undispatched = 0
+            if job.request is not None:
+                job.request.windows = deque(w for w in job.request.windows if w[0] is not job)
             self._depth_changed()
 
     def _next_live(self, request: _Request) -> tuple[_Job, int] | None:
@@ -355,6 +359,28 @@ class MicroBatcher:
         visited: list[_Request] = []
         while self._ring and len(visited) < self.lookahead:
             visited.append(self._ring.popleft())
+        try:
+            chosen, served = self._take_round_robin(visited)
+        except BaseException:
+            self._ring.extendleft(reversed(visited))  # nothing is lost: a crash fails them from the ring
+            raise
+        # Skipped requests keep their place in front; served ones go to the back (round-robin).
+        front = [r for k, r in enumerate(visited) if k not in served and r.windows]
+        back = [r for k, r in enumerate(visited) if k in served and r.windows]
+        self._ring.extendleft(reversed(front))
+        self._ring.extend(back)
+        now = time.perf_counter()
+        for job, _ in chosen:
+            if job.first_start is None:
+                job.first_start = now
+            job.undispatched -= 1
+            self._waiting -= 1
+        self._depth_changed()
+        return chosen
+
+    def _take_round_robin(self, visited: list[_Request]) -> tuple[list[tuple[_Job, int]], set[int]]:
+        """One window per request per round while the batch has room and padding stays under the cap;
+        returns the windows and the indices of the requests that gave one."""
         chosen: list[tuple[_Job, int]] = []
         served: set[int] = set()
         blocked: set[int] = set()
@@ -379,19 +405,7 @@ class MicroBatcher:
                 served.add(k)
                 longest, real = wider, real + length
                 progress = True
-        # Skipped requests keep their place in front; served ones go to the back (round-robin).
-        front = [r for k, r in enumerate(visited) if k not in served and r.windows]
-        back = [r for k, r in enumerate(visited) if k in served and r.windows]
-        self._ring.extendleft(reversed(front))
-        self._ring.extend(back)
-        now = time.perf_counter()
-        for job, _ in chosen:
-            if job.first_start is None:
-                job.first_start = now
-            job.undispatched -= 1
-            self._waiting -= 1
-        self._depth_changed()
-        return chosen
+        return chosen, served
 
     def _expected_seconds(self, tokens: int) -> float:
         """How long a call of ``tokens`` padded tokens may take before the watchdog calls it hung (the
@@ -423,6 +437,21 @@ class MicroBatcher:
                 self._calls.discard(call)
             self._slots.release()
             self._wakeup.set()
+        try:
+            self._deliver(chosen, call, batch, outputs, start)
+        except Exception:  # noqa: BLE001 - outputs of an unexpected shape: fail the batch, never leave it
+            logger.exception("backend outputs of a batch of %d windows could not be read", len(chosen))
+            self._fail(chosen, InferenceError("the inference backend returned unreadable outputs"))
+
+    def _deliver(
+        self,
+        chosen: list[tuple[_Job, int]],
+        call: _Call,
+        batch: dict[str, np.ndarray],
+        outputs: dict[str, np.ndarray],
+        start: float,
+    ) -> None:
+        """Hand each window its output row; a question is answered when all of its windows are."""
         end = time.perf_counter()
         if call.hung:
             logger.warning("a backend call the watchdog had given up on returned after %.1f s", end - start)
@@ -470,6 +499,12 @@ class MicroBatcher:
                     self._fail(call.chosen, BackendHung("the inference backend stopped responding"))
                     if self._on_hang is not None:
                         self._on_hang()
+            if self._calls and sum(c.hung for c in self._calls) >= self.workers:
+                # Every inference slot is held by a hung call: what waits would only reach its deadline.
+                error = BackendHung("the inference backend stopped responding")
+                for request in self._ring:
+                    for job, _ in list(request.windows):
+                        self._fail_job(job, error)
 
     # ---- failures and stats ---------------------------------------------------------------------
 

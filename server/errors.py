@@ -163,7 +163,7 @@ def install_error_handlers(app: FastAPI, metrics: Metrics, settings: ServerSetti
                 metrics,
                 415,
                 "unsupported_media_type",
-                f"Content-Type must be application/json, got {content_type!r}",
+                f"Content-Type must be application/json, got {_cut(content_type, 100)!r}",
             )
         if first.get("type") == "too_long" and tuple(first.get("loc", ())) == ("body", "items"):
             n = (first.get("ctx") or {}).get("actual_length", "more")

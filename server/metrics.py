@@ -25,6 +25,13 @@ def multiprocess_dir() -> str | None:
     return os.environ.get(MULTIPROC_ENV) or None
 
 
+def reset_multiprocess_dir(directory: str | os.PathLike) -> None:
+    """Start a run with no values or marks from an earlier one (prometheus-client's own advice)."""
+    for path in Path(directory).iterdir():
+        if path.suffix == ".db" or path.name == LOAD_FAILED_MARK:
+            path.unlink(missing_ok=True)
+
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
 
@@ -129,6 +136,7 @@ class Metrics:
         directory = multiprocess_dir()
         if directory is not None:
             (Path(directory) / LOAD_FAILED_MARK).touch()
+            multiprocess.mark_process_dead(os.getpid())
 
     @staticmethod
     def process_exiting() -> None:

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from server.batching import JobResult, MicroBatcher
+from server.batching import JobResult, MicroBatcher, QueueFull
 from server.model_spec import ModelSpec
 from train.squad import Feature, Prediction, decode, decode_beam, featurize_encoded, simple_null_logit
 from train.squad.features import TokenizerLike
 
-# Below this many characters featurizing/decoding inline is cheaper than a thread hop; above it,
-# a thread keeps a long context from stalling the event loop.
+# Below this many normalised characters featurizing/decoding inline is cheaper than a thread hop;
+# above it, a thread keeps a long context from stalling the event loop.
 _INLINE_CHARS = 2000
 
 
@@ -50,6 +50,12 @@ class WorkLimits:
     max_normalized_chars: int = 65536
     max_tokens: int = 16384
     max_windows: int = 128
+
+    @property
+    def max_featurize_backlog(self) -> int:
+        """Normalised characters that may wait for the featurizing thread: 32 maximal requests, a few
+        seconds of tokenizing (~1.5 us per character), well inside a request's deadline."""
+        return 32 * self.max_normalized_chars
 
 
 def normalized_length(text: str) -> int:
@@ -143,12 +149,13 @@ class QAPipeline:
         self.limits = limits or WorkLimits()
         # One thread: long inputs are tokenized one at a time, so a flood of them cannot take every core.
         self._featurizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="featurize")
+        self._backlog_chars = 0  # normalised characters waiting for (or in) the featurizing thread
 
     def close(self) -> None:
         self._featurizer.shutdown(wait=False, cancel_futures=True)
 
-    def check_text_size(self, items: Sequence[Question]) -> None:
-        """The cheap check, before any tokenizing: characters after normalisation, summed."""
+    def check_text_size(self, items: Sequence[Question]) -> int:
+        """The cheap check, before any tokenizing: characters after normalisation, summed (returned)."""
         limit, total = self.limits.max_normalized_chars, 0
         for i, q in enumerate(items):
             total += normalized_length(q.question) + normalized_length(q.context)
@@ -157,6 +164,7 @@ class QAPipeline:
                     "too_many_characters", "characters after Unicode normalisation (NFKD)", total,
                     i < len(items) - 1, limit, "max_normalized_chars",
                 )  # fmt: skip
+        return total
 
     def featurize_checked(self, items: Sequence[Question]) -> tuple[list[list[Feature]], list[float]]:
         """Windows of every question, refusing (RejectedInput) empty texts, too many tokens or windows."""
@@ -197,19 +205,28 @@ class QAPipeline:
             seconds[i] += time.perf_counter() - t
         return groups, [x * 1000 for x in seconds]
 
-    async def _featurize(self, items: Sequence[Question]) -> tuple[list[list[Feature]], list[float]]:
-        if sum(len(q.context) + len(q.question) for q in items) <= _INLINE_CHARS:
+    async def _featurize(
+        self, items: Sequence[Question], normalized: int, inline: bool
+    ) -> tuple[list[list[Feature]], list[float]]:
+        """Short inputs inline; long ones in the featurizing thread, whose backlog (in normalised
+        characters) is bounded: beyond it the request is refused (QueueFull) rather than queued."""
+        if inline:
             return self.featurize_checked(items)
+        if self._backlog_chars + normalized > self.limits.max_featurize_backlog:
+            raise QueueFull(f"{self._backlog_chars} characters are waiting to be tokenized")
         given_up = False
 
         def work() -> tuple[list[list[Feature]], list[float]] | None:
             return None if given_up else self.featurize_checked(items)
 
+        self._backlog_chars += normalized
         try:
             result = await asyncio.get_running_loop().run_in_executor(self._featurizer, work)
         except asyncio.CancelledError:
             given_up = True  # still waiting for the thread: it skips this request
             raise
+        finally:
+            self._backlog_chars -= normalized
         assert result is not None
         return result
 
@@ -242,20 +259,23 @@ class QAPipeline:
         """
         t0 = time.perf_counter()
         self.batcher.check_admission()  # cheap checks first: no tokenizing for a request that cannot run
-        self.check_text_size(items)
+        normalized = self.check_text_size(items)
+        inline = normalized <= _INLINE_CHARS
         futures: list[asyncio.Future] = []
+
+        async def featurize_and_infer() -> tuple[list[list[Feature]], list[float], list[JobResult]]:
+            groups, feat_ms = await self._featurize(items, normalized, inline)
+            futures.extend(self.batcher.submit_many(groups, tag=tag))
+            return groups, feat_ms, list(await asyncio.gather(*futures))
+
         try:
-            async with asyncio.timeout(self.timeout_s):
-                groups, feat_ms = await self._featurize(items)
-                futures = self.batcher.submit_many(groups, tag=tag)
-                results: list[JobResult] = await asyncio.gather(*futures)
-        except TimeoutError:
+            groups, feat_ms, results = await asyncio.wait_for(featurize_and_infer(), self.timeout_s)
+        except asyncio.TimeoutError:
             raise RequestTimeout(f"no answer within {self.timeout_s:g} s (server overloaded)") from None
         finally:
             for f in futures:  # on any failure, stop the other questions' queued windows
                 if not f.done():
                     f.cancel()
-        inline = sum(len(q.context) + len(q.question) for q in items) <= _INLINE_CHARS
         if inline:
             preds, dec_ms = self._decode_all(items, groups, results)
         else:

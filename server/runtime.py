@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import threading
 import time
@@ -151,39 +152,46 @@ class Runtime:
             m.non_finite.inc(stats.non_finite)
 
     async def _load(self) -> None:
-        s, spec = self.settings, self.spec
+        """Load and warm up within ``load_timeout_s``; any failure (a hang included) ends in ``failed``."""
         try:
-            self._state = "loading"
-            tokenizer = await asyncio.to_thread(XLNetTokenizer.from_dir, spec.tokenizer_dir)
-            self.backend = await asyncio.to_thread(self.backend_factory, spec, s)
-            assert self.batcher is not None
-            self.pipeline = QAPipeline(
-                spec,
-                tokenizer,
-                self.batcher,
-                n_best_pool=s.n_best_pool,
-                threshold=s.no_answer_threshold,
-                timeout_s=s.request_timeout_s,
-                limits=WorkLimits(s.max_normalized_chars, s.max_request_tokens, s.max_request_windows),
-            )
-            self._state = "warming"
-            if s.warmup_delay_s:
-                await asyncio.sleep(s.warmup_delay_s)
-            lengths = tuple(sorted({max(16, spec.min_engine_seq_len or 0), spec.max_seq_len}))
-            await asyncio.to_thread(self.backend.warmup, lengths, tuple(sorted({1, self.max_batch_size})))
-            await self.pipeline.answer(Question("What is warmed up?", "The model is warmed up. " * 8))
-            self._state = "ready"
-            self.metrics.ready.set(1)
-            runtime = self.backend.describe()
-            logger.info("model %s ready: backend %s, head %s", self.name, runtime, spec.head)
+            await asyncio.wait_for(self._load_and_warm_up(), self.settings.load_timeout_s)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - report any load failure, then stop the server
+            if isinstance(exc, asyncio.TimeoutError):
+                exc = TimeoutError(
+                    f"loading and warming up took longer than {self.settings.load_timeout_s:g} s"
+                )
             self._state = "failed"
             self.error = f"{type(exc).__name__}: {exc}"
             logger.error("model failed to load: %s", self.error, exc_info=exc)
             if self.on_fatal is not None:
                 self.on_fatal()
+
+    async def _load_and_warm_up(self) -> None:
+        s, spec = self.settings, self.spec
+        self._state = "loading"
+        tokenizer = await asyncio.to_thread(XLNetTokenizer.from_dir, spec.tokenizer_dir)
+        self.backend = await asyncio.to_thread(self.backend_factory, spec, s)
+        assert self.batcher is not None
+        self.pipeline = QAPipeline(
+            spec,
+            tokenizer,
+            self.batcher,
+            n_best_pool=s.n_best_pool,
+            threshold=s.no_answer_threshold,
+            timeout_s=s.request_timeout_s,
+            limits=WorkLimits(s.max_normalized_chars, s.max_request_tokens, s.max_request_windows),
+        )
+        self._state = "warming"
+        if s.warmup_delay_s:
+            await asyncio.sleep(s.warmup_delay_s)
+        lengths = tuple(sorted({max(16, spec.min_engine_seq_len or 0), spec.max_seq_len}))
+        await asyncio.to_thread(self.backend.warmup, lengths, tuple(sorted({1, self.max_batch_size})))
+        await self.pipeline.answer(Question("What is warmed up?", "The model is warmed up. " * 8))
+        self._state = "ready"
+        self.metrics.ready.set(1)
+        logger.info("model %s ready: backend %s, head %s", self.name, self.backend.describe(), spec.head)
 
     async def stop(self) -> None:
         """Refuse new work and finish what was admitted (uvicorn already waited for open requests)."""
@@ -201,6 +209,16 @@ class Runtime:
             self.pipeline.close()
         if self.backend is not None:
             self.backend.close()
+        if (
+            self.batcher is not None
+            and self.batcher.busy
+            and threading.current_thread() is threading.main_thread()
+        ):
+            # A backend call that never returned holds a thread the interpreter would wait for at exit
+            # (in every worker process too): leave now, with an error status.
+            logger.error("exiting with a backend call still running")
+            logging.shutdown()
+            os._exit(1)
 
     def require_ready(self) -> QAPipeline:
         """The pipeline, or the 503 that says why there is none (never internals: they are logged)."""

@@ -73,6 +73,9 @@ class ServerSettings(BaseSettings):
         None, ge=0.0, le=1.0, description="Default: the model's sidecar"
     )
     n_best_pool: int = Field(20, ge=1, le=100, description="Candidate starts/ends per window when decoding")
+    load_timeout_s: float = Field(
+        600.0, gt=0.0, description="Loading + warm-up longer than this is a failed load (exit 1)"
+    )
     warmup_delay_s: float = Field(0.0, ge=0.0, description="Extra sleep before warm-up (tests of /readyz)")
     graceful_timeout_s: float = Field(
         30.0, gt=0.0, description="How long SIGTERM waits for in-flight requests"

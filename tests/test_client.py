@@ -359,3 +359,21 @@ def test_the_deadline_bounds_all_retries() -> None:
         elapsed = time.monotonic() - start
     assert err.value.status_code == 503 and err.value.error == "overloaded" and err.value.request_id == "r1"
     assert elapsed < 1.5 and 3 <= len(seen) <= 7, (elapsed, len(seen))
+
+
+def test_bad_arguments_are_sdk_errors_before_anything_is_sent() -> None:
+    with (
+        stub_server(lambda h, body: _reply(h, 200, json.dumps(GOOD))) as (url, seen),
+        XLNetQAClient(url) as qa,
+    ):
+        bad_calls = [
+            lambda: qa.answer("Why?", "Because.", threshold=float("nan")),
+            lambda: qa.answer("Why?", 3),  # type: ignore[arg-type]
+            lambda: qa.answer_batch([("only a question",)]),  # type: ignore[list-item]
+            lambda: qa.answer_batch([{"question": "Why?", "context": "Because.", "max_answer_length": 3}]),
+        ]
+        for call in bad_calls:
+            with pytest.raises(XLNetQAClientError) as err:
+                call()
+            assert err.value.status_code is None and err.value.message
+    assert seen == []
