@@ -8,7 +8,9 @@ while the model runs (onnxruntime and torch release the GIL). While a batch runs
 and form the next batch ("batch while busy"), which is where the throughput gain comes from.
 
 Fairness: waiting requests sit in a ring, and a batch takes their windows round-robin, one window per
-request per round, so a request of one window is never stuck behind every window of a huge one.
+request per round, so a request of one window is never stuck behind every window of a huge one. With
+aging, a request that has waited ``k * aging_s`` seconds gives up to ``k + 1`` windows per round, so a
+large request still finishes within its deadline while many small ones keep arriving.
 Requests that got a window into the batch move to the back of the ring; one that was skipped stays in
 front and starts the next batch (nothing starves). Forming a batch looks at most ``lookahead``
 requests, so queue housekeeping costs O(lookahead) per batch, independent of the queue length.
@@ -148,6 +150,7 @@ class MicroBatcher:
         min_length: int | None = None,
         lookahead: int | None = None,
         max_padding: float = 0.25,
+        aging_s: float = 1.0,
         watchdog_factor: float = 20.0,
         watchdog_min_s: float = 5.0,
         on_batch: Callable[[BatchStats], None] | None = None,
@@ -163,6 +166,7 @@ class MicroBatcher:
         self.min_length = min_length  # e.g. a TensorRT profile's shortest sequence
         self.lookahead = lookahead if lookahead is not None else 4 * max_batch_size
         self.max_padding = max_padding  # padded tokens / real tokens - 1, at most
+        self.aging_s = aging_s
         self.watchdog_factor = watchdog_factor
         self.watchdog_min_s = watchdog_min_s
         self._on_batch = on_batch
@@ -385,26 +389,29 @@ class MicroBatcher:
         served: set[int] = set()
         blocked: set[int] = set()
         longest = real = 0
+        now = time.perf_counter()
+        quota = [1 + int((now - r.enqueued) / self.aging_s) if self.aging_s > 0 else 1 for r in visited]
         progress = True
         while progress and len(chosen) < self.max_batch_size:
             progress = False
             for k, request in enumerate(visited):
-                if k in blocked or len(chosen) == self.max_batch_size:
-                    continue
-                item = self._next_live(request)
-                if item is None:
-                    blocked.add(k)
-                    continue
-                length = len(item[0].features[item[1]])
-                wider = max(longest, length)
-                if chosen and wider * (len(chosen) + 1) > (1 + self.max_padding) * (real + length):
-                    request.windows.appendleft(item)  # too much padding: it leads a later batch
-                    blocked.add(k)
-                    continue
-                chosen.append(item)
-                served.add(k)
-                longest, real = wider, real + length
-                progress = True
+                for _ in range(quota[k]):
+                    if k in blocked or len(chosen) == self.max_batch_size:
+                        break
+                    item = self._next_live(request)
+                    if item is None:
+                        blocked.add(k)
+                        break
+                    length = len(item[0].features[item[1]])
+                    wider = max(longest, length)
+                    if chosen and wider * (len(chosen) + 1) > (1 + self.max_padding) * (real + length):
+                        request.windows.appendleft(item)  # too much padding: it leads a later batch
+                        blocked.add(k)
+                        break
+                    chosen.append(item)
+                    served.add(k)
+                    longest, real = wider, real + length
+                    progress = True
         return chosen, served
 
     def _expected_seconds(self, tokens: int) -> float:

@@ -123,6 +123,7 @@ class Runtime:
             workers=s.inference_workers,
             pad_multiple_of=s.pad_multiple_of,
             max_padding=s.max_batch_padding,
+            aging_s=s.queue_aging_s,
             min_length=self.spec.min_engine_seq_len,
             watchdog_factor=s.watchdog_factor,
             watchdog_min_s=s.watchdog_min_s,

@@ -43,6 +43,10 @@ class ServerSettings(BaseSettings):
     pad_multiple_of: int | None = Field(
         None, ge=1, description="Round padded lengths up (limits engine shapes)"
     )
+    queue_aging_s: float = Field(
+        1.0, ge=0.0, description="Fair queueing: a request waiting k times this long gives k+1 windows per "
+        "round, so large requests finish within their deadline (0 = strict round-robin)",
+    )  # fmt: skip
     inference_workers: int = Field(1, ge=1, description="Backend calls in flight at once")
     max_context_chars: int = Field(20000, ge=1, description="Characters of one context as sent")
     max_question_chars: int = Field(1000, ge=1, description="Characters of one question as sent")
