@@ -203,10 +203,7 @@ class MicroBatcher:
             return
         logger.error("micro-batcher collector crashed", exc_info=task.exception())
         self.crashed = True
-        error = BatcherUnhealthy("the micro-batcher crashed")
-        while self._ring:  # their callbacks bring the queue count down
-            for job, _ in self._ring.popleft().windows:
-                self._fail_job(job, error)
+        self._fail_queued(BatcherUnhealthy("the micro-batcher crashed"))
 
     @property
     def healthy(self) -> bool:
@@ -283,9 +280,7 @@ class MicroBatcher:
         """Refuse new work and fail every admitted question now (queued or in a running call)."""
         self._closed = True
         self._wakeup.set()
-        for request in self._ring:
-            for job, _ in request.windows:
-                self._fail_job(job, error)
+        self._fail_queued(error)
         for call in self._calls:
             for job, _ in call.chosen:
                 self._fail_job(job, error)
@@ -508,10 +503,7 @@ class MicroBatcher:
                         self._on_hang()
             if self._calls and sum(c.hung for c in self._calls) >= self.workers:
                 # Every inference slot is held by a hung call: what waits would only reach its deadline.
-                error = BackendHung("the inference backend stopped responding")
-                for request in self._ring:
-                    for job, _ in list(request.windows):
-                        self._fail_job(job, error)
+                self._fail_queued(BackendHung("the inference backend stopped responding"))
 
     # ---- failures and stats ---------------------------------------------------------------------
 
@@ -519,6 +511,12 @@ class MicroBatcher:
         if not job.dead:
             job.future.set_exception(error)
             job.future.exception()  # retrieved: a question nobody awaits any more is not "never retrieved"
+
+    def _fail_queued(self, error: Exception) -> None:
+        """Fail every question with windows in the ring (their callbacks bring the queue count down)."""
+        for request in self._ring:
+            for job, _ in list(request.windows):
+                self._fail_job(job, error)
 
     def _fail(self, chosen: list[tuple[_Job, int]], error: Exception) -> None:
         for job, _ in chosen:
