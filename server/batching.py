@@ -15,6 +15,18 @@ Requests that got a window into the batch move to the back of the ring; one that
 front and starts the next batch (nothing starves). Forming a batch looks at most ``lookahead``
 requests, so queue housekeeping costs O(lookahead) per batch, independent of the queue length.
 
+Deadlines: a fair share is not enough for a request of many windows while the server is saturated:
+it would reach its deadline with half of its windows done. Requests of more than one batch of windows
+are also kept in deadline order, with an estimate of their remaining work (measured seconds per token).
+Once the time a large request has left is under ``URGENCY_MARGIN`` times the work of it and every large
+request due before it, those requests (and from then on until they are done) take all but one slot of each batch, earliest deadline first (the
+fair ring keeps the last slot, or the next batch when the padding cap kept its windows out, so small
+requests still progress). A large request that could not finish
+by its deadline even if served alone is refused at admission (:class:`QueueFull`, so 503 + Retry-After
+at once instead of a 504 after the deadline) or, if the load grew after it was admitted, failed early
+with :class:`DeadlineUnreachable`, so no capacity goes to windows whose answer would arrive too late.
+This costs O(large requests) per batch, at most ``max_queue / max_batch_size``.
+
 Padding: a window joins only while the batch's padding stays within ``max_padding`` of its real
 tokens: on a compute-bound CPU a batch costs about what its windows cost one by one, so padding is
 pure loss; a window that would exceed the cap waits for the next call. ``max_batch_size=1`` switches
@@ -35,6 +47,7 @@ Health: the watchdog marks the batcher unhealthy while a backend call runs longe
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import time
@@ -51,10 +64,15 @@ logger = logging.getLogger(__name__)
 
 RunFn = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+URGENCY_MARGIN = 2.0  # a large request is served first once its time left < this x the work ahead of it
 
 
 class QueueFull(RuntimeError):
     """Too many windows are waiting; retry later."""
+
+
+class DeadlineUnreachable(RuntimeError):
+    """At the measured speed this question's remaining windows cannot finish before its deadline."""
 
 
 class BatcherClosed(RuntimeError):
@@ -115,6 +133,8 @@ class _Request:
 
     windows: deque[tuple[_Job, int]]
     enqueued: float
+    deadline: float | None = None  # time.perf_counter() by which its answer is due
+    urgent: bool = False  # served before the ring until done (see "Deadlines" above)
 
 
 @dataclass
@@ -174,6 +194,8 @@ class MicroBatcher:
         self._on_dropped = on_dropped
         self._on_hang = on_hang
         self._ring: deque[_Request] = deque()  # requests with windows waiting, round-robin order
+        self._large: list[_Request] = []  # requests of more than one batch, by deadline
+        self._ring_owed = False  # the last batch was all urgent windows: the next one is the ring's
         self._waiting = 0  # windows of live questions not dispatched yet
         self._wakeup = asyncio.Event()
         self.workers = workers
@@ -232,11 +254,14 @@ class MicroBatcher:
                 f"{self._waiting} windows are waiting and this request has {windows} (limit {self.max_queue})"
             )
 
-    def submit_many(self, groups: Sequence[Sequence[Feature]], tag: str = "") -> list[asyncio.Future]:
+    def submit_many(
+        self, groups: Sequence[Sequence[Feature]], tag: str = "", deadline: float | None = None
+    ) -> list[asyncio.Future]:
         """Admit one request's questions at once, all or none (a batch request is never half-queued).
 
-        Returns one future per question resolving to a :class:`JobResult`. Raises QueueFull,
-        BatcherClosed or BatcherUnhealthy without queueing anything.
+        ``deadline`` (``time.perf_counter()`` time) lets a large request be scheduled to meet it. Returns
+        one future per question resolving to a :class:`JobResult`. Raises QueueFull, BatcherClosed or
+        BatcherUnhealthy without queueing anything.
         """
         if any(not features for features in groups):
             raise ValueError("a question needs at least one window")
@@ -244,7 +269,7 @@ class MicroBatcher:
         self.check_admission(n)
         loop = asyncio.get_running_loop()
         now = time.perf_counter()
-        request = _Request(deque(), now)
+        request = _Request(deque(), now, deadline)
         futures = []
         for features in groups:
             k = len(features)
@@ -252,6 +277,8 @@ class MicroBatcher:
             job.future.add_done_callback(lambda _, job=job: self._forget(job))
             request.windows.extend((job, i) for i in range(k))
             futures.append(job.future)
+        if deadline is not None and n > self.max_batch_size:
+            self._admit_large(request, now)  # may raise QueueFull: nothing is queued yet
         self._ring.append(request)
         self._waiting += n
         self._depth_changed()
@@ -355,14 +382,17 @@ class MicroBatcher:
     async def _form_batch(self) -> list[tuple[_Job, int]]:
         """Take windows round-robin from the first ``lookahead`` requests, within the padding cap."""
         await self._wait_for_fill()
+        urgent = [] if self._ring_owed else self._take_urgent()
         visited: list[_Request] = []
         while self._ring and len(visited) < self.lookahead:
             visited.append(self._ring.popleft())
         try:
-            chosen, served = self._take_round_robin(visited)
+            chosen, served = self._take_round_robin(visited, list(urgent))
         except BaseException:
             self._ring.extendleft(reversed(visited))  # nothing is lost: a crash fails them from the ring
             raise
+        # An urgent batch that left no room for the ring (padding) owes the ring the next batch.
+        self._ring_owed = bool(urgent) and len(chosen) == len(urgent) and any(r.windows for r in visited)
         # Skipped requests keep their place in front; served ones go to the back (round-robin).
         front = [r for k, r in enumerate(visited) if k not in served and r.windows]
         back = [r for k, r in enumerate(visited) if k in served and r.windows]
@@ -377,13 +407,16 @@ class MicroBatcher:
         self._depth_changed()
         return chosen
 
-    def _take_round_robin(self, visited: list[_Request]) -> tuple[list[tuple[_Job, int]], set[int]]:
-        """One window per request per round while the batch has room and padding stays under the cap;
-        returns the windows and the indices of the requests that gave one."""
-        chosen: list[tuple[_Job, int]] = []
+    def _take_round_robin(
+        self, visited: list[_Request], chosen: list[tuple[_Job, int]]
+    ) -> tuple[list[tuple[_Job, int]], set[int]]:
+        """After the urgent windows in ``chosen``: one window per request per round while the batch has
+        room and padding stays under the cap; returns the windows and the indices of the requests that
+        gave one."""
         served: set[int] = set()
         blocked: set[int] = set()
-        longest = real = 0
+        longest = max((len(job.features[i]) for job, i in chosen), default=0)
+        real = sum(len(job.features[i]) for job, i in chosen)
         now = time.perf_counter()
         quota = [1 + int((now - r.enqueued) / self.aging_s) if self.aging_s > 0 else 1 for r in visited]
         progress = True
@@ -408,6 +441,66 @@ class MicroBatcher:
                     longest, real = wider, real + length
                     progress = True
         return chosen, served
+
+    # ---- deadlines of large requests ---------------------------------------------------------------------
+
+    def _seconds_left(self, request: _Request) -> float:
+        """Estimated backend time for ``request``'s waiting windows while it holds all but one slot."""
+        if self._seconds_per_token is None or not request.windows:
+            return 0.0
+        job, i = request.windows[0]
+        share = self.max_batch_size / max(1, self.max_batch_size - 1)
+        return len(request.windows) * len(job.features[i]) * self._seconds_per_token * share
+
+    def _admit_large(self, request: _Request, now: float) -> None:
+        """Queue ``request`` in deadline order, or raise QueueFull if, after the large requests due
+        before it, it could not finish by its deadline."""
+        assert request.deadline is not None
+        self._large = [r for r in self._large if r.windows]
+        ahead = sum(self._seconds_left(r) for r in self._large if r.deadline <= request.deadline)  # type: ignore[operator]
+        need = ahead + self._seconds_left(request)
+        if now + need > request.deadline:
+            raise QueueFull(
+                f"this request's {len(request.windows)} windows would need ~{need:.1f} s at the current "
+                f"load but its deadline is {request.deadline - now:.1f} s away"
+            )
+        keys = [r.deadline for r in self._large]
+        self._large.insert(bisect.bisect_right(keys, request.deadline), request)  # type: ignore[arg-type]
+
+    def _take_urgent(self) -> list[tuple[_Job, int]]:
+        """Windows of the large requests that must run now to meet their deadlines (earliest deadline
+        first, all but one slot); fails those that can no longer make it."""
+        self._large = [r for r in self._large if r.windows]
+        if not self._large or self._seconds_per_token is None:
+            return []
+        now = time.perf_counter()
+        work, last_urgent, feasible = 0.0, -1, []
+        for request in self._large:
+            need = self._seconds_left(request)
+            if now + work + need > request.deadline:  # type: ignore[operator]
+                self._fail_request(
+                    request, DeadlineUnreachable("this question could not be answered within its deadline")
+                )
+                continue
+            work += need
+            feasible.append(request)
+            if request.urgent or request.deadline - now < URGENCY_MARGIN * work:  # type: ignore[operator]
+                request.urgent = True  # stays so until done: it keeps the margin it was given
+                last_urgent = len(feasible) - 1
+        self._large = [r for r in self._large if r.windows]
+        room = self.max_batch_size - 1 if self.max_batch_size > 1 else 1
+        chosen: list[tuple[_Job, int]] = []
+        for request in feasible[: last_urgent + 1]:
+            while len(chosen) < room:
+                item = self._next_live(request)
+                if item is None:
+                    break
+                chosen.append(item)
+        return chosen
+
+    def _fail_request(self, request: _Request, error: Exception) -> None:
+        for job in {job for job, _ in request.windows}:
+            self._fail_job(job, error)
 
     def _expected_seconds(self, tokens: int) -> float:
         """How long a call of ``tokens`` padded tokens may take before the watchdog calls it hung (the

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from server.batching import JobResult, MicroBatcher, QueueFull
+from server.batching import DeadlineUnreachable, JobResult, MicroBatcher, QueueFull
 from server.model_spec import ModelSpec
 from train.squad import Feature, Prediction, decode, decode_beam, featurize_encoded, simple_null_logit
 from train.squad.features import TokenizerLike
@@ -265,13 +265,17 @@ class QAPipeline:
 
         async def featurize_and_infer() -> tuple[list[list[Feature]], list[float], list[JobResult]]:
             groups, feat_ms = await self._featurize(items, normalized, inline)
-            futures.extend(self.batcher.submit_many(groups, tag=tag))
+            futures.extend(self.batcher.submit_many(groups, tag=tag, deadline=t0 + self.timeout_s))
             return groups, feat_ms, list(await asyncio.gather(*futures))
 
         try:
             groups, feat_ms, results = await asyncio.wait_for(featurize_and_infer(), self.timeout_s)
         except asyncio.TimeoutError:
             raise RequestTimeout(f"no answer within {self.timeout_s:g} s (server overloaded)") from None
+        except DeadlineUnreachable:
+            raise RequestTimeout(
+                f"no answer possible within {self.timeout_s:g} s at the current load (server overloaded)"
+            ) from None
         finally:
             for f in futures:  # on any failure, stop the other questions' queued windows
                 if not f.done():

@@ -240,6 +240,75 @@ def test_small_requests_are_not_stuck_behind_a_huge_one(onnx_export: Path, xlnet
     assert finished[-1] == "big" and len(finished) == 4, finished
 
 
+def test_a_large_request_meets_its_deadline_under_saturation(xlnet_tok) -> None:
+    """Strict round-robin alone would give a 30-window request one slot per ring turn behind 8 busy
+    clients asking about full windows (~3.5 s here); deadline-aware scheduling finishes it in time while the clients keep getting
+    answers. Work that cannot meet its deadline is refused at admission, or failed before it runs."""
+    from server.batching import DeadlineUnreachable, MicroBatcher, QueueFull
+
+    gate = threading.Event()
+    gate.set()
+    calls: list[int] = []
+
+    def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        gate.wait()
+        calls.append(batch["input_ids"].shape[0])
+        time.sleep(1e-4 * batch["input_ids"].size)  # compute-bound: a batch costs what its tokens cost
+        return {"start_logits": np.zeros(batch["input_ids"].shape)}
+
+    question = "What did the ministers decide?"
+    large = featurize_one(question, long_context(xlnet_tok, question, 30), xlnet_tok, **WINDOWS)
+    words = long_context(xlnet_tok, question, 1).split()
+    n = next(
+        n
+        for n in range(len(words), 0, -1)
+        if len(featurize_one("Why?", " ".join(words[:n]), xlnet_tok, **WINDOWS)) == 1
+    )
+    small = featurize_one("Why?", " ".join(words[:n]), xlnet_tok, **WINDOWS)  # one full window
+    huge = large * 8  # ~240 windows: at least 0.6 s alone, more than its 0.5 s deadline
+
+    async def scenario() -> None:
+        b = MicroBatcher(run, max_batch_size=4, max_delay_s=0.0, aging_s=0.0)
+        b.start()
+        stop = asyncio.Event()
+        answered: list[float] = []
+
+        async def client() -> None:
+            while not stop.is_set():
+                await b.submit(small)
+                answered.append(time.perf_counter())
+
+        clients = [asyncio.ensure_future(client()) for _ in range(8)]
+        await asyncio.sleep(0.5)  # saturated, and the speed is measured
+        start = time.perf_counter()
+        deadline = start + 1.5  # ~0.55 s of work served first; ~3.5 s at one window per ring turn
+        result = await b.submit_many([large], deadline=deadline)[0]
+        done = time.perf_counter()
+        assert done < deadline and len(result.rows) == len(large)
+        assert sum(start < t < done for t in answered) >= 5  # the small clients were not shut out
+
+        with pytest.raises(QueueFull, match="deadline"):
+            b.submit_many([huge], deadline=time.perf_counter() + 0.5)
+
+        stop.set()
+        await asyncio.gather(*clients)
+        gate.clear()  # the backend stalls for 1 s with a small question in it
+        stalled = asyncio.ensure_future(b.submit(small))
+        await asyncio.sleep(0.1)
+        late = b.submit_many([large], deadline=time.perf_counter() + 0.8)[0]  # feasible when admitted
+        calls_before = len(calls)
+        await asyncio.sleep(1.0)
+        gate.set()
+        with pytest.raises(DeadlineUnreachable):
+            await late
+        await stalled
+        assert len(calls) - calls_before <= 2  # none of its windows ran: they would have come too late
+        assert b.queued == 0
+        await b.drain()
+
+    asyncio.run(scenario())
+
+
 def test_windows_of_a_departed_client_are_dropped(onnx_export: Path, xlnet_tok) -> None:
     question = "What did the ministers decide?"
     big = {"question": question, "context": long_context(xlnet_tok, question, 60)}
