@@ -15,6 +15,8 @@ to the client.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -74,6 +76,24 @@ class BodyTooLarge(StarletteHTTPException):
         super().__init__(413, "request body too large")
 
 
+LINGER_BYTES = 64 * 1024 * 1024  # an oversized body up to this size is read and discarded before the 413
+LINGER_S = 2.0  # ... for at most this long
+
+
+async def _discard_body(receive: Receive, seconds: float) -> None:
+    """Read the rest of a refused body (bounded in time), so the client, still uploading, receives the
+    413 instead of a connection reset when the server closes with unread data."""
+
+    async def drain() -> None:
+        while True:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(drain(), seconds)
+
+
 class BodyLimitMiddleware:
     """413 (JSON) for bodies over ``max_bytes``: at once from Content-Length, else while reading chunks.
 
@@ -93,6 +113,8 @@ class BodyLimitMiddleware:
                 self.metrics, 413, "body_too_large", f"request body exceeds {self.max_bytes} bytes",
                 headers={"Connection": "close"},
             )  # fmt: skip
+            if int(declared) <= LINGER_BYTES:
+                await _discard_body(receive, LINGER_S)
             await response(scope, receive, send)
             return
         seen = 0

@@ -435,6 +435,26 @@ def test_chunked_body_over_the_limit_is_413(onnx_server: ServerProcess) -> None:
     assert post(onnx_server.url + "/answer", OK).status_code == 200
 
 
+def test_a_client_uploading_a_body_far_over_the_limit_reads_the_413(onnx_server: ServerProcess) -> None:
+    """9x the limit, more than the socket buffers hold: the server reads and discards the rest, so the
+    client gets the JSON 413 instead of a connection reset mid-upload."""
+    from clients import XLNetQAClient, XLNetQAClientError
+
+    raw = b'{"question": "a", "context": "' + b"x" * 9_000_000 + b'"}'
+    r = post(onnx_server.url + "/answer", None, raw=raw)
+    assert r.status_code == 413 and r.json()["error"] == "body_too_large"
+
+    async def upload() -> httpx.Response:
+        async with httpx.AsyncClient(timeout=30) as c:
+            return await c.post(onnx_server.url + "/answer", content=raw, headers={"content-type": "application/json"})
+
+    r = asyncio.run(upload())
+    assert r.status_code == 413 and r.json()["error"] == "body_too_large"
+    with XLNetQAClient(onnx_server.url, retries=3) as qa, pytest.raises(XLNetQAClientError) as err:
+        qa.answer("a", "x" * 9_000_000)  # not retried as a connection error
+    assert err.value.status_code == 413 and err.value.error == "body_too_large"
+
+
 def test_unknown_route_and_method_are_json(onnx_server: ServerProcess) -> None:
     r = httpx.get(onnx_server.url + "/nope")
     assert r.status_code == 404 and r.json()["error"] == "not_found"
