@@ -20,7 +20,7 @@ import asyncio
 import email.utils
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import httpx
@@ -164,22 +164,27 @@ class _Attempts:
         self.attempt = 0
         self.ends = None if policy.deadline is None else time.monotonic() + policy.deadline
 
-    def _left(self) -> float:
+    def left(self) -> float:
+        """Seconds until the call's deadline (infinite without one)."""
         return float("inf") if self.ends is None else self.ends - time.monotonic()
 
     def timeout(self) -> float:
         """This attempt's timeout: the client's, cut to what is left of the deadline."""
-        left = self._left()
+        left = self.left()
         if left <= 0:
             raise XLNetQATimeoutError(
                 f"no answer from {self.policy.base_url} within the {self.policy.deadline:g} s deadline"
             )
         return min(self.policy.timeout, left)
 
+    def check(self) -> None:
+        """Raise XLNetQATimeoutError once the deadline has passed (between attempts and while reading)."""
+        self.timeout()
+
     def _wait(self, delay: float, error: XLNetQAError) -> float:
         """``delay`` before the next attempt, or ``error`` when retries or time have run out."""
         self.attempt += 1
-        if self.attempt > self.policy.retries or delay >= self._left():
+        if self.attempt > self.policy.retries or delay >= self.left():
             raise error
         return delay
 
@@ -273,7 +278,7 @@ class XLNetQAClient(_Policy):
         attempts = _Attempts(self)
         while True:
             try:
-                response = self._http.request(method, path, json=json, timeout=attempts.timeout())
+                response = self._send(method, path, json, attempts)
             except httpx.HTTPError as exc:
                 time.sleep(attempts.after_transport_error(exc))
                 continue
@@ -281,6 +286,23 @@ class XLNetQAClient(_Policy):
             if delay is None:
                 return response
             time.sleep(delay)
+
+    def _send(self, method: str, path: str, json: Any, attempts: _Attempts) -> httpx.Response:
+        """One attempt; with a deadline the body is read chunk by chunk and the deadline checked after
+        each, so a server trickling bytes cannot hold the call past it (by more than one read)."""
+        if self.deadline is None:
+            return self._http.request(method, path, json=json, timeout=attempts.timeout())
+        request = self._http.build_request(method, path, json=json, timeout=attempts.timeout())
+        response = self._http.send(request, stream=True)
+        try:
+            body = bytearray()
+            for chunk in response.iter_bytes():
+                body += chunk
+                attempts.check()
+        finally:
+            response.close()
+        headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() != "content-encoding"]
+        return httpx.Response(response.status_code, headers=headers, content=bytes(body), request=request)
 
     def _probe(self, path: str) -> bool:
         try:
@@ -340,7 +362,8 @@ class AsyncXLNetQAClient(_Policy):
         attempts = _Attempts(self)
         while True:
             try:
-                response = await self._http.request(method, path, json=json, timeout=attempts.timeout())
+                call = self._http.request(method, path, json=json, timeout=attempts.timeout())
+                response = await (call if self.deadline is None else self._within_deadline(call, attempts))
             except httpx.HTTPError as exc:
                 await asyncio.sleep(attempts.after_transport_error(exc))
                 continue
@@ -348,6 +371,14 @@ class AsyncXLNetQAClient(_Policy):
             if delay is None:
                 return response
             await asyncio.sleep(delay)
+
+    async def _within_deadline(self, call: Awaitable[httpx.Response], attempts: _Attempts) -> httpx.Response:
+        """The attempt, cancelled when the call's deadline passes (a trickling server cannot hold it)."""
+        try:
+            return await asyncio.wait_for(call, attempts.left())
+        except asyncio.TimeoutError:
+            attempts.check()  # the deadline has passed: XLNetQATimeoutError
+            raise httpx.ReadTimeout("no complete response within the attempt's timeout") from None
 
     async def _probe(self, path: str) -> bool:
         try:

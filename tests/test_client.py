@@ -361,6 +361,39 @@ def test_the_deadline_bounds_all_retries() -> None:
     assert elapsed < 1.5 and 3 <= len(seen) <= 7, (elapsed, len(seen))
 
 
+def test_the_deadline_holds_against_a_server_that_trickles_its_answer() -> None:
+    """Headers at once, then the body byte by byte over 2 s: every read is within ``timeout``, but the
+    call must end at its deadline (sync: checked after each chunk; async: cancelled)."""
+    payload = json.dumps(GOOD).encode() + b" " * 30
+
+    def respond(h, body) -> None:
+        h.send_response(200)
+        h.send_header("content-type", "application/json")
+        h.send_header("content-length", str(len(payload)))
+        h.end_headers()
+        for byte in payload:
+            h.wfile.write(bytes([byte]))
+            h.wfile.flush()
+            time.sleep(2.0 / len(payload))
+
+    def ask_sync(url: str) -> None:
+        with XLNetQAClient(url, timeout=2.0, deadline=0.8) as qa:
+            qa.answer("Why?", "Because.")
+
+    async def ask_async(url: str) -> None:
+        async with AsyncXLNetQAClient(url, timeout=2.0, deadline=0.8) as qa:
+            await qa.answer("Why?", "Because.")
+
+    with stub_server(respond) as (url, _):
+        for ask in (lambda: ask_sync(url), lambda: asyncio.run(ask_async(url))):
+            start = time.monotonic()
+            with pytest.raises(XLNetQATimeoutError, match="deadline"):
+                ask()
+            assert time.monotonic() - start < 1.3
+        with XLNetQAClient(url, timeout=2.0, deadline=30) as qa:  # a deadline that holds: the answer
+            assert qa.answer("Why?", "Because.").answer == "x"
+
+
 def test_bad_arguments_are_sdk_errors_before_anything_is_sent() -> None:
     with (
         stub_server(lambda h, body: _reply(h, 200, json.dumps(GOOD))) as (url, seen),

@@ -446,7 +446,9 @@ def test_a_client_uploading_a_body_far_over_the_limit_reads_the_413(onnx_server:
 
     async def upload() -> httpx.Response:
         async with httpx.AsyncClient(timeout=30) as c:
-            return await c.post(onnx_server.url + "/answer", content=raw, headers={"content-type": "application/json"})
+            return await c.post(
+                onnx_server.url + "/answer", content=raw, headers={"content-type": "application/json"}
+            )
 
     r = asyncio.run(upload())
     assert r.status_code == 413 and r.json()["error"] == "body_too_large"
