@@ -366,6 +366,40 @@ def test_the_deadline_covers_featurizing_queueing_and_inference(xlnet_tok) -> No
     asyncio.run(scenario())
 
 
+def test_the_tokenizing_backlog_is_bounded(xlnet_tok) -> None:
+    """Long inputs wait for one featurizing thread; beyond 32 maximal requests' worth of characters a
+    request is refused at once (QueueFull: 503 + Retry-After) instead of queueing more tokenizing."""
+    from server.batching import MicroBatcher, QueueFull
+    from server.model_spec import ModelSpec
+    from server.pipeline import QAPipeline, Question, WorkLimits
+
+    def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        b, t = batch["input_ids"].shape
+        return {"start_logits": np.zeros((b, t)), "end_logits": np.zeros((b, t)), "cls_logits": np.zeros(b)}
+
+    spec = ModelSpec(name="t", directory=REPO, tokenizer_dir=REPO, head="shallow", kind="export", **WINDOWS)
+    context = long_context(xlnet_tok, "Why?", 10)  # over the inline limit: the featurizing thread
+    limits = WorkLimits(max_normalized_chars=len(context) + 10, max_tokens=10**6, max_windows=10**4)
+
+    async def scenario() -> None:
+        batcher = MicroBatcher(run, max_batch_size=8, max_delay_s=0.0, max_queue=10**5)
+        batcher.start()
+        pipeline = QAPipeline(spec, xlnet_tok, batcher, limits=limits)
+        outcomes = await asyncio.gather(
+            *(pipeline.answer(Question("Why?", context)) for _ in range(48)), return_exceptions=True
+        )
+        refused = [o for o in outcomes if isinstance(o, QueueFull)]
+        answered = [o for o in outcomes if not isinstance(o, BaseException)]
+        assert len(refused) + len(answered) == 48, [o for o in outcomes if isinstance(o, BaseException)]
+        assert 48 - 32 <= len(refused) < 48 and "waiting to be tokenized" in str(refused[0])
+        assert all(a.windows >= 3 for a in answered)
+        assert pipeline._backlog_chars == 0  # every refused or finished request gave its share back
+        await batcher.drain()
+        pipeline.close()
+
+    asyncio.run(scenario())
+
+
 # ---- failures: hangs, NaN, crashes, load errors ---------------------------------------------------------
 
 
