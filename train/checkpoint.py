@@ -208,8 +208,19 @@ def state_dict_for_saving(model: nn.Module) -> dict[str, torch.Tensor]:
     for key, value in model.state_dict().items():
         if key == "lm_loss.weight":
             continue
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            raise FloatingPointError(f"refusing to save non-finite weights ({key} holds NaN or infinity)")
         out[key] = value.detach().to("cpu").contiguous().clone()
     return out
+
+
+def fsync_directory(path: Path) -> None:
+    """Make a rename or a new entry in ``path`` durable (a file's fsync does not cover its directory)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def atomic_directory(target: Path):
@@ -234,11 +245,13 @@ class _AtomicDir:
             if f.is_file():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
+        fsync_directory(self.tmp)
         old = None
         if self.target.exists():
             old = self.target.with_name(f".{self.target.name}.old-{os.getpid()}")
             os.replace(self.target, old)
         os.replace(self.tmp, self.target)
+        fsync_directory(self.target.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
 

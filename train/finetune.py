@@ -11,7 +11,6 @@ the data it was selected on. `--recipe` sets the original's published-run settin
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import sys
@@ -32,16 +31,15 @@ from train.optim import (
     DECAYS,
     LAYER_DECAY_MODES,
     OPTIMIZERS,
-    MicroBatchClipping,
     make_optimizer,
     make_scheduler,
-    optimizer_step,
 )
 from train.qa import evaluate_predictions, run_evaluation, write_prediction_files
 from train.recipes import RECIPES, recipe_defaults
 from train.runlog import MetricsLog
-from train.runtime import StopFlag, all_reduce_mean, autocast, init_distributed, seed_everything
+from train.runtime import StopFlag, all_reduce_mean, init_distributed, seed_everything
 from train.squad import featurize, pad_batch, read_squad, subsample_out_of_window
+from train.step import TrainStep
 from train.tokenizer import XLNetTokenizer, train_spm
 from train.train_state import latest_checkpoint, load_training_state, save_training_state
 
@@ -319,10 +317,18 @@ def finetune(args) -> dict:
             print(f"Resumed from {resume_from} at step {step} (best_f1 so far {best_f1:.2f})", flush=True)
         if step >= total_steps and (out / "metadata.json").exists():  # already finished: report it again
             final_metrics = json.loads((out / "metadata.json").read_text()).get("dev_metrics")
-    train_model = torch.nn.parallel.DistributedDataParallel(model) if d.enabled else model
-    clipper = MicroBatchClipping(model.parameters(), args.clip) if args.clip_each_micro_batch else None
-    # With per-micro-batch clipping every rank's micro-batch is one "core": sum over ranks by hand.
-    loss_divisor = args.grad_accum * (d.world_size if clipper is not None else 1)
+    trainer = TrainStep(
+        model,
+        optimizer,
+        scheduler,
+        dist=d,
+        precision=args.precision,
+        grad_accum=args.grad_accum,
+        clip=args.clip,
+        clip_each_micro_batch=args.clip_each_micro_batch,
+    )
+    if resume_from is not None:
+        trainer.load_state_dict(state["extra"].get("trainer", {}))
     log = MetricsLog(
         out,
         enabled=d.is_main,
@@ -393,43 +399,30 @@ def finetune(args) -> dict:
             write_prediction_files(out / "dev_predictions", result)
         return m
 
+    def micro_loss(train_model: torch.nn.Module, _: int) -> torch.Tensor:
+        nonlocal seen
+        idx = batches.next_indices()
+        arrays = pad_batch([train_features[i] for i in idx], include_labels=True)
+        t = {k: torch.from_numpy(v).to(d.device) for k, v in arrays.items()}
+        seen += len(idx)
+        return train_model(
+            t["input_ids"],
+            token_type_ids=t["token_type_ids"],
+            attention_mask=t["attention_mask"],
+            p_mask=t["p_mask"],
+            cls_index=t["cls_index"],
+            start_positions=t["start_positions"],
+            end_positions=t["end_positions"],
+            is_impossible=t["is_impossible"],
+        ).loss
+
     with StopFlag() as stop:
         while step < total_steps:
-            train_model.train()
-            total = 0.0
-            for micro in range(args.grad_accum):
-                idx = batches.next_indices()
-                arrays = pad_batch([train_features[i] for i in idx], include_labels=True)
-                t = {k: torch.from_numpy(v).to(d.device) for k, v in arrays.items()}
-                # DDP all-reduces only at the last micro-batch; per-micro-batch clipping sums by hand
-                sync = not d.enabled or (micro == args.grad_accum - 1 and clipper is None)
-                with contextlib.nullcontext() if sync else train_model.no_sync():
-                    with autocast(args.precision, d.device):
-                        res = train_model(
-                            t["input_ids"],
-                            token_type_ids=t["token_type_ids"],
-                            attention_mask=t["attention_mask"],
-                            p_mask=t["p_mask"],
-                            cls_index=t["cls_index"],
-                            start_positions=t["start_positions"],
-                            end_positions=t["end_positions"],
-                            is_impossible=t["is_impossible"],
-                        )
-                    (res.loss.float() / loss_divisor).backward()
-                if clipper is not None:
-                    clipper.add()
-                total += res.loss.item() / args.grad_accum
-                seen += len(idx)
-            if clipper is not None:
-                grad_norm = clipper.finish(all_reduce=dist.all_reduce if d.enabled else None)
-                optimizer_step(optimizer, scheduler, clip=0.0)  # already clipped, as on the original's TPU
-            else:
-                grad_norm = optimizer_step(optimizer, scheduler, args.clip)
+            outcome = trainer.step(micro_loss)
+            grad_norm = outcome.grad_norm
             step += 1
             done_here += 1
-            last_loss = all_reduce_mean(total, d)
-            if not math.isfinite(last_loss):
-                raise FloatingPointError(f"loss became {last_loss} at step {step}; lower --lr or use fp32")
+            last_loss = all_reduce_mean(outcome.loss, d)
             if step % args.log_every == 0 or step == total_steps:
                 elapsed = time.time() - t0
                 log.log(
@@ -440,8 +433,8 @@ def finetune(args) -> dict:
                     epoch=batches.epoch,
                     features_per_s=seen / max(elapsed, 1e-9),
                     s_per_step=elapsed / max(1, args.log_every),
+                    skipped_steps=trainer.skipped_total,
                 )
-                log.plot()
                 bar.set_postfix(loss=f"{last_loss:.3f}", best_f1=f"{best_f1:.1f}")
                 t0, seen = time.time(), 0
             bar.update(1)
@@ -461,9 +454,10 @@ def finetune(args) -> dict:
                     tokenizer=tokenizer,
                     data_state=batches.state_dict(),
                     keep_last=args.keep_last,
-                    extra={"best_f1": best_f1, "best_step": best_step},
+                    extra={"best_f1": best_f1, "best_step": best_step, "trainer": trainer.state_dict()},
                     metadata={"stage": "finetune-state", "head": args.head},
                 )
+                log.plot()  # at saves, evaluations and the end, not every log step
             if d.enabled:
                 dist.barrier()
             if stopping:

@@ -25,9 +25,10 @@ from train import checkpoint
 from train.cli import Parser, run
 from train.data import PretrainBatches, PretrainDataConfig
 from train.model import ACTIVATIONS, PRESETS, XLNetConfig, XLNetLMHeadModel
-from train.optim import DECAYS, OPTIMIZERS, make_optimizer, make_scheduler, optimizer_step
+from train.optim import DECAYS, OPTIMIZERS, make_optimizer, make_scheduler
 from train.runlog import MetricsLog
 from train.runtime import Dist, StopFlag, all_reduce_mean, autocast, init_distributed, seed_everything
+from train.step import TrainStep
 from train.tokenizer import XLNetTokenizer, train_spm
 from train.train_state import latest_checkpoint, load_training_state, save_training_state
 
@@ -222,7 +223,17 @@ def pretrain(args) -> dict:
             seed_everything(args.seed + 1000 * d.rank + start_step)
         if d.is_main:
             print(f"Resumed from {resume_from} at step {start_step}", flush=True)
-    train_model = torch.nn.parallel.DistributedDataParallel(model) if d.enabled else model
+    trainer = TrainStep(
+        model,
+        optimizer,
+        scheduler,
+        dist=d,
+        precision=args.precision,
+        grad_accum=args.grad_accum,
+        clip=args.clip,
+    )
+    if resume_from is not None:
+        trainer.load_state_dict(state["extra"].get("trainer", {}))
     log = MetricsLog(
         out, enabled=d.is_main, resume_step=start_step, plots={"loss.png": ["loss", "unigram_baseline"]}
     )
@@ -240,25 +251,23 @@ def pretrain(args) -> dict:
     )
     step, last_loss, t0, steps_since, loss_sum = start_step, float("nan"), time.time(), 0, 0.0
     done_this_run = 0
+
+    def micro_loss(train_model: torch.nn.Module, _: int) -> torch.Tensor:
+        nonlocal mems
+        if data.step_in_pass == 0:
+            mems = None  # streams restart: old memory is not the preceding text
+        loss, mems = pretrain_loss(train_model, to_tensors(next(data), d.device), mems, args.precision)
+        return loss
+
     with StopFlag() as stop:
         while step < args.steps:
-            train_model.train()
-            total = 0.0
-            for _ in range(args.grad_accum):
-                if data.step_in_pass == 0:
-                    mems = None  # streams restart: old memory is not the preceding text
-                batch = to_tensors(next(data), d.device)
-                loss, mems = pretrain_loss(train_model, batch, mems, args.precision)
-                (loss / args.grad_accum).backward()
-                total += loss.item() / args.grad_accum
-            grad_norm = optimizer_step(optimizer, scheduler, args.clip)
+            outcome = trainer.step(micro_loss)
+            grad_norm = outcome.grad_norm
             step += 1
             steps_since += 1
             done_this_run += 1
-            step_loss = all_reduce_mean(total, d)
-            if not math.isfinite(step_loss):
-                raise FloatingPointError(f"loss became {step_loss} at step {step}; lower --lr or use fp32")
-            loss_sum += step_loss
+            step_loss = all_reduce_mean(outcome.loss, d)
+            loss_sum += step_loss if math.isfinite(step_loss) else 0.0
             if step % args.log_every == 0 or step == args.steps or stop.requested:
                 elapsed = time.time() - t0
                 tps = tokens_per_step * steps_since / max(elapsed, 1e-9)
@@ -272,27 +281,15 @@ def pretrain(args) -> dict:
                     grad_norm=grad_norm,
                     tokens_per_s=tps,
                     unigram_baseline=baseline,
+                    skipped_steps=trainer.skipped_total,
                 )
-                log.plot()
                 bar.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{tps:.0f}", lr=f"{lr:.2e}")
                 t0, steps_since, loss_sum = time.time(), 0, 0.0
             bar.update(1)
             stopping = stop.requested or (args.stop_after is not None and done_this_run >= args.stop_after)
             if step % args.save_every == 0 or step == args.steps or stopping:
-                _save(
-                    out,
-                    step,
-                    model,
-                    optimizer,
-                    scheduler,
-                    tokenizer,
-                    data,
-                    mems,
-                    d,
-                    args,
-                    baseline,
-                    last_loss,
-                )
+                _save(out, step, model, trainer, tokenizer, data, mems, d, args, baseline, last_loss)
+                log.plot()  # at saves and at the end, not every log step: matplotlib is slow
             if stopping:
                 break
     bar.close()
@@ -324,9 +321,7 @@ def _metadata(args, step: int, baseline: float, loss: float) -> dict:
     }
 
 
-def _save(
-    out, step, model, optimizer, scheduler, tokenizer, data, mems, d: Dist, args, baseline, loss
-) -> None:
+def _save(out, step, model, trainer: TrainStep, tokenizer, data, mems, d: Dist, args, baseline, loss) -> None:
     """Every rank contributes its data position (and memory); only rank 0 writes."""
     data_state = data.state_dict()
     mem_cpu = [m.detach().cpu() for m in mems] if mems is not None else None
@@ -346,10 +341,11 @@ def _save(
             out,
             step,
             model,
-            optimizer,
-            scheduler,
+            trainer.optimizer,
+            trainer.scheduler,
             tokenizer=tokenizer,
             data_state=data_state,
+            extra={"trainer": trainer.state_dict()},
             metadata=_metadata(args, step, baseline, loss),
             keep_last=args.keep_last,
             extra_tensors={"mems": extra_tensors},

@@ -92,8 +92,12 @@ def save_training_state(
     files = {"trainer.pt": buf.getvalue(), "trainer.json": json.dumps(to_jsonable(plain)).encode()}
     checkpoint.save(unwrap(model), target, tokenizer=tokenizer, metadata=metadata or {}, extra_files=files)
     latest_tmp = ckpt_root / ".latest.tmp"
-    latest_tmp.write_text(target.name)
+    with open(latest_tmp, "w") as fh:
+        fh.write(target.name)
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(latest_tmp, ckpt_root / "latest")
+    checkpoint.fsync_directory(ckpt_root)
     steps = sorted(p for p in ckpt_root.glob("step-*") if p.is_dir())
     for old in steps[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
