@@ -109,6 +109,7 @@ def main() -> int:
             "25",
             "--out",
             str(out / "pretrain"),
+            "--overwrite",  # the demo starts over each time
         ],
     )
     synthetic = out / "synthetic.json"
@@ -122,7 +123,7 @@ def main() -> int:
         argv = ["--train-file", str(train_file), "--dev-file", str(SAMPLE / "dev.json"), *init]
         argv += ["--head", "shallow", "--question-match", "--steps", str(steps), *QA_WINDOW]
         argv += ["--lr", "5e-4", "--layer-decay", "0.9", "--eval-every", str(steps), "--log-every", "25"]
-        stage(name, finetune.main, [*argv, "--out", str(run_dir)])
+        stage(name, finetune.main, [*argv, "--out", str(run_dir), "--overwrite"])
 
     if args.qa_init == "pretrained":
         start = ["--init", str(out / "pretrain")]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -261,7 +263,7 @@ def test_torchrun_two_processes_on_cpu(spm_dir, tmp_path):  # noqa: F811
         "--nproc_per_node",
         "2",
         "--master_port",
-        "29517",
+        str(free_port()),
         "-m",
         "train.pretrain",
         *RESUME_ARGS,
@@ -281,6 +283,71 @@ def test_torchrun_two_processes_on_cpu(spm_dir, tmp_path):  # noqa: F811
     assert checkpoint.load(out).kind == "lm"
     assert [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step-")] == ["step-0000004"]
     assert len(read_metrics(out)) == 4  # only rank 0 writes
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def worker_pids(parent: int) -> dict[int, int]:
+    """{rank: pid} of torchrun's worker processes (read from their environment)."""
+    out = {}
+    for child in Path(f"/proc/{parent}/task/{parent}/children").read_text().split():
+        env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        rank = [e for e in env if e.startswith(b"RANK=")]
+        if rank:
+            out[int(rank[0][5:])] = int(child)
+    return out
+
+
+def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(spm_dir, tmp_path):  # noqa: F811
+    """A scheduler's SIGTERM reaches rank 1 only: all ranks agree to stop, save together and exit 0."""
+    out = tmp_path / "ddp"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+    ]
+    cmd += [
+        "-m",
+        "train.pretrain",
+        *RESUME_ARGS,
+        "--spm",
+        str(spm_dir),
+        "--out",
+        str(out),
+        "--steps",
+        "100000",
+    ]
+    cmd += ["--save-every", "100000", "--device", "cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    try:
+        deadline = time.time() + 180
+        while not ((out / "metrics.jsonl").exists() and len(read_metrics(out)) >= 3):
+            assert time.time() < deadline and proc.poll() is None, "the two-rank run did not start"
+            time.sleep(0.1)
+        os.kill(worker_pids(proc.pid)[1], signal.SIGTERM)
+        output, _ = proc.communicate(timeout=90)  # a collective mismatch would hang here
+    finally:
+        if proc.poll() is None:  # a hang: take the workers down too (killing torchrun alone orphans them)
+            for pid in worker_pids(proc.pid).values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    latest = latest_checkpoint(out)
+    assert latest is not None and int(latest.name.split("-")[1]) >= 3
+    state = json.loads((latest / "trainer.json").read_text())
+    assert len(state["data"]) == 2  # both ranks' data positions were gathered at the same step
 
 
 def test_cli_help_and_bad_input(tmp_path):

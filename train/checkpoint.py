@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -159,6 +160,11 @@ def load(
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory (expected config.json + model weights)")
+    if (path / STAGING / "m").is_dir():
+        raise CheckpointError(
+            f"{path}: a save into it was interrupted, so its files may come from two saves; resume the run "
+            f"(--resume finishes the save) or call train.checkpoint.finish_interrupted_save({str(path)!r})"
+        )
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise CheckpointError(f"{path}: no config.json; is this an XLNet checkpoint directory?")
@@ -223,6 +229,11 @@ def fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
+STAGING = ".model-staging"  # where save_into stages a checkpoint before moving its files in
+# Moved in this order: weights first, config (what makes a directory a checkpoint) last.
+STAGED_FILES = ("model.safetensors", "spiece.model", "tokenizer_config.json", "metadata.json", "config.json")
+
+
 def atomic_directory(target: Path):
     """Context manager: yield a temp dir beside `target`; on success it replaces `target` atomically."""
     return _AtomicDir(target)
@@ -272,7 +283,10 @@ def save(
         cfg = config.to_hf_dict(OUR_ARCHITECTURES[kind])
         cfg["xlnet_qa"] = {"kind": kind, "format_version": 1}
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
-        save_file(state_dict_for_saving(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        try:
+            save_file(state_dict_for_saving(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        except SafetensorError as exc:  # its I/O errors (disk full, file-size limit) are not OSErrors
+            raise OSError(f"writing model.safetensors failed: {exc}") from None
         if tokenizer is not None:
             tokenizer.save(tmp)
         (tmp / "metadata.json").write_text(json.dumps(metadata or {}, indent=2, sort_keys=True))
@@ -295,17 +309,29 @@ def save_into(
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    with atomic_directory(directory / ".model-staging") as tmp:
+    finish_interrupted_save(directory)
+    with atomic_directory(directory / STAGING) as tmp:
         save(model, tmp / "m", tokenizer=tokenizer, metadata=metadata)
-    staged = directory / ".model-staging" / "m"
-    for name in (
-        "model.safetensors",
-        "spiece.model",
-        "tokenizer_config.json",
-        "metadata.json",
-        "config.json",
-    ):
+    finish_interrupted_save(directory)
+    return directory
+
+
+def finish_interrupted_save(directory: str | os.PathLike) -> bool:
+    """Move a complete staged save's remaining files into ``directory`` (roll forward).
+
+    ``save_into`` stages the whole checkpoint (it appears at once, complete) and then renames its files
+    one by one; a kill between two renames leaves the staged rest, and this finishes the job, so the
+    directory ends with one save's files, never a mix. Returns whether there was anything to finish.
+    """
+    directory = Path(directory)
+    staging = directory / STAGING
+    staged = staging / "m"
+    if not staged.is_dir():
+        shutil.rmtree(staging, ignore_errors=True)  # empty or foreign: nothing staged completely
+        return False
+    for name in STAGED_FILES:
         if (staged / name).exists():
             os.replace(staged / name, directory / name)
-    shutil.rmtree(directory / ".model-staging", ignore_errors=True)
-    return directory
+    fsync_directory(directory)
+    shutil.rmtree(staging, ignore_errors=True)
+    return True

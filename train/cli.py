@@ -36,6 +36,9 @@ def run(
     except USER_ERRORS as exc:
         print(f"{prog or 'error'}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # disk full, file-size limit, I/O error: one line, exit 1
+        print(f"{prog or 'error'}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

@@ -36,8 +36,9 @@ from train.optim import (
 )
 from train.qa import evaluate_predictions, run_evaluation, write_prediction_files
 from train.recipes import RECIPES, recipe_defaults
+from train.run_record import explicit_flags, open_run
 from train.runlog import MetricsLog
-from train.runtime import StopFlag, all_reduce_mean, init_distributed, seed_everything
+from train.runtime import StopFlag, agree_any, all_reduce_mean, init_distributed, seed_everything
 from train.squad import featurize, pad_batch, read_squad, subsample_out_of_window
 from train.step import TrainStep
 from train.tokenizer import XLNetTokenizer, train_spm
@@ -154,7 +155,14 @@ def build_parser() -> Parser:
     g.add_argument("--log-every", type=int, default=10)
     g.add_argument("--save-every", type=int, default=500)
     g.add_argument("--keep-last", type=int, default=2)
-    g.add_argument("--resume", action="store_true")
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its newest checkpoint, with its recorded settings",
+    )
+    g.add_argument(
+        "--overwrite", action="store_true", help="replace another run's checkpoints in --out (else refused)"
+    )
     g.add_argument(
         "--stop-after", type=int, default=None, help="exit with a checkpoint after N steps (tests)"
     )
@@ -267,7 +275,7 @@ def finetune(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args = open_run(out, "finetune", args, d)
     seed_everything(args.seed)
     tokenizer, model, init_meta = load_tokenizer_and_model(args, out)
     model.to(d.device)
@@ -443,7 +451,9 @@ def finetune(args) -> dict:
                 if step == total_steps:
                     final_metrics = m
                 bar.write(f"step {step}: dev EM {m['exact']:.2f} F1 {m['f1']:.2f} best_f1 {m['best_f1']:.2f}")
-            stopping = stop.requested or (args.stop_after is not None and done_here >= args.stop_after)
+            stopping = agree_any(stop.requested, d) or (
+                args.stop_after is not None and done_here >= args.stop_after
+            )
             if d.is_main and (step % args.save_every == 0 or step == total_steps or stopping):
                 save_training_state(
                     out,
@@ -519,7 +529,9 @@ def parse_args(argv: Sequence[str] | None = None):
         if known.epochs is not None:  # explicit epochs win over the recipe's step count
             defaults.pop("steps")
         parser.set_defaults(**defaults)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.explicit_flags = explicit_flags(parser, argv)
+    return args
 
 
 def resolve_grad_accum(args, world_size: int) -> int:

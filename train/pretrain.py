@@ -26,8 +26,17 @@ from train.cli import Parser, run
 from train.data import PretrainBatches, PretrainDataConfig
 from train.model import ACTIVATIONS, PRESETS, XLNetConfig, XLNetLMHeadModel
 from train.optim import DECAYS, OPTIMIZERS, make_optimizer, make_scheduler
+from train.run_record import explicit_flags, open_run
 from train.runlog import MetricsLog
-from train.runtime import Dist, StopFlag, all_reduce_mean, autocast, init_distributed, seed_everything
+from train.runtime import (
+    Dist,
+    StopFlag,
+    agree_any,
+    all_reduce_mean,
+    autocast,
+    init_distributed,
+    seed_everything,
+)
 from train.step import TrainStep
 from train.tokenizer import XLNetTokenizer, train_spm
 from train.train_state import latest_checkpoint, load_training_state, save_training_state
@@ -102,7 +111,14 @@ def build_parser() -> Parser:
     )
     g = p.add_argument_group("run")
     g.add_argument("--out", required=True, help="run directory (checkpoint, metrics.jsonl, loss.png)")
-    g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its newest checkpoint, with its recorded settings",
+    )
+    g.add_argument(
+        "--overwrite", action="store_true", help="replace another run's checkpoints in --out (else refused)"
+    )
     g.add_argument("--log-every", type=int, default=10)
     g.add_argument("--save-every", type=int, default=200)
     g.add_argument("--keep-last", type=int, default=2, help="step checkpoints to keep")
@@ -182,8 +198,7 @@ def pretrain(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
-    if d.is_main:
-        out.mkdir(parents=True, exist_ok=True)
+    args = open_run(out, "pretrain", args, d)
     for f in args.corpus:
         if not Path(f).exists():
             raise FileNotFoundError(f"corpus file not found: {f}")
@@ -286,7 +301,9 @@ def pretrain(args) -> dict:
                 bar.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{tps:.0f}", lr=f"{lr:.2e}")
                 t0, steps_since, loss_sum = time.time(), 0, 0.0
             bar.update(1)
-            stopping = stop.requested or (args.stop_after is not None and done_this_run >= args.stop_after)
+            stopping = agree_any(stop.requested, d) or (
+                args.stop_after is not None and done_this_run >= args.stop_after
+            )
             if step % args.save_every == 0 or step == args.steps or stopping:
                 _save(out, step, model, trainer, tokenizer, data, mems, d, args, baseline, last_loss)
                 log.plot()  # at saves and at the end, not every log step: matplotlib is slow
@@ -363,7 +380,9 @@ def _load_mems(path: Path, d: Dist):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.explicit_flags = explicit_flags(parser, argv)
     if args.spm and args.train_spm:
         raise ValueError("give either --spm or --train-spm, not both")
     pretrain(args)

@@ -58,6 +58,16 @@ def all_reduce_mean(value: float, d: Dist) -> float:
     return (t / d.world_size).item()
 
 
+def agree_any(flag: bool, d: Dist) -> bool:
+    """True on every rank if it is true on any (a SIGTERM reaches one rank; all must stop at the same
+    step, or the next collective would pair different calls and hang)."""
+    if not d.enabled:
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 def autocast(precision: str, device: torch.device):
     """bf16/fp16 autocast where the device supports it; fp32 is a no-op context."""
     if precision == "fp32":

@@ -90,7 +90,8 @@ def run_cell(args, seq: int, frozen: int, head: str) -> dict:
         argv += ["--max-dev-examples", str(args.max_dev_examples)]
     if args.no_progress:
         argv.append("--no-progress")
-    ns = finetune_cli.build_parser().parse_args(argv)
+    argv.append("--resume")  # an interrupted cell continues (a finished one returned above)
+    ns = finetune_cli.parse_args(argv)
     for f in (ns.train_file, ns.dev_file):
         if not Path(f).exists():
             raise FileNotFoundError(f"data file not found: {f}")

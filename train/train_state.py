@@ -27,6 +27,10 @@ import torch
 from train import checkpoint
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (its temporary files are gone; `latest` is unchanged)."""
+
+
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if hasattr(model, "module") else model
 
@@ -90,7 +94,14 @@ def save_training_state(
         "extra": extra or {},
     }
     files = {"trainer.pt": buf.getvalue(), "trainer.json": json.dumps(to_jsonable(plain)).encode()}
-    checkpoint.save(unwrap(model), target, tokenizer=tokenizer, metadata=metadata or {}, extra_files=files)
+    try:
+        checkpoint.save(
+            unwrap(model), target, tokenizer=tokenizer, metadata=metadata or {}, extra_files=files
+        )
+    except OSError as exc:  # disk full, file-size limit, read-only: say so, and that nothing was lost
+        previous = latest_checkpoint(out_dir)
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+        raise CheckpointWriteError(f"could not write checkpoint {target}: {exc}; {kept}") from exc
     latest_tmp = ckpt_root / ".latest.tmp"
     with open(latest_tmp, "w") as fh:
         fh.write(target.name)
@@ -98,9 +109,9 @@ def save_training_state(
         os.fsync(fh.fileno())
     os.replace(latest_tmp, ckpt_root / "latest")
     checkpoint.fsync_directory(ckpt_root)
-    steps = sorted(p for p in ckpt_root.glob("step-*") if p.is_dir())
-    for old in steps[:-keep_last] if keep_last > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+    steps = sorted(p for p in ckpt_root.glob("step-*") if p.is_dir() and p != target)
+    for old in steps[: max(0, len(steps) - (keep_last - 1))] if keep_last > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)  # never the checkpoint `latest` now names
     return target
 
 

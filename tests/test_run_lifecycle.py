@@ -1,0 +1,205 @@
+"""Run directories: a fresh run never mixes with another run's checkpoints, ``--resume`` alone continues
+a run with its recorded settings, contradicting flags are refused naming the difference, and what an
+interrupted save left behind is cleaned up. Real pretraining runs of the tiny preset."""
+
+# ruff: noqa: F811 - pytest fixtures imported from other modules are redefined as arguments
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fixtures_spm import spm_dir  # noqa: F401 - pytest fixture
+from test_pretrain import RESUME_ARGS
+
+from train import checkpoint
+from train.cli import run
+from train.finetune import main as finetune_main
+from train.pretrain import main as pretrain_main
+from train.run_record import RUN_FILE, explicit_flags
+from train.train_state import latest_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pretrain(argv: list[str], capsys) -> tuple[int, str]:
+    code = run(pretrain_main, argv, prog="train.pretrain")
+    return code, capsys.readouterr().err
+
+
+def test_a_fresh_run_refuses_a_directory_holding_another_run(spm_dir, tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    common = [*RESUME_ARGS, "--spm", str(spm_dir), "--out", str(out)]
+    assert pretrain([*common, "--stop-after", "2"], capsys)[0] == 0
+    first = json.loads((out / RUN_FILE).read_text())
+    old_latest = latest_checkpoint(out)
+
+    code, err = pretrain([*common, "--seed", "5"], capsys)
+    assert code == 2 and "holds a pretrain run started" in err and "--resume" in err and "--overwrite" in err
+    assert latest_checkpoint(out) == old_latest and json.loads((out / RUN_FILE).read_text()) == first
+
+    sample = REPO / "data" / "sample"
+    finetune_argv = [
+        "--train-file",
+        str(sample / "train.json"),
+        "--dev-file",
+        str(sample / "dev.json"),
+        "--out",
+        str(out),
+    ]
+    assert run(finetune_main, finetune_argv, prog="train.finetune") == 2  # another command's run
+    assert "holds a pretrain run" in capsys.readouterr().err
+
+    assert pretrain([*common, "--seed", "5", "--stop-after", "1", "--overwrite"], capsys)[0] == 0
+    second = json.loads((out / RUN_FILE).read_text())
+    assert second["run_id"] != first["run_id"] and second["settings"]["seed"] == 5
+    assert [p.name for p in (out / "checkpoints").glob("step-*")] == [
+        "step-0000001"
+    ]  # the old run's are gone
+
+
+def test_resume_alone_continues_with_the_recorded_settings(spm_dir, tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    argv = [*RESUME_ARGS, "--spm", str(spm_dir), "--out", str(out), "--stop-after", "3"]
+    assert pretrain(argv, capsys)[0] == 0
+    # What a kill -9 during a save leaves behind: a temporary step directory and a staging directory.
+    (out / "checkpoints" / ".step-0000004.tmp-x1").mkdir()
+    (out / ".model-staging").mkdir()
+
+    code, err = pretrain(["--out", str(out), "--resume", "--seq-len", "64", "--lr", "0.5"], capsys)
+    assert code == 2 and "--seq-len 64 (recorded 32)" in err and "--lr 0.5 (recorded 0.001)" in err
+
+    assert pretrain(["--out", str(out), "--resume", "--no-progress"], capsys)[0] == 0
+    assert not (out / "tokenizer").exists()  # the recorded --spm was used, no new tokenizer trained
+    assert (
+        not (out / "checkpoints" / ".step-0000004.tmp-x1").exists() and not (out / ".model-staging").exists()
+    )
+    assert latest_checkpoint(out).name == "step-0000008"
+    loaded = checkpoint.load(out)
+    assert loaded.model.config.n_layer == 2 and loaded.metadata["args"]["seq_len"] == 32
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(s for s in steps) == list(range(1, 9))
+
+
+def test_explicit_flags_are_those_on_the_command_line_whatever_their_value() -> None:
+    from train.pretrain import build_parser
+
+    parser = build_parser()
+    given = explicit_flags(parser, ["--out", "x", "--seq-len", "128", "--resume"])
+    assert given == {"out", "seq_len", "resume"}  # --seq-len 128 is the default, and still given
+    assert parser.parse_args(["--out", "x"]).seq_len == 128  # the parser's defaults are intact
+
+
+@pytest.mark.parametrize("keep_last", [1, 2])
+def test_pruning_keeps_the_newest_and_never_what_latest_names(spm_dir, tmp_path, capsys, keep_last) -> None:
+    out = tmp_path / "run"
+    argv = [*RESUME_ARGS, "--spm", str(spm_dir), "--out", str(out), "--save-every", "1"]
+    assert pretrain([*argv, "--keep-last", str(keep_last), "--stop-after", "5"], capsys)[0] == 0
+    kept = sorted(p.name for p in (out / "checkpoints").glob("step-*"))
+    assert kept == [f"step-{s:07d}" for s in range(6 - keep_last, 6)]
+    assert latest_checkpoint(out).name == "step-0000005"
+
+
+class Crash(Exception):
+    """Stands for a kill -9 at one filesystem operation of a save."""
+
+
+def crash_at(monkeypatch, name: str, n: int) -> None:
+    """Make the ``n``-th call of ``os.<name>`` from now on raise Crash (the save stops right there)."""
+    import os
+
+    real = getattr(os, name)
+    calls = {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise Crash(f"{name} #{n}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(os, name, failing)
+
+
+def tiny_model(seed: int):
+    import torch
+
+    from train.model import XLNetConfig, XLNetLMHeadModel
+
+    torch.manual_seed(seed)
+    return XLNetLMHeadModel(XLNetConfig.preset("tiny", vocab_size=120, dropout=0.0))
+
+
+def same_weights(a, b) -> bool:
+    import torch
+
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("operation", ["replace", "fsync"])
+def test_a_crash_at_any_point_of_a_save_leaves_one_whole_checkpoint(tmp_path, monkeypatch, operation) -> None:
+    """Crash a step save and a final-model save at each of their renames/fsyncs in turn: afterwards
+    `latest` and the run directory hold exactly the old or exactly the new weights (every tensor)."""
+    import torch
+
+    from train.optim import make_optimizer
+    from train.run_record import start_run
+    from train.train_state import save_training_state
+
+    old, new = tiny_model(0), tiny_model(1)
+    for n in range(1, 26):
+        out = tmp_path / f"{operation}-{n}"
+        optimizer = make_optimizer(old, lr=1e-3)
+        save_training_state(out, 1, old, optimizer, None, metadata={"v": "old"})
+        checkpoint.save_into(old, out, metadata={"v": "old"})
+        with monkeypatch.context() as m:
+            crash_at(m, operation, n)
+            with pytest.raises(Crash):  # n past the last operation: the saves complete, nothing raised
+                save_training_state(out, 2, new, optimizer, None, metadata={"v": "new"})
+                checkpoint.save_into(new, out, metadata={"v": "new"})
+                raise Crash("no crash point left")
+        ns = type("Args", (), {"overwrite": False, "resume": True})()
+        start_run(out, "pretrain", ns)  # what the next --resume does first: finish or clean up
+        step = checkpoint.load(latest_checkpoint(out))
+        assert same_weights(step.model, old if step.metadata["v"] == "old" else new)
+        final = checkpoint.load(out)
+        assert same_weights(final.model, old if final.metadata["v"] == "old" else new)
+        assert not [p for p in out.rglob(".*") if p.name != "checkpoints"], list(out.rglob(".*"))
+        assert all(torch.isfinite(p).all() for p in final.model.parameters())
+
+
+def test_a_save_that_cannot_be_written_fails_clearly_and_keeps_the_last_checkpoint(spm_dir, tmp_path) -> None:
+    """A file-size limit (as a full disk would) stops the resumed run at its first save: exit 1 with one
+    line, `latest` still names the earlier checkpoint, which loads; no temporary directory is left."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    argv = [*RESUME_ARGS, "--spm", str(spm_dir), "--out", str(out), "--save-every", "2"]
+    assert run(pretrain_main, [*argv, "--stop-after", "2"]) == 0
+    before = latest_checkpoint(out)
+    weights = (before / "model.safetensors").stat().st_size
+
+    def limit_file_size() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (weights // 2, weights // 2))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "train.pretrain", "--out", str(out), "--resume"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limit_file_size,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    message = proc.stderr.strip().splitlines()[-1]
+    assert "could not write checkpoint" in message and "File too large" in message and "intact" in message
+    assert "Traceback" not in proc.stderr
+    assert latest_checkpoint(out) == before
+    state = json.loads((before / "trainer.json").read_text())
+    assert state["step"] == 2 and checkpoint.load(before).model.config.n_layer == 2
+    assert not [p for p in out.rglob(".*") if p.name != "checkpoints"]

@@ -1,0 +1,201 @@
+"""Which run a directory holds, so a run directory is never silently mixed with or resumed as another.
+
+``OUT/run.json`` records the command, the run's settings (every flag but ``--out``, ``--resume``,
+``--overwrite`` and ``--stop-after``), the hash of those that define its result (all but cadence and
+machine flags such as ``--log-every`` or ``--threads``), a run id and the start time. The rules, applied by :func:`open_run` before any work:
+- a fresh run into a directory that holds another run (a record or step checkpoints) is refused,
+  unless ``--overwrite`` (which deletes that run's checkpoints and record first);
+- ``--resume`` restores the recorded settings, so ``--out R --resume`` alone continues the run; a flag
+  given on the command line that contradicts a result-defining setting is refused, naming each
+  difference (cadence and machine flags may change);
+- a final model save interrupted between its renames is finished (rolled forward), and leftover
+  temporary directories of an interrupted save are removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch.distributed
+
+from train.checkpoint import finish_interrupted_save, fsync_directory
+from train.runtime import Dist
+
+RUN_FILE = "run.json"
+# Flags of one invocation only: never recorded, never restored.
+NOT_RECORDED = frozenset({"out", "resume", "overwrite", "stop_after", "explicit_flags"})
+# Recorded and restored on --resume, but a resumption may change them (they do not change the result).
+MAY_CHANGE = frozenset(
+    {
+        "no_progress",
+        "threads",
+        "device",
+        "log_every",
+        "save_every",
+        "keep_last",
+        "eval_every",
+        "eval_batch_size",
+    }
+)
+TEMP_MARKERS = (".tmp-", ".old-", ".latest.tmp")
+
+
+def explicit_flags(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> set[str]:
+    """The destinations the command line set explicitly (whatever their value), for resume checks."""
+    saved = {action.dest: action.default for action in parser._actions}
+    try:
+        for action in parser._actions:
+            action.default = argparse.SUPPRESS
+        given, _ = parser.parse_known_args(argv)
+    finally:
+        for action in parser._actions:
+            action.default = saved[action.dest]
+    return set(vars(given))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def recorded_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's settings as recorded: every flag but the one-invocation ones, JSON-ready."""
+    return {
+        k: _jsonable(v)
+        for k, v in sorted(vars(args).items())
+        if k not in NOT_RECORDED
+        and (v is None or isinstance(v, str | int | float | bool | list | tuple | Path))
+    }
+
+
+def settings_hash(settings: dict[str, Any]) -> str:
+    """Hash of the settings that define the result (cadence and machine flags left out)."""
+    defining = {k: v for k, v in settings.items() if k not in MAY_CHANGE}
+    return hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_record(out: Path) -> dict[str, Any] | None:
+    path = Path(out) / RUN_FILE
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} is unreadable ({exc}); move it away to start a new run there") from None
+
+
+def _holds_checkpoints(out: Path) -> bool:
+    return any((Path(out) / "checkpoints").glob("step-*"))
+
+
+def clean_temporaries(out: Path) -> list[Path]:
+    """Remove what an interrupted save leaves behind (temporary and half-swapped directories)."""
+    removed = []
+    for folder in (Path(out), Path(out) / "checkpoints"):
+        if not folder.is_dir():
+            continue
+        for entry in folder.iterdir():
+            if entry.name.startswith(".") and any(m in entry.name for m in TEMP_MARKERS):
+                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+                removed.append(entry)
+    return removed
+
+
+def _describe(record: dict[str, Any]) -> str:
+    return f"a {record.get('command', '?')} run started {record.get('started', '?')} (id {record.get('run_id', '?')})"
+
+
+def check_run(out: Path, command: str, args: argparse.Namespace) -> argparse.Namespace:
+    """Apply the rules (see the module docstring) without writing anything; return the args to run
+    with (on ``--resume``, the recorded settings). Every rank of a distributed job may call it."""
+    out = Path(out)
+    record = read_record(out)
+    if getattr(args, "resume", False):
+        if record is None:
+            return args  # nothing recorded: a new run (or one from before records): nothing to restore
+        if record.get("command") != command:
+            raise ValueError(f"{out} holds {_describe(record)}, not a {command} run: choose another --out")
+        recorded = record.get("settings", {})
+        given = getattr(args, "explicit_flags", None)  # None when called from code: every value counts
+        current = recorded_settings(args)
+        keys: Iterable[str] = recorded if given is None else (k for k in recorded if k in given)
+        differs = {
+            k: (current[k], recorded[k])
+            for k in keys
+            if k in current and k not in MAY_CHANGE and current[k] != recorded[k]
+        }
+        if differs:
+            lines = ", ".join(
+                f"--{k.replace('_', '-')} {new!r} (recorded {old!r})" for k, (new, old) in differs.items()
+            )
+            raise ValueError(
+                f"--resume: {lines} differ from {_describe(record)}; drop them to continue that run, or start "
+                "a new one with --overwrite or another --out"
+            )
+        restored = argparse.Namespace(**vars(args))
+        for key, value in recorded.items():
+            if not (key in MAY_CHANGE and (given is None or key in given)):
+                setattr(restored, key, value)
+        return restored
+    if (record is not None or _holds_checkpoints(out)) and not getattr(args, "overwrite", False):
+        what = _describe(record) if record is not None else "another run's checkpoints"
+        raise ValueError(
+            f"{out} holds {what}: add --resume to continue it, --overwrite to replace it, or choose another --out"
+        )
+    return args
+
+
+def start_run(out: Path, command: str, args: argparse.Namespace) -> dict[str, Any]:
+    """On the writing rank, after :func:`check_run`: remove temporaries, on ``--overwrite`` the old run,
+    and write the record if the directory has none. Returns the record."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    finish_interrupted_save(out)
+    clean_temporaries(out)
+    record = read_record(out)
+    if getattr(args, "overwrite", False) and not getattr(args, "resume", False):
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+        (out / RUN_FILE).unlink(missing_ok=True)
+        record = None
+    if record is None:
+        settings = recorded_settings(args)
+        record = {
+            "command": command,
+            "settings": settings,
+            "settings_hash": settings_hash(settings),
+            "run_id": uuid.uuid4().hex[:12],
+            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+        tmp = out / f".{RUN_FILE}.tmp-{os.getpid()}"
+        with open(tmp, "w") as fh:
+            json.dump(record, fh, indent=2, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, out / RUN_FILE)
+        fsync_directory(out)
+    return record
+
+
+def open_run(out: Path, command: str, args: argparse.Namespace, d: Dist) -> argparse.Namespace:
+    """:func:`check_run` on every rank, then :func:`start_run` on rank 0 (barriers between, so no rank
+    reads the record rank 0 is writing); returns the args to run with."""
+    args = check_run(out, command, args)
+    if d.enabled:
+        torch.distributed.barrier()
+    if d.is_main:
+        start_run(out, command, args)
+    if d.enabled:
+        torch.distributed.barrier()
+    return args
