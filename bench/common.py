@@ -65,8 +65,8 @@ def machine_line(threads: int) -> str:
     import torch
 
     parts = [
-        f"{platform.processor() or platform.machine()}",
-        f"{os.cpu_count()} cores visible, {threads} thread(s) used",
+        cpu_summary(),  # model, cores and the ISA flags int8/bf16 speed depends on
+        f"{threads} thread(s) used",
         f"python {platform.python_version()}",
         f"torch {torch.__version__}",
     ]

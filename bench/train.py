@@ -18,6 +18,9 @@ from torch.nn import functional as F
 from bench.common import machine_line, markdown_table, pct, time_runs
 from train import checkpoint
 from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel
+from train.runtime import autocast
+
+CPU = torch.device("cpu")
 
 
 def pretrain_batch(b: int, t: int, p: int, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -34,7 +37,9 @@ def pretrain_batch(b: int, t: int, p: int, vocab: int, seed: int = 0) -> dict[st
     }
 
 
-def bench_pretrain(config: XLNetConfig, b: int, t: int, threads: int, runs: int) -> list[list[object]]:
+def bench_pretrain(
+    config: XLNetConfig, b: int, t: int, threads: int, runs: int, precision: str = "fp32"
+) -> list[list[object]]:
     torch.manual_seed(0)
     ours = XLNetLMHeadModel(config)
     with tempfile.TemporaryDirectory() as tmp:
@@ -50,28 +55,30 @@ def bench_pretrain(config: XLNetConfig, b: int, t: int, threads: int, runs: int)
         kwargs = {"use_mems": True} if model is hf else {}
 
         def step(model=model, opt=opt, kwargs=kwargs):
-            out = model(
-                batch["input_ids"],
-                token_type_ids=batch["token_type_ids"],
-                perm_mask=batch["perm_mask"],
-                target_mapping=batch["target_mapping"],
-                mems=mems_ours,
-                **kwargs,
-            )
-            loss = F.cross_entropy(
-                out.logits.reshape(-1, out.logits.shape[-1]), batch["target_ids"].reshape(-1)
-            )
+            with autocast(precision, CPU):
+                out = model(
+                    batch["input_ids"],
+                    token_type_ids=batch["token_type_ids"],
+                    perm_mask=batch["perm_mask"],
+                    target_mapping=batch["target_mapping"],
+                    mems=mems_ours,
+                    **kwargs,
+                )
+            logits = out.logits.float()
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["target_ids"].reshape(-1))
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
 
         times = time_runs(step, warmup=2, runs=runs)
-        rows.append([f"pretrain: {name}", b, t, pct(times, 50) * 1e3, b * t / pct(times, 50)])
-    rows.append(["pretrain: ours / HF (tokens/s)", "", "", "", rows[1][4] / rows[0][4]])
+        rows.append([f"pretrain {precision}: {name}", b, t, pct(times, 50) * 1e3, b * t / pct(times, 50)])
+    rows.append([f"pretrain {precision}: ours / HF (tokens/s)", "", "", "", rows[1][4] / rows[0][4]])
     return rows
 
 
-def bench_finetune(config: XLNetConfig, b: int, t: int, threads: int, runs: int) -> list[list[object]]:
+def bench_finetune(
+    config: XLNetConfig, b: int, t: int, threads: int, runs: int, precision: str = "fp32"
+) -> list[list[object]]:
     torch.manual_seed(0)
     ours = XLNetForQuestionAnswering(config, head="beam")
     with tempfile.TemporaryDirectory() as tmp:
@@ -92,22 +99,25 @@ def bench_finetune(config: XLNetConfig, b: int, t: int, threads: int, runs: int)
 
         def step(model=model, opt=opt):
             extra = {"attention_mask": mask.float()} if model is hf else {"attention_mask": mask}
-            out = model(
-                ids,
-                token_type_ids=types,
-                start_positions=starts,
-                end_positions=ends,
-                is_impossible=imp,
-                cls_index=cls_index,
-                **extra,
-            )
-            out.loss.backward()
+            with autocast(precision, CPU):
+                out = model(
+                    ids,
+                    token_type_ids=types,
+                    start_positions=starts,
+                    end_positions=ends,
+                    is_impossible=imp,
+                    cls_index=cls_index,
+                    **extra,
+                )
+            out.loss.float().backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
 
         times = time_runs(step, warmup=2, runs=runs)
-        rows.append([f"fine-tune (beam head): {name}", b, t, pct(times, 50) * 1e3, b * t / pct(times, 50)])
-    rows.append(["fine-tune: ours / HF (tokens/s)", "", "", "", rows[1][4] / rows[0][4]])
+        rows.append(
+            [f"fine-tune {precision} (beam head): {name}", b, t, pct(times, 50) * 1e3, b * t / pct(times, 50)]
+        )
+    rows.append([f"fine-tune {precision}: ours / HF (tokens/s)", "", "", "", rows[1][4] / rows[0][4]])
     return rows
 
 
@@ -119,17 +129,34 @@ def main(argv=None) -> int:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument(
+        "--precision",
+        default="fp32",
+        help="comma-separated autocast precisions to measure (fp32, bf16), each for both models",
+    )
     args = ap.parse_args(argv)
+    precisions = [x.strip() for x in args.precision.split(",") if x.strip()]
+    if not precisions or any(x not in ("fp32", "bf16") for x in precisions):
+        ap.error("--precision takes fp32 and/or bf16 (fp16 autocast needs CUDA)")
     torch.set_num_threads(args.threads)
     config = XLNetConfig.preset(
         args.config, vocab_size=args.vocab, dropout=0.0, mem_len=args.seq // 2, reuse_len=args.seq // 2
     )
-    rows = bench_pretrain(config, args.batch, args.seq, args.threads, args.runs)
-    rows += bench_finetune(config, args.batch, args.seq, args.threads, args.runs)
+    rows: list[list[object]] = []
+    ours: dict[tuple[str, str], float] = {}  # (stage, precision) -> our tokens/s
+    for precision in precisions:
+        for stage, bench in (("pretrain", bench_pretrain), ("fine-tune", bench_finetune)):
+            part = bench(config, args.batch, args.seq, args.threads, args.runs, precision)
+            ours[stage, precision] = float(part[1][4])
+            rows += part
+    if "fp32" in precisions and "bf16" in precisions:
+        for stage in ("pretrain", "fine-tune"):
+            ratio = ours[stage, "bf16"] / ours[stage, "fp32"]
+            rows.append([f"{stage}: ours bf16 / ours fp32 (tokens/s)", "", "", "", ratio])
     print(f"Machine: {machine_line(args.threads)}")
     print(
         f"Command: python -m bench.train --config {args.config} --batch {args.batch} --seq {args.seq} "
-        f"--threads {args.threads} --runs {args.runs}\n"
+        f"--threads {args.threads} --runs {args.runs} --precision {args.precision}\n"
     )
     print(markdown_table(["what", "batch", "seq", "p50 ms/step", "tokens/s (or ratio)"], rows))
     return 0

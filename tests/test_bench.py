@@ -133,3 +133,31 @@ def test_bench_abuse_rejects_unbounded_runs(argv, capsys) -> None:
     with pytest.raises(SystemExit):
         abuse.parse_args(["--model", "m", *argv])
     assert "must be in" in capsys.readouterr().err
+
+
+def test_train_bench_measures_both_precisions_for_both_models(capsys) -> None:
+    from bench.train import main as train_bench
+
+    argv = [
+        "--config",
+        "tiny",
+        "--vocab",
+        "200",
+        "--batch",
+        "2",
+        "--seq",
+        "32",
+        "--runs",
+        "1",
+        "--threads",
+        "1",
+    ]
+    assert train_bench([*argv, "--precision", "fp32,bf16"]) == 0
+    table = capsys.readouterr().out
+    for stage in ("pretrain", "fine-tune"):
+        for precision in ("fp32", "bf16"):
+            assert f"{stage} {precision}" in table and f"{stage} {precision}: ours / HF" in table
+        ratio = [line for line in table.splitlines() if f"{stage}: ours bf16 / ours fp32" in line]
+        assert len(ratio) == 1 and float(ratio[0].rstrip(" |").split("|")[-1]) > 0
+    with pytest.raises(SystemExit):
+        train_bench([*argv, "--precision", "fp16"])
