@@ -205,6 +205,18 @@ def test_init_from_huggingface_directory(small_split, spm_dir, tmp_path):  # noq
         "4",
         *COMMON,
     ]
+    # Step 0 starts from the HF weights: every backbone tensor equal (not re-initialised or ignored).
+    from train.finetune import load_tokenizer_and_model, parse_args
+
+    _, start, _ = load_tokenizer_and_model(parse_args(args), tmp_path / "unused")
+    hf_backbone = {
+        k: v for k, v in transformers.XLNetLMHeadModel.from_pretrained(hf_dir).state_dict().items()
+        if k.startswith("transformer.")
+    }  # fmt: skip
+    ours = start.state_dict()
+    assert len(hf_backbone) > 20 and hf_backbone.keys() <= ours.keys()
+    for name, value in hf_backbone.items():
+        assert torch.equal(ours[name], value), name
     assert finetune_main(args) == 0
     loaded = checkpoint.load(out)
     assert loaded.kind == "qa:beam" and loaded.config.d_model == 32
