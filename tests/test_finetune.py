@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -309,3 +310,44 @@ def test_cli_errors_are_one_line(tmp_path):
 def test_split_helper_for_the_end_to_end_study(tmp_path):
     chosen, rest = split_by_article(SAMPLE / "train.json", 1)
     assert len(chosen["data"]) == 1 and len(rest["data"]) == 1
+
+
+def test_two_ranks_equal_one_process_at_twice_the_batch(small_split, spm_dir, tmp_path):  # noqa: F811
+    """torchrun with 2 gloo ranks of batch 4 ends with the parameters of 1 process of batch 8 (the
+    same global batches, gradients all-reduced once per step): a broken all-reduce, duplicated or
+    missing data shards, or ranks drifting apart would all change them."""
+    import socket
+    import subprocess
+    import sys
+
+    train_file, dev_file = small_split
+    base = ["--train-file", str(train_file), "--dev-file", str(dev_file), "--config", "tiny"]
+    base += ["--spm", str(spm_dir), "--dropout", "0", "--steps", "3", "--eval-every", "3", "--lr", "1e-3"]
+    base += ["--max-seq-len", "96", "--doc-stride", "48", "--max-query-len", "24", "--no-progress"]
+    single = tmp_path / "single"
+    assert finetune_main([*base, "--batch-size", "8", "--out", str(single)]) == 0
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    double = tmp_path / "double"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    cmd += ["-m", "train.finetune", *base, "--batch-size", "4", "--out", str(double), "--device", "cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    from train.finetune import load_tokenizer_and_model, parse_args
+    from train.runtime import seed_everything
+
+    ns = parse_args([*base, "--out", str(tmp_path / "unused")])
+    seed_everything(ns.seed)  # as finetune() does before building the model
+    initial = load_tokenizer_and_model(ns, tmp_path / "unused")[1].state_dict()
+    a = checkpoint.load(single).model.state_dict()
+    b = checkpoint.load(double).model.state_dict()
+    assert a.keys() == b.keys()
+    moved = max((a[k] - initial[k]).abs().max().item() for k in a)
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert moved > 1e-4 and worst <= 1e-5, (moved, worst)  # trained, and to the same parameters
+    assert all(torch.isfinite(v).all() for v in b.values())
+    assert len(read_metrics(double)) == len(read_metrics(single))  # only rank 0 logs

@@ -540,7 +540,9 @@ def resolve_grad_accum(args, world_size: int) -> int:
         if args.grad_accum < 1:
             raise ValueError(f"--grad-accum must be at least 1, got {args.grad_accum}")
         return args.grad_accum
-    devices = RECIPES[args.recipe]["devices"] if args.recipe else 1
+    if not args.recipe:
+        return 1  # no recipe to reproduce: one micro-batch per rank and step
+    devices = RECIPES[args.recipe]["devices"]
     if devices % world_size:
         raise ValueError(
             f"recipe {args.recipe} ran on {devices} devices, each clipping its own gradient; {world_size} ranks "
