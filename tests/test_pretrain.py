@@ -190,40 +190,57 @@ def test_kill_and_resume_reaches_the_same_loss(spm_dir, tmp_path):  # noqa: F811
     assert max((sd_a[k] - sd_b[k]).abs().max().item() for k in sd_a) <= 1e-5
 
 
-def test_sigkill_during_checkpoint_writes_never_leaves_a_bad_checkpoint(spm_dir, tmp_path):  # noqa: F811
-    """Kill -9 the trainer at several moments while it saves every step; the latest always loads."""
-    out = tmp_path / "run"
-    args = [
-        sys.executable,
-        "-m",
-        "train.pretrain",
-        *RESUME_ARGS,
-        "--spm",
-        str(spm_dir),
-        "--out",
-        str(out),
-        "--save-every",
-        "1",
-        "--steps",
-        "1000",
-        "--keep-last",
-        "2",
-    ]
-    for delay in (0.05, 0.3, 0.7):
-        proc = subprocess.Popen(
-            args + ["--resume"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+def saving_after(checkpoints: Path, step: int) -> bool:
+    """Is a save of a step after ``step`` under way (its temporary directory exists)?"""
+    try:
+        names = os.listdir(checkpoints)
+    except FileNotFoundError:
+        return False
+    return any(n.startswith(".step-") and ".tmp-" in n and int(n[6:13]) > step for n in names)
+
+
+def test_sigkill_during_saves_always_leaves_the_exact_checkpoint_of_its_step(spm_dir, tmp_path):  # noqa: F811
+    """kill -9 a run that saves every step, many times, each time 0-30 ms after a save began (its
+    temporary directory appeared): `latest` always loads and equals, tensor by tensor, an
+    uninterrupted run's checkpoint of the same step; some kills provably interrupted a save (its
+    temporary directory was left, and the next start removed it); the finished run equals the
+    uninterrupted one."""
+    import random
+
+    common = [*RESUME_ARGS, "--spm", str(spm_dir), "--save-every", "1", "--steps", "40"]
+    reference = tmp_path / "reference"
+    assert pretrain_main([*common, "--out", str(reference), "--keep-last", "100"]) == 0
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "train.pretrain", *common, "--out", str(out), "--keep-last", "2", "--resume"]
+    rng = random.Random(0)
+    interrupted, kills, seen = 0, 0, 0
+    while kills < 12 and interrupted < 3:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 120
-        while latest_checkpoint(out) is None and time.time() < deadline:
-            time.sleep(0.05)
-        time.sleep(delay)
+        while proc.poll() is None and time.time() < deadline:  # wait for a save of a new step to begin
+            if saving_after(out / "checkpoints", seen):
+                break
+            time.sleep(0.001)
+        if proc.poll() is not None:
+            break  # finished before this kill: nothing left to interrupt
+        time.sleep(rng.uniform(0.0, 0.03))  # somewhere inside (or just after) that save
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        kills += 1
+        if any(p.name.startswith(".") and ".tmp-" in p.name for p in (out / "checkpoints").iterdir()):
+            interrupted += 1
         latest = latest_checkpoint(out)
-        assert latest is not None
-        loaded = checkpoint.load(latest)
-        assert torch.isfinite(next(iter(loaded.model.parameters()))).all()
-        assert (latest / "trainer.pt").exists() and (latest / "trainer.json").exists()
+        seen = int(latest.name.split("-")[1])
+        assert json.loads((latest / "trainer.json").read_text())["step"] == seen
+        got = checkpoint.load(latest).model.state_dict()
+        want = checkpoint.load(reference / "checkpoints" / latest.name).model.state_dict()
+        assert got.keys() == want.keys()
+        assert max((got[k] - want[k]).abs().max().item() for k in got) <= 1e-5, latest.name
+    assert interrupted >= 1, f"none of {kills} kills landed inside a save"
+    assert subprocess.run(cmd, cwd=REPO, capture_output=True, timeout=300).returncode == 0
+    assert not [p for p in out.rglob(".*") if ".tmp-" in p.name]  # cleaned at the next start
+    final, want = checkpoint.load(out).model.state_dict(), checkpoint.load(reference).model.state_dict()
+    assert max((final[k] - want[k]).abs().max().item() for k in final) <= 1e-5
 
 
 def test_ctrl_c_saves_and_exits_cleanly(spm_dir, tmp_path):  # noqa: F811
