@@ -410,3 +410,47 @@ def test_cli_help_and_bad_input(tmp_path):
     )
     assert bad.returncode == 2
     assert "not found" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_failed_save_on_rank_0_brings_every_rank_down_promptly(spm_dir, tmp_path):  # noqa: F811
+    """Rank 0 cannot write its checkpoint (a file-size limit, as a full disk): it exits with the clear
+    error and torchrun takes rank 1 down too, instead of rank 1 waiting in a collective for its timeout."""
+    import resource
+
+    out = tmp_path / "ddp"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+    ]
+    cmd += [
+        "-m",
+        "train.pretrain",
+        *RESUME_ARGS,
+        "--spm",
+        str(spm_dir),
+        "--out",
+        str(out),
+        "--save-every",
+        "2",
+    ]
+    cmd += ["--device", "cpu"]
+
+    def limit_file_size() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (400_000, 400_000))  # below the weights file
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    start = time.time()
+    proc = subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=120, env=env, preexec_fn=limit_file_size
+    )
+    assert proc.returncode != 0
+    assert "could not write checkpoint" in proc.stdout + proc.stderr
+    assert time.time() - start < 90
+    assert latest_checkpoint(out) is None  # nothing half-written became `latest`
+    assert not [p for p in out.rglob(".*") if ".tmp-" in p.name]
