@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from train import checkpoint
 from train.cli import Parser, run
+from train.loop import LoopPlan, StepReport, run_loop
 from train.model import ACTIVATIONS, HEADS, PRESETS, XLNetConfig, XLNetForQuestionAnswering
 from train.model.config import ANSWER_CLASS_INPUTS
 from train.optim import (
@@ -38,7 +39,7 @@ from train.qa import evaluate_predictions, run_evaluation, write_prediction_file
 from train.recipes import RECIPES, recipe_defaults
 from train.run_record import explicit_flags, open_run
 from train.runlog import MetricsLog
-from train.runtime import StopFlag, agree_any, all_reduce_mean, init_distributed, seed_everything
+from train.runtime import init_distributed, seed_everything
 from train.squad import featurize, pad_batch, read_squad, subsample_out_of_window
 from train.step import TrainStep
 from train.tokenizer import XLNetTokenizer, train_spm
@@ -354,12 +355,12 @@ def finetune(args) -> dict:
             flush=True,
         )
     bar = tqdm(total=total_steps, initial=step, disable=not d.is_main or args.no_progress, dynamic_ncols=True)
-    last_loss, t0, done_here, seen = float("nan"), time.time(), 0, 0
+    last_loss, t0, seen = float("nan"), time.time(), 0
 
-    def run_info(metrics: dict, threshold: float) -> dict:
+    def run_info(metrics: dict, threshold: float, at_step: int) -> dict:
         return {
             "stage": "finetune",
-            "step": step,
+            "step": at_step,
             "head": args.head,
             "recipe": args.recipe,
             "no_answer_threshold": threshold,
@@ -375,7 +376,7 @@ def finetune(args) -> dict:
             "init_metadata_stage": init_meta.get("stage"),
         }
 
-    def evaluate_on_dev(final: bool) -> dict:
+    def evaluate_on_dev(at_step: int, final: bool) -> dict:
         """Dev metrics of the current weights; the final model always goes to --out, the best to --out/best."""
         nonlocal best_f1, best_step
         result = run_evaluation(
@@ -391,19 +392,19 @@ def finetune(args) -> dict:
         thr = min(max(float(result.metrics.get("best_f1_thresh", 0.5)), 0.0), 1.0)
         m = evaluate_predictions(dev_examples, result.predictions, thr)
         result.metrics = m
-        log.log(step, dev_exact=m["exact"], dev_f1=m["f1"], dev_best_f1=m["best_f1"], dev_threshold=thr)
+        log.log(at_step, dev_exact=m["exact"], dev_f1=m["f1"], dev_best_f1=m["best_f1"], dev_threshold=thr)
         log.plot()
         if m["best_f1"] > best_f1:
-            best_f1, best_step = m["best_f1"], step
+            best_f1, best_step = m["best_f1"], at_step
             if args.keep_best:
-                meta = run_info(m, thr) | {
+                meta = run_info(m, thr, at_step) | {
                     "selected_on": str(args.dev_file),
                     "selection": "highest dev best_f1 over the evaluations; its dev metrics are optimistic",
                 }
                 checkpoint.save(model, out / "best", tokenizer=tokenizer, metadata=meta)
                 write_prediction_files(out / "best" / "dev_predictions", result)
         if final:
-            checkpoint.save_into(model, out, tokenizer=tokenizer, metadata=run_info(m, thr))
+            checkpoint.save_into(model, out, tokenizer=tokenizer, metadata=run_info(m, thr, at_step))
             write_prediction_files(out / "dev_predictions", result)
         return m
 
@@ -424,54 +425,50 @@ def finetune(args) -> dict:
             is_impossible=t["is_impossible"],
         ).loss
 
-    with StopFlag() as stop:
-        while step < total_steps:
-            outcome = trainer.step(micro_loss)
-            grad_norm = outcome.grad_norm
-            step += 1
-            done_here += 1
-            last_loss = all_reduce_mean(outcome.loss, d)
-            if step % args.log_every == 0 or step == total_steps:
-                elapsed = time.time() - t0
-                log.log(
-                    step,
-                    loss=last_loss,
-                    lr=scheduler.get_last_lr()[0],
-                    grad_norm=grad_norm,
-                    epoch=batches.epoch,
-                    features_per_s=seen / max(elapsed, 1e-9),
-                    s_per_step=elapsed / max(1, args.log_every),
-                    skipped_steps=trainer.skipped_total,
-                )
-                bar.set_postfix(loss=f"{last_loss:.3f}", best_f1=f"{best_f1:.1f}")
-                t0, seen = time.time(), 0
-            bar.update(1)
-            if d.is_main and (step % args.eval_every == 0 or step == total_steps):
-                m = evaluate_on_dev(final=step == total_steps)
-                if step == total_steps:
-                    final_metrics = m
-                bar.write(f"step {step}: dev EM {m['exact']:.2f} F1 {m['f1']:.2f} best_f1 {m['best_f1']:.2f}")
-            stopping = agree_any(stop.requested, d) or (
-                args.stop_after is not None and done_here >= args.stop_after
+    def after_step(r: StepReport) -> None:
+        nonlocal t0, seen, last_loss, final_metrics
+        last_loss = r.loss
+        if r.step % args.log_every == 0 or r.step == total_steps:
+            elapsed = time.time() - t0
+            log.log(
+                r.step,
+                loss=r.loss,
+                lr=scheduler.get_last_lr()[0],
+                grad_norm=r.outcome.grad_norm,
+                epoch=batches.epoch,
+                features_per_s=seen / max(elapsed, 1e-9),
+                s_per_step=elapsed / max(1, args.log_every),
+                skipped_steps=trainer.skipped_total,
             )
-            if d.is_main and (step % args.save_every == 0 or step == total_steps or stopping):
-                save_training_state(
-                    out,
-                    step,
-                    model,
-                    optimizer,
-                    scheduler,
-                    tokenizer=tokenizer,
-                    data_state=batches.state_dict(),
-                    keep_last=args.keep_last,
-                    extra={"best_f1": best_f1, "best_step": best_step, "trainer": trainer.state_dict()},
-                    metadata={"stage": "finetune-state", "head": args.head},
-                )
-                log.plot()  # at saves, evaluations and the end, not every log step
-            if d.enabled:
-                dist.barrier()
-            if stopping:
-                break
+            bar.set_postfix(loss=f"{r.loss:.3f}", best_f1=f"{best_f1:.1f}")
+            t0, seen = time.time(), 0
+        bar.update(1)
+        if d.is_main and (r.step % args.eval_every == 0 or r.step == total_steps):
+            m = evaluate_on_dev(r.step, final=r.step == total_steps)
+            if r.step == total_steps:
+                final_metrics = m
+            bar.write(f"step {r.step}: dev EM {m['exact']:.2f} F1 {m['f1']:.2f} best_f1 {m['best_f1']:.2f}")
+
+    def save(at_step: int) -> None:
+        if d.is_main:
+            save_training_state(
+                out,
+                at_step,
+                model,
+                optimizer,
+                scheduler,
+                tokenizer=tokenizer,
+                data_state=batches.state_dict(),
+                keep_last=args.keep_last,
+                extra={"best_f1": best_f1, "best_step": best_step, "trainer": trainer.state_dict()},
+                metadata={"stage": "finetune-state", "head": args.head},
+            )
+            log.plot()  # at saves, evaluations and the end, not every log step
+        if d.enabled:
+            dist.barrier()  # no rank runs ahead of a checkpoint rank 0 is writing
+
+    plan = LoopPlan(step, total_steps, args.save_every, args.stop_after)
+    step = run_loop(trainer, micro_loss, plan, d, after_step=after_step, save=save)
     bar.close()
     log.close()
     if d.is_main and final_metrics is not None:

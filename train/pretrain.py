@@ -24,19 +24,12 @@ from tqdm import tqdm
 from train import checkpoint
 from train.cli import Parser, run
 from train.data import PretrainBatches, PretrainDataConfig
+from train.loop import LoopPlan, StepReport, run_loop
 from train.model import ACTIVATIONS, PRESETS, XLNetConfig, XLNetLMHeadModel
 from train.optim import DECAYS, OPTIMIZERS, make_optimizer, make_scheduler
 from train.run_record import explicit_flags, open_run
 from train.runlog import MetricsLog
-from train.runtime import (
-    Dist,
-    StopFlag,
-    agree_any,
-    all_reduce_mean,
-    autocast,
-    init_distributed,
-    seed_everything,
-)
+from train.runtime import Dist, autocast, init_distributed, seed_everything
 from train.step import TrainStep
 from train.tokenizer import XLNetTokenizer, train_spm
 from train.train_state import latest_checkpoint, load_training_state, save_training_state
@@ -264,8 +257,8 @@ def pretrain(args) -> dict:
     bar = tqdm(
         total=args.steps, initial=start_step, disable=not d.is_main or args.no_progress, dynamic_ncols=True
     )
-    step, last_loss, t0, steps_since, loss_sum = start_step, float("nan"), time.time(), 0, 0.0
-    done_this_run = 0
+    interval = {"t0": time.time(), "steps": 0, "loss_sum": 0.0}
+    last_loss = float("nan")
 
     def micro_loss(train_model: torch.nn.Module, _: int) -> torch.Tensor:
         nonlocal mems
@@ -274,41 +267,37 @@ def pretrain(args) -> dict:
         loss, mems = pretrain_loss(train_model, to_tensors(next(data), d.device), mems, args.precision)
         return loss
 
-    with StopFlag() as stop:
-        while step < args.steps:
-            outcome = trainer.step(micro_loss)
-            grad_norm = outcome.grad_norm
-            step += 1
-            steps_since += 1
-            done_this_run += 1
-            step_loss = all_reduce_mean(outcome.loss, d)
-            loss_sum += step_loss if math.isfinite(step_loss) else 0.0
-            if step % args.log_every == 0 or step == args.steps or stop.requested:
-                elapsed = time.time() - t0
-                tps = tokens_per_step * steps_since / max(elapsed, 1e-9)
-                lr = scheduler.get_last_lr()[0]
-                last_loss = loss_sum / steps_since  # mean over the log interval: a readable curve
-                log.log(
-                    step,
-                    loss=last_loss,
-                    step_loss=step_loss,
-                    lr=lr,
-                    grad_norm=grad_norm,
-                    tokens_per_s=tps,
-                    unigram_baseline=baseline,
-                    skipped_steps=trainer.skipped_total,
-                )
-                bar.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{tps:.0f}", lr=f"{lr:.2e}")
-                t0, steps_since, loss_sum = time.time(), 0, 0.0
-            bar.update(1)
-            stopping = agree_any(stop.requested, d) or (
-                args.stop_after is not None and done_this_run >= args.stop_after
+    def after_step(r: StepReport) -> None:
+        nonlocal last_loss
+        interval["steps"] += 1
+        interval["loss_sum"] += r.loss if math.isfinite(r.loss) else 0.0
+        if r.step % args.log_every == 0 or r.step == args.steps or r.stopping:
+            elapsed = time.time() - interval["t0"]
+            tps = tokens_per_step * interval["steps"] / max(elapsed, 1e-9)
+            lr = scheduler.get_last_lr()[0]
+            last_loss = (
+                interval["loss_sum"] / interval["steps"]
+            )  # mean over the log interval: a readable curve
+            log.log(
+                r.step,
+                loss=last_loss,
+                step_loss=r.loss,
+                lr=lr,
+                grad_norm=r.outcome.grad_norm,
+                tokens_per_s=tps,
+                unigram_baseline=baseline,
+                skipped_steps=trainer.skipped_total,
             )
-            if step % args.save_every == 0 or step == args.steps or stopping:
-                _save(out, step, model, trainer, tokenizer, data, mems, d, args, baseline, last_loss)
-                log.plot()  # at saves and at the end, not every log step: matplotlib is slow
-            if stopping:
-                break
+            bar.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{tps:.0f}", lr=f"{lr:.2e}")
+            interval.update(t0=time.time(), steps=0, loss_sum=0.0)
+        bar.update(1)
+
+    def save(step: int) -> None:
+        _save(out, step, model, trainer, tokenizer, data, mems, d, args, baseline, last_loss)
+        log.plot()  # at saves and at the end, not every log step: matplotlib is slow
+
+    plan = LoopPlan(start_step, args.steps, args.save_every, args.stop_after)
+    step = run_loop(trainer, micro_loss, plan, d, after_step=after_step, save=save)
     bar.close()
     if d.is_main and step >= args.steps:
         checkpoint.save_into(
