@@ -19,8 +19,10 @@ import sys
 import time
 from pathlib import Path
 
+from train.sample_data import SAMPLE_DIR
+
 REPO = Path(__file__).resolve().parent
-SAMPLE = REPO / "data" / "sample"
+SAMPLE = SAMPLE_DIR
 SYNTH_STEPS = 200
 FINETUNE_STEPS = 150
 QA_WINDOW = ["--max-seq-len", "128", "--doc-stride", "64", "--batch-size", "16"]

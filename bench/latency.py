@@ -29,6 +29,7 @@ from export.sessions import session
 from train import checkpoint
 from train.model import XLNetConfig, XLNetForQuestionAnswering
 from train.model.inference import INPUT_NAMES, QAInference
+from train.sample_data import SAMPLE_CORPUS, SAMPLE_DEV
 
 
 def make_inputs(b: int, t: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -104,7 +105,19 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--skip", default="", help="comma-separated paths to skip: a,b,c,d,e,f")
     ap.add_argument(
-        "--realistic", type=int, default=0, help="also time N shared dev questions at true lengths"
+        "--realistic", type=int, default=0, help="also time N dev questions at their true window lengths"
+    )
+    ap.add_argument(
+        "--realistic-dev",
+        type=Path,
+        default=SAMPLE_DEV,
+        help="SQuAD file the --realistic questions come from (e.g. ../shared/data/squad2/dev-v2.0.cs224n-13.json)",
+    )
+    ap.add_argument(
+        "--realistic-text",
+        type=Path,
+        default=SAMPLE_CORPUS,
+        help="text the --realistic tokenizer is trained on when no --spm (not the dev questions)",
     )
     ap.add_argument(
         "--spm",
@@ -126,7 +139,7 @@ def main(argv=None) -> int:
     # The exporter ships a tokenizer with the model; any spm will do for timing.
     from train.tokenizer import XLNetTokenizer, train_spm
 
-    sample = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.json"
+    sample = SAMPLE_CORPUS
     train_spm([sample], tmp / "tok", 2000)
     checkpoint.save(ours, tmp / "ckpt", tokenizer=XLNetTokenizer.from_dir(tmp / "tok"))
     hf = transformers.XLNetForQuestionAnsweringSimple.from_pretrained(tmp / "ckpt").eval()
@@ -195,7 +208,11 @@ def main(argv=None) -> int:
         from bench.realistic import realistic_table
 
         print()
-        print(realistic_table(runners, args.realistic, args.spm, tmp, config))
+        print(
+            realistic_table(
+                runners, args.realistic, args.spm, tmp, config, args.realistic_dev, args.realistic_text
+            )
+        )
     return 0
 
 

@@ -17,23 +17,17 @@ import numpy as np
 
 from bench.common import markdown_table
 from train.model.inference import INPUT_NAMES
+from train.sample_data import SAMPLE_CORPUS, SAMPLE_DEV
 from train.squad import featurize_one, pad_batch, read_squad
 from train.tokenizer import XLNetTokenizer, train_spm
-
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data" / "squad2"
-SHARED_DEV = SHARED / "dev-v2.0.cs224n-13.json"
-SHARED_TEXT = SHARED / "test-v2.0.cs224n.json"  # other articles: the tokenizer never sees the dev text
-SAMPLE = REPO / "data" / "sample"
 
 Runner = Callable[[Mapping[str, np.ndarray]], Callable[[], object]]
 
 
-def tokenizer_for_lengths(spm: Path | None, work: Path) -> XLNetTokenizer:
-    """The given sentencepiece model, or an 8k-piece one trained on text that is not the dev set."""
+def tokenizer_for_lengths(spm: Path | None, work: Path, text: Path = SAMPLE_CORPUS) -> XLNetTokenizer:
+    """The given sentencepiece model, or an 8k-piece one trained on ``text`` (not the dev questions)."""
     if spm is not None:
         return XLNetTokenizer.from_dir(spm.parent if spm.is_file() else spm)
-    text = SHARED_TEXT if SHARED_TEXT.exists() else SAMPLE / "corpus.json"
     out = work / "spm-realistic"
     if not (out / "spiece.model").exists():
         train_spm([text], out, 8000)
@@ -41,10 +35,13 @@ def tokenizer_for_lengths(spm: Path | None, work: Path) -> XLNetTokenizer:
 
 
 def realistic_windows(
-    n: int, tokenizer: XLNetTokenizer, max_seq_len: int = 384, doc_stride: int = 128
+    n: int,
+    tokenizer: XLNetTokenizer,
+    max_seq_len: int = 384,
+    doc_stride: int = 128,
+    source: Path = SAMPLE_DEV,
 ) -> tuple[list[dict[str, np.ndarray]], int, Path]:
-    """Unpadded [1, T] feeds of n dev questions spread over all articles; also the question count."""
-    source = SHARED_DEV if SHARED_DEV.exists() else SAMPLE / "dev.json"
+    """Unpadded [1, T] feeds of n questions of ``source`` spread over its articles; also the count."""
     examples = read_squad(source)
     step = max(1, len(examples) // n)
     chosen = examples[::step][:n]
@@ -56,10 +53,18 @@ def realistic_windows(
     return windows, len(chosen), source
 
 
-def realistic_table(runners: Mapping[str, Runner], n: int, spm: Path | None, work: Path, config) -> str:
+def realistic_table(
+    runners: Mapping[str, Runner],
+    n: int,
+    spm: Path | None,
+    work: Path,
+    config,
+    dev: Path = SAMPLE_DEV,
+    text: Path = SAMPLE_CORPUS,
+) -> str:
     """Time every path (except HF-via-ONNX) over the same windows; totals as ratios to (a)."""
-    tokenizer = tokenizer_for_lengths(spm, work)
-    windows, questions, source = realistic_windows(n, tokenizer)
+    tokenizer = tokenizer_for_lengths(spm, work, text)
+    windows, questions, source = realistic_windows(n, tokenizer, source=dev)
     lengths = np.array([w["input_ids"].shape[1] for w in windows])
     rows, ref_total = [], None
     for name, make in runners.items():

@@ -30,8 +30,10 @@ from urllib.parse import urlparse
 
 import httpx
 
+from train.sample_data import SAMPLE_DEV
+
 REPO = Path(__file__).resolve().parents[1]
-DEV = REPO / "data" / "sample" / "dev.json"
+DEV = SAMPLE_DEV
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 MODES = {"batched": None, "unbatched": ("--max-batch-size", "1", "--max-batch-delay-ms", "0")}
 

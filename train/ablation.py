@@ -23,10 +23,10 @@ from train import pretrain as pretrain_cli
 from train.cli import Parser, run
 from train.model import ACTIVATIONS
 from train.runlog import read_series
+from train.sample_data import SAMPLE_CORPUS
 from train.study import short_pretraining_argv
 from train.tokenizer import train_spm
 
-SAMPLE_CORPUS = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.json"
 CONFIGS = ("relu", "gelu", "mish", "mish+aoa")
 
 

@@ -30,13 +30,10 @@ from train.optim import DECAYS, OPTIMIZERS, make_optimizer, make_scheduler
 from train.run_record import explicit_flags, open_run
 from train.runlog import MetricsLog
 from train.runtime import Dist, autocast, init_distributed, seed_everything
+from train.sample_data import SAMPLE_CORPUS, SAMPLE_TRAIN
 from train.step import TrainStep
 from train.tokenizer import XLNetTokenizer, train_spm
 from train.train_state import latest_checkpoint, load_training_state, save_training_state
-
-DEFAULT_CORPUS = (
-    Path(__file__).resolve().parents[1].parent / "shared" / "data" / "squad2" / "test-v2.0.cs224n.json"
-)
 
 
 def build_parser() -> Parser:
@@ -45,7 +42,7 @@ def build_parser() -> Parser:
     g.add_argument(
         "--corpus",
         nargs="+",
-        default=[str(DEFAULT_CORPUS)],
+        default=[str(SAMPLE_CORPUS), str(SAMPLE_TRAIN)],
         help="plain-text files (blank line between documents) and/or SQuAD JSON files",
     )
     g.add_argument("--spm", help="sentencepiece model to use (spiece.model or a directory holding one)")

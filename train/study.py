@@ -30,9 +30,9 @@ from train import tokenizer as tokenizer_cli
 from train.cli import Parser, run
 from train.optim import OPTIMIZERS
 from train.runlog import read_series
+from train.sample_data import SAMPLE_DIR as SAMPLE
 from train.squad import evaluate, load_dataset, read_squad, split_by_article, write_squad
 
-SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 BASES = ("pretrained", "random")
 MODIFIERS = ("synth", "match")
 
