@@ -24,9 +24,12 @@ demo: venv
 test: venv
 	$(PY) -m pytest tests
 
+# Quality gates (CI runs them before the tests): formatting, lint, types, import layering.
 lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 format: venv
 	$(VENV)/bin/ruff format .

@@ -137,9 +137,9 @@ def fold_static_ifs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 def _fold_one(model: onnx.ModelProto, node: onnx.NodeProto, dims) -> list[onnx.NodeProto] | None:
     branches = {a.name: _branch_op(a.g) for a in node.attribute if a.name in ("then_branch", "else_branch")}
     kinds = {b[0] for b in branches.values() if b}
-    if kinds != {"Squeeze", "Identity"} or len({b[1] for b in branches.values()}) != 1:
+    if kinds != {"Squeeze", "Identity"} or len({b[1] for b in branches.values() if b is not None}) != 1:
         return None
-    _, source, axes = next(b for b in branches.values() if b[0] == "Squeeze")
+    _, source, axes = next(b for b in branches.values() if b is not None and b[0] == "Squeeze")
     shape = dims.get(source)
     if shape is None or axes is None:
         return None

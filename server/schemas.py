@@ -86,7 +86,7 @@ class BatchRequest(BaseModel):
 def batch_request_model(max_items: int) -> type[BatchRequest]:
     """BatchRequest with the server's item limit in the schema: validation stops at the first item too
     many (one error, not one per item of a huge list) and the route answers 413."""
-    return create_model(  # type: ignore[call-overload, no-any-return]
+    return create_model(
         "BatchRequest",
         __base__=BatchRequest,
         __doc__=BatchRequest.__doc__,

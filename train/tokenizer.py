@@ -23,6 +23,7 @@ import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from functools import cached_property, lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import sentencepiece as spm
@@ -497,7 +498,7 @@ class XLNetTokenizer:
             res = self.sp.encode(probe, out_type="offset_mapping")
             api, end = "offset_mapping", res["offsets"][-1][1]
         except Exception:  # older versions raise RuntimeError/ValueError for an unknown out_type
-            api, end = "immutable_proto", self.sp.encode(probe, out_type="immutable_proto").pieces[-1].end
+            api, end = "immutable_proto", self.sp.encode(probe, out_type="immutable_proto").pieces[-1].end  # type: ignore[arg-type]
         return api, end == len(probe.encode("utf-8")) != len(probe)
 
     def _encode_norm_offsets(self, norm: str) -> tuple[list[int], list[tuple[int, int]]]:
@@ -507,7 +508,7 @@ class XLNetTokenizer:
             res = self.sp.encode(norm, out_type="offset_mapping")
             ids, offsets = list(res["ids"]), [(int(b), int(e)) for b, e in res["offsets"]]
         else:
-            proto = self.sp.encode(norm, out_type="immutable_proto")
+            proto = self.sp.encode(norm, out_type="immutable_proto")  # type: ignore[arg-type]
             ids, offsets = [p.id for p in proto.pieces], [(p.begin, p.end) for p in proto.pieces]
         if in_bytes and not norm.isascii():
             data_len = len(norm.encode("utf-8"))
@@ -685,6 +686,9 @@ def train_spm(
     out = Path(out_dir)
     model = io.BytesIO()
     spm.set_random_generator_seed(seed)
+    punct_options: dict[str, Any] = (
+        {"pretokenization_delimiter": _TRAIN_DELIMITER, "required_chars": "".join(punct)} if punct else {}
+    )
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=lines(),
@@ -700,11 +704,7 @@ def train_spm(
             num_threads=num_threads,
             max_sentence_length=min(max_sentence_length * expansion, _MAX_SENTENCE_LENGTH_LIMIT),
             split_digits=split_digits,
-            **(
-                {"pretokenization_delimiter": _TRAIN_DELIMITER, "required_chars": "".join(punct)}
-                if punct
-                else {}
-            ),
+            **punct_options,
             byte_fallback=False,
             minloglevel=0 if verbose else 2,
         )

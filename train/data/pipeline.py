@@ -153,7 +153,7 @@ class PretrainBatches(Iterator[dict[str, np.ndarray]]):
         cfg = self.config
         bsz, seq_len, num_predict = cfg.batch_size, cfg.seq_len, cfg.num_predict
         assert num_predict is not None and cfg.perm_size is not None
-        out = {
+        out: dict[str, np.ndarray] = {
             "input_ids": np.zeros((bsz, seq_len), dtype=np.int64),
             "token_type_ids": np.zeros((bsz, seq_len), dtype=np.int64),
             "perm_mask": np.zeros((bsz, seq_len, seq_len), dtype=np.float32),

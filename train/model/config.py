@@ -19,7 +19,7 @@ ANSWER_CLASS_INPUTS = ("softmax_start", "gold_start")
 # Settings of the pretraining run config that the original's fine-tuning leaves out
 # (xlnet.create_run_config with is_finetune=True; XLNetModel always builds attn_type "bi"):
 # fine-tuning, evaluation and serving reset them.
-PRETRAINING_ONLY = {
+PRETRAINING_ONLY: dict[str, Any] = {
     "bi_data": False,
     "mem_len": None,
     "reuse_len": None,

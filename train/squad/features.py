@@ -24,7 +24,7 @@ import itertools
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -195,7 +195,7 @@ def _featurize_example(
     max_seq_len: int,
     doc_stride: int,
     max_query_len: int,
-    label: tuple[int, int] | None | bool,
+    label: tuple[int, int] | None | Literal[False],
 ) -> list[Feature]:
     """Windows of one question/paragraph. ``label``: False = no labels, None = unanswerable,
     else the answer's inclusive token span in the whole paragraph."""
@@ -270,7 +270,7 @@ def featurize(
     skipped = 0
     for i, ex in enumerate(examples):
         ctx_ids, offsets = encoder.context(ex.context)
-        label: tuple[int, int] | None | bool = False
+        label: tuple[int, int] | None | Literal[False] = False
         if is_training:
             answer = ex.first_answer
             if ex.is_impossible or answer is None:
