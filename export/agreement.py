@@ -156,7 +156,7 @@ def agreement(
     )
     ref_rows = predict_rows(reference, names, features, batch_size)
     got_rows = predict_rows(candidate, names, features, batch_size)
-    kw = {
+    kw: dict[str, Any] = {
         "max_answer_len": int(settings["max_answer_len"]),
         "threshold": float(settings["no_answer_threshold"]),
     }

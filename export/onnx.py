@@ -36,7 +36,7 @@ import tempfile
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import onnx
 import onnxruntime
@@ -52,7 +52,7 @@ from export.sidecar import PRECISIONS, SIDECAR_FILE, Sidecar, settings_from_meta
 from export.torch_export import export_graph, load_qa_checkpoint, torch_runner, weights_file
 from export.verify import DEFAULT_SHAPES, DEFAULT_TOLERANCE, Comparison, compare, run_all, sample_batches
 from train.cli import Parser, run
-from train.model import HEADS
+from train.model import HEADS, XLNetForQuestionAnswering
 from train.model.inference import QAInference
 
 PROG = "python -m export.onnx"
@@ -331,8 +331,8 @@ def export(args: argparse.Namespace) -> int:
         raise ValueError(
             f"the tokenizer has {tokenizer.vocab_size} pieces but the model only {config.vocab_size}"
         )
-    module = QAInference(loaded.model).eval()
-    settings = settings_from_metadata(loaded.metadata)
+    module = QAInference(cast(XLNetForQuestionAnswering, loaded.model)).eval()  # a qa:<head> checkpoint
+    settings: dict[str, Any] = settings_from_metadata(loaded.metadata)
     print(f"{PROG}: {ckpt_path} ({loaded.kind}, d_model {config.d_model}, {config.n_layer} layers) -> {out}")
     try:
         with atomic_directory(out) as tmp:

@@ -50,7 +50,7 @@ def optimize_offline(
 
 def measure_latency(
     path: str | os.PathLike, feeds: Feeds, *, runs: int = 20, level: str = "all", threads: int | None = None
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Session load time and per-call latency (median / p90 over `runs` calls after 3 warm-up calls)."""
     start = time.perf_counter()
     sess = session(path, threads=threads, level=level)

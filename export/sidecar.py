@@ -146,7 +146,14 @@ class Sidecar:
             p.append(f"inputs must be {list(INPUT_NAMES)}, got {self.inputs}")
         if self.precision not in PRECISIONS:
             p.append(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        ints: tuple[str, ...] = ("d_model", "n_layer", "vocab_size", "max_seq_len", "doc_stride", "max_query_len")
+        ints: tuple[str, ...] = (
+            "d_model",
+            "n_layer",
+            "vocab_size",
+            "max_seq_len",
+            "doc_stride",
+            "max_query_len",
+        )
         ints += ("max_answer_len", "start_n_top", "end_n_top")
         p += [
             f"{n} must be a positive integer, got {getattr(self, n)!r}"

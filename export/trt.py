@@ -288,6 +288,7 @@ def build(args: argparse.Namespace) -> int:
             built = engine_sidecar(sidecar, args, path, precision, facts)
             built.save(tmp)
             runner_ = TRTRunner(tmp)
+            assert built.trt is not None  # engine_sidecar always sets it
             built.trt["io_dtypes"] = runner_.io_dtypes()  # Triton's config needs the engine's own I/O types
             if args.verify:
                 built.verification = verify_engine(runner_, graph, built, args, precision)

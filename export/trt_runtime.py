@@ -64,6 +64,7 @@ class TRTRunner:
                 f"{self.dir}: engine tensors {self.inputs} -> {self.outputs} do not match export.json "
                 f"{list(INPUT_NAMES)} -> {self.sidecar.outputs}"
             )
+        assert self.sidecar.trt is not None  # validation requires it of a 'tensorrt' sidecar
         self.min_shape = tuple(self.sidecar.trt["min_shape"])
         self.max_shape = tuple(self.sidecar.trt["max_shape"])
         self._lock = threading.Lock()

@@ -37,6 +37,7 @@ from server.schemas import (
     Timing,
     batch_request_model,
 )
+from server.schemas import BatchRequest as BaseBatchRequest
 from server.settings import ServerSettings
 
 # ---- helpers ----------------------------------------------------------------------------------------
@@ -192,7 +193,7 @@ def create_app(
         _check_sizes([body], settings)
         return (await _answer(runtime, [body], request))[0]
 
-    async def answer_batch(body: BatchRequest, request: Request) -> BatchResponse:
+    async def answer_batch(body: BaseBatchRequest, request: Request) -> BatchResponse:
         """Answer several questions (at most ``max_batch_items``, else 413); results in request order."""
         _check_sizes(body.items, settings)
         return BatchResponse(results=await _answer(runtime, body.items, request))

@@ -55,6 +55,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -274,7 +275,9 @@ class MicroBatcher:
         for features in groups:
             k = len(features)
             job = _Job(features, loop.create_future(), now, [None] * k, k, k, tag=tag, request=request)
-            job.future.add_done_callback(lambda _, job=job: self._forget(job))
+            job.future.add_done_callback(
+                cast("Callable[[asyncio.Future], None]", lambda _, job=job: self._forget(job))
+            )
             request.windows.extend((job, i) for i in range(k))
             futures.append(job.future)
         if deadline is not None and n > self.max_batch_size:
@@ -457,15 +460,16 @@ class MicroBatcher:
         before it, it could not finish by its deadline."""
         assert request.deadline is not None
         self._large = [r for r in self._large if r.windows]
-        ahead = sum(self._seconds_left(r) for r in self._large if r.deadline <= request.deadline)  # type: ignore[operator]
+        # every request in _large was admitted with a deadline
+        ahead = sum(self._seconds_left(r) for r in self._large if cast(float, r.deadline) <= request.deadline)
         need = ahead + self._seconds_left(request)
         if now + need > request.deadline:
             raise QueueFull(
                 f"this request's {len(request.windows)} windows would need ~{need:.1f} s at the current "
                 f"load but its deadline is {request.deadline - now:.1f} s away"
             )
-        keys = [r.deadline for r in self._large]
-        self._large.insert(bisect.bisect_right(keys, request.deadline), request)  # type: ignore[arg-type]
+        keys = [cast(float, r.deadline) for r in self._large]
+        self._large.insert(bisect.bisect_right(keys, request.deadline), request)
 
     def _take_urgent(self) -> list[tuple[_Job, int]]:
         """Windows of the large requests that must run now to meet their deadlines (earliest deadline

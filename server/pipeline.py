@@ -18,6 +18,7 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -109,14 +110,14 @@ def decode_rows(
     threshold: float,
 ) -> Prediction:
     """Decode one question from its windows' output rows, whatever the head."""
-    kw = {"n_best": n_best, "max_answer_len": max_answer_len, "threshold": threshold}
+    kw: dict[str, Any] = {"n_best": n_best, "max_answer_len": max_answer_len, "threshold": threshold}
     if head == "beam":
         cols = [
             [r[n] for r in rows]
             for n in ("start_top_log_probs", "start_top_index", "end_top_log_probs", "end_top_index")
         ]
         cls = np.array([float(r["cls_logits"]) for r in rows])
-        return decode_beam(context, features, *cols, cls, **kw)
+        return decode_beam(context, features, cols[0], cols[1], cols[2], cols[3], cls, **kw)
     starts = [r["start_logits"] for r in rows]
     ends = [r["end_logits"] for r in rows]
     if head == "simple":

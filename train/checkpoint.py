@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors import SafetensorError
@@ -125,7 +125,9 @@ def _adapt_state(
     if dst_kind == src_kind:
         out.update({k: v for k, v in state.items() if not k.startswith("transformer.")})
     if dst_kind == "lm":
-        out.setdefault("lm_loss.bias", state.get("lm_loss.bias", torch.zeros(model.config.vocab_size)))
+        out.setdefault(
+            "lm_loss.bias", state.get("lm_loss.bias", torch.zeros(cast(XLNetConfig, model.config).vocab_size))
+        )
     return out
 
 
@@ -204,7 +206,12 @@ def load(
         tokenizer = XLNetTokenizer.from_dir(path)
     model.eval()
     return LoadedCheckpoint(
-        model=model, config=model.config, kind=dst_kind, tokenizer=tokenizer, metadata=metadata, path=path
+        model=model,
+        config=cast(XLNetConfig, model.config),
+        kind=dst_kind,
+        tokenizer=tokenizer,
+        metadata=metadata,
+        path=path,
     )
 
 
@@ -278,7 +285,7 @@ def save(
     """Write a checkpoint that `load` reads and that `transformers` loads directly where HF has the model."""
     directory = Path(directory)
     kind = model_kind(model)
-    config: XLNetConfig = model.config
+    config = cast(XLNetConfig, model.config)
     with atomic_directory(directory) as tmp:
         cfg = config.to_hf_dict(OUR_ARCHITECTURES[kind])
         cfg["xlnet_qa"] = {"kind": kind, "format_version": 1}

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -50,7 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if loaded.tokenizer is None:
         raise ValueError(f"{args.checkpoint} has no spiece.model")
     meta = loaded.metadata
-    pick = lambda v, key, default: v if v is not None else meta.get(key, default)  # noqa: E731
+    pick: Callable[[Any, str, Any], Any] = lambda v, key, default: (  # noqa: E731
+        v if v is not None else meta.get(key, default)
+    )
     fkw = {
         "max_seq_len": pick(args.max_seq_len, "max_seq_len", 384),
         "doc_stride": pick(args.doc_stride, "doc_stride", 128),

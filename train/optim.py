@@ -13,9 +13,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from train.model.config import XLNetConfig
 
 OPTIMIZERS = ("xlnet", "adamw")
 LAYER_DECAY_MODES = ("gradients", "learning-rate")
@@ -84,7 +88,7 @@ def param_groups(
         raise ValueError(f"layer_decay_mode must be one of {LAYER_DECAY_MODES}, got {layer_decay_mode!r}")
     if not 0.0 < layer_decay <= 1.0:
         raise ValueError(f"layer decay must be in (0, 1], got {layer_decay}")
-    n_layer = n_layer if n_layer is not None else model.config.n_layer
+    n_layer = n_layer if n_layer is not None else cast("XLNetConfig", model.config).n_layer
     groups: dict[tuple[float, float, float], dict] = {}
     seen: set[int] = set()
     for name, param in model.named_parameters():
@@ -262,7 +266,7 @@ class MicroBatchClipping:
             if self.sums[k] is None:
                 self.sums[k] = p.grad.clone()
             else:
-                self.sums[k].add_(p.grad)
+                cast(torch.Tensor, self.sums[k]).add_(p.grad)
             p.grad = None
 
     @torch.no_grad()

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -329,8 +330,8 @@ def _save(out, step, model, trainer: TrainStep, tokenizer, data, mems, d: Dist, 
     data_state = data.state_dict()
     mem_cpu = [m.detach().cpu() for m in mems] if mems is not None else None
     if d.enabled:
-        gathered_data = [None] * d.world_size
-        gathered_mems = [None] * d.world_size
+        gathered_data: list[Any] = [None] * d.world_size
+        gathered_mems: list[Any] = [None] * d.world_size
         dist.all_gather_object(gathered_data, data_state)
         dist.all_gather_object(gathered_mems, mem_cpu)
         data_state, mem_all = gathered_data, gathered_mems

@@ -7,6 +7,7 @@ import os
 import random
 import signal
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -83,7 +84,7 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.requested = False
-        self._old = {}
+        self._old: dict[signal.Signals, Any] = {}
 
     def __enter__(self) -> StopFlag:
         for sig in (signal.SIGINT, signal.SIGTERM):

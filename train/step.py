@@ -17,6 +17,7 @@ import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -85,7 +86,7 @@ class TrainStep:
         last = micro == self.grad_accum - 1 and self.clipper is None
         if not self.dist.enabled or last:
             return contextlib.nullcontext()
-        return self.train_model.no_sync()
+        return cast(torch.nn.parallel.DistributedDataParallel, self.train_model).no_sync()  # dist.enabled
 
     def step(self, micro_loss: MicroLoss) -> StepOutcome:
         self.train_model.train()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import re
 import sys
 import time
@@ -296,7 +297,7 @@ class XLNetTokenizer:
     # ---- loading and saving -------------------------------------------------------------------------
 
     @classmethod
-    def from_dir(cls, directory: str | Path) -> XLNetTokenizer:
+    def from_dir(cls, directory: str | os.PathLike) -> XLNetTokenizer:
         """Load ``spiece.model`` (+ optional ``tokenizer_config.json``) from ours or a HuggingFace XLNet dir."""
         d = Path(directory)
         model = d / MODEL_FILE

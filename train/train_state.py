@@ -19,7 +19,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ class CheckpointWriteError(OSError):
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if hasattr(model, "module") else model
+    return cast(torch.nn.Module, model.module) if hasattr(model, "module") else model
 
 
 def to_jsonable(obj: Any) -> Any:

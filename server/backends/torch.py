@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from server.backends.base import Backend, BackendUnavailable, check_outputs
 from server.model_spec import ModelSpec
+
+if TYPE_CHECKING:
+    from train.model.inference import XLNetForQuestionAnswering
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +46,7 @@ class TorchBackend(Backend):
             raise BackendUnavailable(
                 f"{spec.directory}: checkpoint is {ckpt.kind!r}, the sidecar says qa:{spec.head}"
             )
-        self.model = QAInference(ckpt.model).eval()
+        self.model = QAInference(cast("XLNetForQuestionAnswering", ckpt.model)).eval()  # kind is qa:<head>
         self.threads = threads
         logger.info("torch %s: %s loaded, %d intra-op threads", torch.__version__, ckpt.kind, threads)
 

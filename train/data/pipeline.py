@@ -32,7 +32,8 @@ STATE_VERSION = 1
 
 
 class Tokenizer(Protocol):
-    word_start_table: np.ndarray
+    @property
+    def word_start_table(self) -> np.ndarray: ...
 
     def encode(self, text: str) -> list[int]: ...
 

@@ -7,6 +7,8 @@ optimise far better than the generic Einsums of the reference implementation.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -82,6 +84,8 @@ class AttentionOnAttention(nn.Module):
 
 class RelativeAttention(nn.Module):
     """One layer's attention; both streams share every weight."""
+
+    k_r_table: torch.Tensor | None  # a buffer, registered in __init__
 
     def __init__(self, config: XLNetConfig) -> None:
         super().__init__()
@@ -186,8 +190,9 @@ class RelativeAttention(nn.Module):
 
     def cached_k_r(self, qlen: int) -> torch.Tensor:
         """Distances qlen .. -qlen+1 are the middle 2*qlen rows of the cached table."""
-        half = self.k_r_table.shape[2] // 2
-        return self.k_r_table[:, :, half - qlen : half + qlen]
+        table = cast(torch.Tensor, self.k_r_table)  # only called once cache_positions has set it
+        half = table.shape[2] // 2
+        return table[:, :, half - qlen : half + qlen]
 
     def forward(
         self,

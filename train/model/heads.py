@@ -148,9 +148,9 @@ class XLNetForQuestionAnswering(nn.Module):
         if head == "simple":
             self.qa_outputs = nn.Linear(d, 2)
         elif head == "shallow":
-            self.start_head = nn.Linear(d, 1)
-            self.end_head = nn.Linear(d, 1)
-            self.cls_head = nn.Linear(d, 1)
+            self.start_head: nn.Module = nn.Linear(d, 1)
+            self.end_head: nn.Module = nn.Linear(d, 1)
+            self.cls_head: nn.Module = nn.Linear(d, 1)
         elif head == "deep":
             self.start_head = mlp([d, 512, 384, 1], config.ff_activation, config.dropout)
             self.end_head = mlp([d, 512, 384, 1], config.ff_activation, config.dropout)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -94,14 +96,14 @@ class XLNetModel(nn.Module):
             batch_size=1,
             device=device,
         ).to(self.word_embedding.weight.dtype)
-        for layer in self.layer:
+        for layer in cast("Iterable[XLNetLayer]", self.layer):
             attn = layer.rel_attn
             attn.k_r_table = attn._heads(pos, attn.r).contiguous()
         self.position_cache_len = max_len
         self.fused_inference = fused
 
     def clear_position_cache(self) -> None:
-        for layer in self.layer:
+        for layer in cast("Iterable[XLNetLayer]", self.layer):
             layer.rel_attn.k_r_table = None
         self.position_cache_len = None
         self.fused_inference = False
@@ -141,7 +143,7 @@ class XLNetModel(nn.Module):
             )
         bounds = chunk_bounds(qlen, POSITION_CHUNKS)
         hidden: list[torch.Tensor] = []
-        for layer in self.layer:
+        for layer in cast("Iterable[XLNetLayer]", self.layer):
             if output_hidden_states:
                 hidden.append(h)
             attn = layer.rel_attn
@@ -171,7 +173,7 @@ class XLNetModel(nn.Module):
         if reuse is not None and reuse > 0:
             cur = cur[:reuse]
         new = cur if prev is None else torch.cat([prev, cur], dim=0)
-        return new[-self.config.mem_len :].detach()
+        return new[-cast(int, self.config.mem_len) :].detach()  # only called when keeps_memory
 
     def forward(
         self,
@@ -194,7 +196,8 @@ class XLNetModel(nn.Module):
             and perm_mask is None
             and target_mapping is None
             and not self.training
-            and (torch.jit.is_tracing() or qlen <= self.position_cache_len)
+            # position_cache_len is set whenever fused_inference is
+            and (torch.jit.is_tracing() or qlen <= cast(int, self.position_cache_len))
         ):
             return self._forward_fused(input_ids, token_type_ids, attention_mask, output_hidden_states)
         mlen = mems[0].shape[0] if mems is not None else 0
@@ -216,8 +219,8 @@ class XLNetModel(nn.Module):
             g = self.dropout(self.mask_emb.expand(bsz, target_mapping.shape[1], -1))
         seg_diff = segment_difference(token_type_ids, mlen)
         use_cache = self.position_cache_len is not None and mems is None and not self.training
-        if use_cache:
-            if not torch.jit.is_tracing() and qlen > self.position_cache_len:
+        if use_cache:  # so position_cache_len is not None
+            if not torch.jit.is_tracing() and qlen > cast(int, self.position_cache_len):
                 raise ValueError(
                     f"input of {qlen} tokens is longer than the cached positions ({self.position_cache_len}); "
                     "call cache_positions(max_len) with a larger max_len"
