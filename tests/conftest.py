@@ -1,11 +1,18 @@
-"""Shared pytest fixtures: tiny random models and paths to the data."""
+"""Shared pytest fixtures: tokenizers trained on the sample, tiny QA checkpoints and their ONNX export
+(built once per session), servers on loopback (one per test module), and paths to the data. Test
+modules use them by name; helpers are plain imports from ``fixtures_spm`` and ``server_helpers``."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fixtures_spm import make_tokenizer_dir
+from server_helpers import ServerProcess, build_qa_checkpoint, export_onnx
+
+from train.tokenizer import XLNetTokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data" / "squad2"
@@ -30,3 +37,70 @@ def shared_squad() -> Path:
 @pytest.fixture(scope="session")
 def sample_dir() -> Path:
     return SAMPLE
+
+
+# ---- tokenizers trained on the sample (well under a second each) -----------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cased 2000-piece XLNet tokenizer directory (spiece.model + tokenizer_config.json)."""
+    return make_tokenizer_dir(tmp_path_factory.mktemp("spm_cased"))
+
+
+@pytest.fixture(scope="session")
+def spm_dir_lower(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same, uncased (do_lower_case=True at training and encoding time)."""
+    return make_tokenizer_dir(tmp_path_factory.mktemp("spm_lower"), do_lower_case=True)
+
+
+@pytest.fixture(scope="session")
+def xlnet_tok(spm_dir: Path) -> XLNetTokenizer:
+    return XLNetTokenizer.from_dir(spm_dir)
+
+
+@pytest.fixture(scope="session")
+def xlnet_tok_lower(spm_dir_lower: Path) -> XLNetTokenizer:
+    return XLNetTokenizer.from_dir(spm_dir_lower)
+
+
+# ---- a tiny QA model, its export, servers ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def qa_checkpoint(tmp_path_factory: pytest.TempPathFactory, xlnet_tok: XLNetTokenizer) -> Path:
+    """A tiny random shallow-head QA checkpoint (tests copy it before changing anything)."""
+    return build_qa_checkpoint(tmp_path_factory.mktemp("qa_ckpt") / "ckpt", xlnet_tok)
+
+
+@pytest.fixture(scope="session")
+def onnx_export(tmp_path_factory: pytest.TempPathFactory, qa_checkpoint: Path) -> Path:
+    """``python -m export.onnx`` of ``qa_checkpoint`` (fp32, verified against torch)."""
+    return export_onnx(qa_checkpoint, tmp_path_factory.mktemp("qa_export") / "export")
+
+
+@pytest.fixture(scope="module")
+def onnx_server(onnx_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """``python -m server`` (onnx backend) on a loopback port, with a 1 MB body limit."""
+    s = ServerProcess(
+        onnx_export,
+        tmp_path_factory.mktemp("logs"),
+        "--max-body-bytes",
+        "1000000",
+        "--max-batch-delay-ms",
+        "5",
+    )
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def torch_server(onnx_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The same model served by torch eager, found through the export's source_checkpoint."""
+    s = ServerProcess(onnx_export, tmp_path_factory.mktemp("logs"), backend="torch")
+    try:
+        yield s.start()
+    finally:
+        s.stop()

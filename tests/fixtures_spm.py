@@ -1,16 +1,14 @@
 """Tiny XLNet sentencepiece models trained on the fly from the shipped sample (no downloads).
 
-Import the fixtures into a test module (``from fixtures_spm import spm_dir, ...``); training takes
-well under a second per model on the ~270 KB sample, so every model is trained once per session.
+The fixtures built from these (``spm_dir``, ``xlnet_tok``, ...) live in ``conftest.py``; training
+takes well under a second per model on the ~270 KB sample, so each is trained once per session.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from train.tokenizer import XLNetTokenizer, train_spm
+from train.tokenizer import train_spm
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
@@ -27,23 +25,29 @@ def make_tokenizer_dir(
     return Path(out_dir)
 
 
-@pytest.fixture(scope="session")
-def spm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A cased 2000-piece XLNet tokenizer directory (spiece.model + tokenizer_config.json)."""
-    return make_tokenizer_dir(tmp_path_factory.mktemp("spm_cased"))
-
-
-@pytest.fixture(scope="session")
-def spm_dir_lower(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same, uncased (do_lower_case=True at training and encoding time)."""
-    return make_tokenizer_dir(tmp_path_factory.mktemp("spm_lower"), do_lower_case=True)
-
-
-@pytest.fixture(scope="session")
-def xlnet_tok(spm_dir: Path) -> XLNetTokenizer:
-    return XLNetTokenizer.from_dir(spm_dir)
-
-
-@pytest.fixture(scope="session")
-def xlnet_tok_lower(spm_dir_lower: Path) -> XLNetTokenizer:
-    return XLNetTokenizer.from_dir(spm_dir_lower)
+# A pretraining run of the tiny preset that takes seconds (8 steps, batch 2 x 32 tokens, log every step).
+TINY_PRETRAIN_ARGS = [
+    "--corpus",
+    str(SAMPLE / "corpus.json"),
+    "--config",
+    "tiny",
+    "--steps",
+    "8",
+    "--batch-size",
+    "2",
+    "--seq-len",
+    "32",
+    "--reuse-len",
+    "16",
+    "--mem-len",
+    "16",
+    "--log-every",
+    "1",
+    "--save-every",
+    "100",
+    "--no-progress",
+    "--lr",
+    "1e-3",
+    "--warmup",
+    "2",
+]

@@ -1,7 +1,6 @@
 """The benchmark harness runs end to end and reports what it measured (no timing assertions here:
 speed is judged in BENCHMARKS.md, not in unit tests)."""
 
-# ruff: noqa: F811 - pytest fixtures imported from other modules are redefined as arguments
 from __future__ import annotations
 
 import json
@@ -9,8 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fixtures_spm import spm_dir, xlnet_tok  # noqa: F401 - pytest fixtures
-from test_server import onnx_export, qa_checkpoint  # noqa: F401 - pytest fixtures
 
 from bench import serve
 from bench.realistic import realistic_windows

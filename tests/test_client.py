@@ -1,8 +1,6 @@
 """The client SDK (sync and async) against a live server: typed results, retries on connection errors
 and 503 (honouring Retry-After), no retries on 4xx, typed errors, and the README example as written."""
 
-# ruff: noqa: F811 - pytest fixtures imported from other modules are redefined as arguments
-
 from __future__ import annotations
 
 import asyncio
@@ -20,17 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fixtures_spm import spm_dir, xlnet_tok  # noqa: F401 - pytest fixtures
-from test_server import (  # noqa: F401 - onnx_export/qa_checkpoint are pytest fixtures
-    REPO,
-    ServerProcess,
-    dev_questions,
-    free_port,
-    metric_value,
-    onnx_export,
-    qa_checkpoint,
-    server_env,
-)
+from server_helpers import REPO, ServerProcess, dev_questions, free_port, metric_value, server_env
 
 import clients
 from clients import (

@@ -15,7 +15,6 @@ import onnxruntime as ort
 import pytest
 import torch
 import transformers
-from fixtures_spm import spm_dir  # noqa: F401 - pytest fixture
 
 from export import sidecar as sc
 from export.graph import FORBIDDEN_OPS, matmul_weights, op_counts
@@ -37,7 +36,7 @@ METADATA = {"no_answer_threshold": 0.4, "max_seq_len": 256, "doc_stride": 64, "m
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory, spm_dir):  # noqa: F811
+def exports(tmp_path_factory, spm_dir):
     """One fp32 export per head (the shallow one carries fine-tuning metadata)."""
     root = tmp_path_factory.mktemp("exports")
     out = {}
@@ -173,7 +172,7 @@ def hf_shapes_batches(tokenizer_dir: Path):
     )
 
 
-def test_hf_simple_checkpoint_matches_transformers(tmp_path, spm_dir):  # noqa: F811
+def test_hf_simple_checkpoint_matches_transformers(tmp_path, spm_dir):
     hf, hf_dir = hf_directory(transformers.XLNetForQuestionAnsweringSimple, tmp_path, spm_dir)
     assert main(["--checkpoint", str(hf_dir), "--out", str(tmp_path / "onnx")]) == 0
     side = sc.Sidecar.load(tmp_path / "onnx")
@@ -189,7 +188,7 @@ def test_hf_simple_checkpoint_matches_transformers(tmp_path, spm_dir):  # noqa: 
         np.testing.assert_allclose(end[real], ref.end_logits.numpy()[real], atol=1e-4)
 
 
-def test_hf_beam_checkpoint_matches_transformers(tmp_path, spm_dir):  # noqa: F811
+def test_hf_beam_checkpoint_matches_transformers(tmp_path, spm_dir):
     """HF's `*_log_probs` are probabilities laid out end-major; ours are log-probs, start-major."""
     hf, hf_dir = hf_directory(transformers.XLNetForQuestionAnswering, tmp_path, spm_dir)
     assert main(["--checkpoint", str(hf_dir), "--out", str(tmp_path / "onnx")]) == 0
@@ -226,7 +225,7 @@ def test_hf_beam_checkpoint_matches_transformers(tmp_path, spm_dir):  # noqa: F8
 
 
 # --- reduced precision ------------------------------------------------------------------------------------
-def test_int8_all_matmuls_per_channel(tmp_path, spm_dir):  # noqa: F811
+def test_int8_all_matmuls_per_channel(tmp_path, spm_dir):
     """--quantize-heads quantizes every constant-weight MatMul; per-channel scales exist only for 2-D
     weights in onnxruntime, so the segment term's [n_head, d_head, 2] weight then stays float."""
     ckpt = tiny_qa_checkpoint(tmp_path / "ckpt", spm_dir, "deep")
@@ -243,7 +242,7 @@ def test_int8_all_matmuls_per_channel(tmp_path, spm_dir):  # noqa: F811
 
 @pytest.mark.parametrize("precision", ["int8", "fp16"])
 @pytest.mark.parametrize("head", ["shallow", "beam"])
-def test_reduced_precision_agreement(tmp_path, spm_dir, capsys, precision, head):  # noqa: F811
+def test_reduced_precision_agreement(tmp_path, spm_dir, capsys, precision, head):
     data = SHARED_DEV if SHARED_DEV.exists() else SAMPLE_DEV  # the shipped sample when shared data is absent
     ckpt = tiny_qa_checkpoint(
         tmp_path / "ckpt", spm_dir, head, metadata={"max_seq_len": 128, "doc_stride": 64}
@@ -361,7 +360,7 @@ def one_line_error(capsys) -> str:
     return err[0]
 
 
-def test_cli_errors(tmp_path, spm_dir, capsys, exports):  # noqa: F811
+def test_cli_errors(tmp_path, spm_dir, capsys, exports):
     ckpt, _ = exports["shallow"]
     assert main(["--checkpoint", str(tmp_path / "absent"), "--out", str(tmp_path / "o")]) == 2
     assert "no such directory" in one_line_error(capsys)
@@ -387,7 +386,7 @@ def test_cli_errors(tmp_path, spm_dir, capsys, exports):  # noqa: F811
     assert not (tmp_path / "o").exists()
 
 
-def test_lm_checkpoint_with_head_warns_loudly(tmp_path, spm_dir, capsys):  # noqa: F811
+def test_lm_checkpoint_with_head_warns_loudly(tmp_path, spm_dir, capsys):
     from train.tokenizer import XLNetTokenizer
 
     torch.manual_seed(0)

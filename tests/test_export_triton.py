@@ -7,7 +7,6 @@ import json
 import shutil
 
 import pytest
-from fixtures_spm import spm_dir  # noqa: F401 - pytest fixture
 
 from export import pbtxt
 from export.sessions import session
@@ -19,7 +18,7 @@ SHAPES = {"min_shape": [1, 16], "opt_shape": [8, 384], "max_shape": [16, 512]}
 
 
 @pytest.fixture(scope="module")
-def onnx_export(tmp_path_factory, spm_dir):  # noqa: F811
+def onnx_export(tmp_path_factory, spm_dir):
     return tiny_onnx_export(tmp_path_factory.mktemp("triton") / "onnx", spm_dir, "beam", "--no-optimize")
 
 

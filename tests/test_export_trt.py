@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fixtures_spm import spm_dir  # noqa: F401 - pytest fixture
 
 from export import gpu
 from export.sidecar import Sidecar
@@ -122,7 +121,7 @@ def test_layer_to_onnx_node_mapping():
 
 
 @pytest.mark.parametrize("head", ["shallow", "beam"])
-def test_padding_up_to_the_profile_minimum_changes_nothing(tmp_path, spm_dir, head):  # noqa: F811
+def test_padding_up_to_the_profile_minimum_changes_nothing(tmp_path, spm_dir, head):
     """TRTRunner pads batches below the engine's minimum shape; padded rows and tokens must not change the
     real outputs (checked here with onnxruntime, which accepts any shape)."""
     from export.sessions import session
@@ -155,7 +154,7 @@ def require_gpu():
 
 
 @pytest.fixture(scope="module")
-def gpu_exports(tmp_path_factory, spm_dir):  # noqa: F811
+def gpu_exports(tmp_path_factory, spm_dir):
     require_gpu()
     from export.testing import tiny_onnx_export
 
@@ -209,7 +208,7 @@ def test_engine_matches_onnxruntime_and_pytorch(gpu_exports, tmp_path, head, sou
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("provider", ["CUDAExecutionProvider", "TensorrtExecutionProvider"])
-def test_onnxruntime_gpu_provider_is_really_used(tmp_path, spm_dir, provider):  # noqa: F811
+def test_onnxruntime_gpu_provider_is_really_used(tmp_path, spm_dir, provider):
     import onnxruntime as ort
 
     if provider not in ort.get_available_providers():

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from fixtures_spm import spm_dir  # noqa: F401 - pytest fixture
 
 from train import checkpoint
 from train.evaluate import main as evaluate_main
@@ -74,7 +73,7 @@ COMMON = [
 
 
 @pytest.mark.parametrize("head", ["shallow", "deep", "beam", "simple"])
-def test_each_head_trains_and_evaluates(head, small_split, spm_dir, tmp_path):  # noqa: F811
+def test_each_head_trains_and_evaluates(head, small_split, spm_dir, tmp_path):
     train_file, dev_file = small_split
     out = tmp_path / head
     args = [
@@ -137,7 +136,7 @@ def test_each_head_trains_and_evaluates(head, small_split, spm_dir, tmp_path):  
     assert metrics["best_f1"] == pytest.approx(meta["dev_metrics"]["best_f1"])
 
 
-def test_freezing_keeps_bottom_layers_and_embeddings_fixed(small_split, spm_dir, tmp_path):  # noqa: F811
+def test_freezing_keeps_bottom_layers_and_embeddings_fixed(small_split, spm_dir, tmp_path):
     train_file, dev_file = small_split
     out = tmp_path / "frozen"
     torch.manual_seed(0)
@@ -178,7 +177,7 @@ def test_freezing_keeps_bottom_layers_and_embeddings_fixed(small_split, spm_dir,
         assert same == frozen, key
 
 
-def test_init_from_huggingface_directory(small_split, spm_dir, tmp_path):  # noqa: F811
+def test_init_from_huggingface_directory(small_split, spm_dir, tmp_path):
     """A local HF XLNet checkpoint (here random weights + our spm) fine-tunes directly."""
     train_file, dev_file = small_split
     from train.tokenizer import XLNetTokenizer
@@ -225,7 +224,7 @@ def test_init_from_huggingface_directory(small_split, spm_dir, tmp_path):  # noq
     assert hf.config.d_model == 32
 
 
-def test_resume_continues_the_same_run(small_split, spm_dir, tmp_path):  # noqa: F811
+def test_resume_continues_the_same_run(small_split, spm_dir, tmp_path):
     train_file, dev_file = small_split
     base = [
         "--train-file",
@@ -312,7 +311,7 @@ def test_split_helper_for_the_end_to_end_study(tmp_path):
     assert len(chosen["data"]) == 1 and len(rest["data"]) == 1
 
 
-def test_two_ranks_equal_one_process_at_twice_the_batch(small_split, spm_dir, tmp_path):  # noqa: F811
+def test_two_ranks_equal_one_process_at_twice_the_batch(small_split, spm_dir, tmp_path):
     """torchrun with 2 gloo ranks of batch 4 ends with the parameters of 1 process of batch 8 (the
     same global batches, gradients all-reduced once per step): a broken all-reduce, duplicated or
     missing data shards, or ranks drifting apart would all change them."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from fixtures_spm import spm_dir, xlnet_tok  # noqa: F401 - pytest fixtures
+from fixtures_spm import TINY_PRETRAIN_ARGS as RESUME_ARGS
 
 from train import checkpoint
 from train.data import PretrainBatches, PretrainDataConfig
@@ -37,7 +37,7 @@ def small_batches(tok, bi_data=False, seed=0):
 
 
 @pytest.mark.parametrize("bi_data", [False, True])
-def test_one_step_equals_hf_oracle(xlnet_tok, bi_data, tmp_path):  # noqa: F811
+def test_one_step_equals_hf_oracle(xlnet_tok, bi_data, tmp_path):
     """Loss and every gradient of one step (with memory from the previous batch) match HF's model."""
     torch.manual_seed(0)
     config = XLNetConfig.preset(
@@ -146,34 +146,7 @@ def test_tiny_pretraining_beats_unigram_baseline(tmp_path):
     assert (out / "loss.png").stat().st_size > 5000
 
 
-RESUME_ARGS = [
-    "--corpus",
-    str(SAMPLE_CORPUS),
-    "--config",
-    "tiny",
-    "--steps",
-    "8",
-    "--batch-size",
-    "2",
-    "--seq-len",
-    "32",
-    "--reuse-len",
-    "16",
-    "--mem-len",
-    "16",
-    "--log-every",
-    "1",
-    "--save-every",
-    "100",
-    "--no-progress",
-    "--lr",
-    "1e-3",
-    "--warmup",
-    "2",
-]
-
-
-def test_kill_and_resume_reaches_the_same_loss(spm_dir, tmp_path):  # noqa: F811
+def test_kill_and_resume_reaches_the_same_loss(spm_dir, tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     common = [*RESUME_ARGS, "--spm", str(spm_dir)]
     assert pretrain_main([*common, "--out", str(straight)]) == 0
@@ -199,7 +172,7 @@ def saving_after(checkpoints: Path, step: int) -> bool:
     return any(n.startswith(".step-") and ".tmp-" in n and int(n[6:13]) > step for n in names)
 
 
-def test_sigkill_during_saves_always_leaves_the_exact_checkpoint_of_its_step(spm_dir, tmp_path):  # noqa: F811
+def test_sigkill_during_saves_always_leaves_the_exact_checkpoint_of_its_step(spm_dir, tmp_path):
     """kill -9 a run that saves every step, many times, each time 0-30 ms after a save began (its
     temporary directory appeared): `latest` always loads and equals, tensor by tensor, an
     uninterrupted run's checkpoint of the same step; some kills provably interrupted a save (its
@@ -243,7 +216,7 @@ def test_sigkill_during_saves_always_leaves_the_exact_checkpoint_of_its_step(spm
     assert max((final[k] - want[k]).abs().max().item() for k in final) <= 1e-5
 
 
-def test_ctrl_c_saves_and_exits_cleanly(spm_dir, tmp_path):  # noqa: F811
+def test_ctrl_c_saves_and_exits_cleanly(spm_dir, tmp_path):
     out = tmp_path / "run"
     args = [
         sys.executable,
@@ -271,7 +244,7 @@ def test_ctrl_c_saves_and_exits_cleanly(spm_dir, tmp_path):  # noqa: F811
     assert latest_checkpoint(out) is not None
 
 
-def test_torchrun_two_processes_on_cpu(spm_dir, tmp_path):  # noqa: F811
+def test_torchrun_two_processes_on_cpu(spm_dir, tmp_path):
     out = tmp_path / "ddp"
     cmd = [
         sys.executable,
@@ -319,7 +292,7 @@ def worker_pids(parent: int) -> dict[int, int]:
     return out
 
 
-def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(spm_dir, tmp_path):  # noqa: F811
+def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(spm_dir, tmp_path):
     """A scheduler's SIGTERM reaches rank 1 only: all ranks agree to stop, save together and exit 0."""
     out = tmp_path / "ddp"
     cmd = [
@@ -412,7 +385,7 @@ def test_cli_help_and_bad_input(tmp_path):
     assert "not found" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_a_failed_save_on_rank_0_brings_every_rank_down_promptly(spm_dir, tmp_path):  # noqa: F811
+def test_a_failed_save_on_rank_0_brings_every_rank_down_promptly(spm_dir, tmp_path):
     """Rank 0 cannot write its checkpoint (a file-size limit, as a full disk): it exits with the clear
     error and torchrun takes rank 1 down too, instead of rank 1 waiting in a collective for its timeout."""
     import resource

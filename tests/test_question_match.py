@@ -7,7 +7,6 @@ import copy
 import numpy as np
 import pytest
 import torch
-from fixtures_spm import spm_dir  # noqa: F401 - pytest fixture
 from safetensors.torch import save_file
 
 from export import sidecar as sc
@@ -96,7 +95,7 @@ def test_pretraining_refuses_it_and_a_pretrained_checkpoint_switches_it_on(tmp_p
         checkpoint.load(qa)
 
 
-def test_exported_graph_computes_the_feature(tmp_path, spm_dir):  # noqa: F811
+def test_exported_graph_computes_the_feature(tmp_path, spm_dir):
     ckpt = tiny_qa_checkpoint(tmp_path / "ckpt", spm_dir, "shallow", question_match=True)
     assert export_main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "onnx")]) == 0
     assert sc.Sidecar.load(tmp_path / "onnx").verification["passed"]

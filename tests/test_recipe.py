@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from fixtures_spm import SAMPLE, spm_dir  # noqa: F401 - pytest fixture
+from fixtures_spm import SAMPLE
 
 from train import checkpoint
 from train.finetune import main as finetune_main
@@ -285,7 +285,7 @@ def test_mem_len_zero_or_none_returns_no_memory():
 
 
 @pytest.fixture(scope="module")
-def bi_data_pretrained(spm_dir, tmp_path_factory):  # noqa: F811
+def bi_data_pretrained(spm_dir, tmp_path_factory):
     """A real pretraining run with every pretraining-only setting on."""
     out = tmp_path_factory.mktemp("bidata") / "pre"
     args = ["--corpus", str(SAMPLE / "corpus.json"), "--spm", str(spm_dir), "--config", "tiny"]
@@ -341,7 +341,7 @@ def test_bi_data_checkpoint_fine_tunes_with_batch_one_and_identical_rows_agree(
 # ---------------------------------------------------------------- evaluation protocol
 def test_out_holds_the_final_model_and_best_is_labelled_with_its_selection_data(
     tiny_squad,
-    spm_dir,  # noqa: F811 - pytest fixture
+    spm_dir,
     tmp_path,
     capsys,
 ):

@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from fixtures_spm import SAMPLE
 
 from train import checkpoint
 from train.data.permutation import example_permutation, local_permutation_ranks, target_arrays
@@ -50,11 +51,6 @@ from train.squad import (
 from train.squad.features import offsets_array
 from train.squad.metrics import raw_scores
 from train.tokenizer import CLS_ID, PAD_ID, SEP_ID, SPIECE_UNDERLINE, XLNetTokenizer
-
-try:  # `tests` may or may not be a package
-    from tests.fixtures_spm import SAMPLE, spm_dir, xlnet_tok  # noqa: F401 - pytest fixtures
-except ImportError:
-    from fixtures_spm import SAMPLE, spm_dir, xlnet_tok  # noqa: F401 - pytest fixtures
 
 # segment ids of a SQuAD feature in the original (run_squad.py)
 SEG_PARAGRAPH, SEG_QUESTION, SEG_CLS, SEG_PAD = 0, 1, 2, 3

@@ -2,16 +2,13 @@
 a run with its recorded settings, contradicting flags are refused naming the difference, and what an
 interrupted save left behind is cleaned up. Real pretraining runs of the tiny preset."""
 
-# ruff: noqa: F811 - pytest fixtures imported from other modules are redefined as arguments
-
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import pytest
-from fixtures_spm import spm_dir  # noqa: F401 - pytest fixture
-from test_pretrain import RESUME_ARGS
+from fixtures_spm import TINY_PRETRAIN_ARGS as RESUME_ARGS
 
 from train import checkpoint
 from train.cli import run

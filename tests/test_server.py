@@ -2,257 +2,41 @@
 overload, graceful shutdown, backend agreement and the torch-free import rule.
 
 Models are tiny random XLNets, so answers are arbitrary: tests check invariants (offsets, ranges,
-order, agreement with in-process decoding), never answer quality. The helpers at the top are also
-imported by test_client.py and test_server_fuzz.py.
+order, agreement with in-process decoding), never answer quality. Helpers: ``server_helpers``;
+fixtures (the model, its export, the servers): ``conftest.py``.
 """
-
-# ruff: noqa: F811 - pytest fixtures imported from other modules are redefined as arguments
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import json
-import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-import torch
-from fixtures_spm import spm_dir, xlnet_tok  # noqa: F401 - pytest fixtures
+from server_helpers import (
+    OK,
+    REPO,
+    WINDOWS,
+    ServerProcess,
+    check_answer,
+    dev_contexts,
+    dev_questions,
+    free_port,
+    long_context,
+    metric_value,
+    post,
+    server_env,
+)
 
 from train.squad import decode, featurize_one
 from train.tokenizer import XLNetTokenizer
-
-REPO = Path(__file__).resolve().parents[1]
-DEV = REPO / "data" / "sample" / "dev.json"
-WINDOWS = {"max_seq_len": 128, "doc_stride": 64, "max_query_len": 32}
-METADATA = {"no_answer_threshold": 0.5, **WINDOWS, "max_answer_len": 30, "head": "shallow"}
-HOST = "127.0.0.1"
-
-
-# ---- shared helpers (imported by test_client.py and test_server_fuzz.py) -----------------------------
-
-
-def build_qa_checkpoint(out: Path, tok: XLNetTokenizer, head: str = "shallow", seed: int = 0) -> Path:
-    """A tiny random QA model saved as a fine-tuned checkpoint (tokenizer + serving metadata)."""
-    import train.checkpoint
-    from train.model import XLNetConfig, XLNetForQuestionAnswering
-
-    torch.manual_seed(seed)
-    config = XLNetConfig.preset("tiny", vocab_size=tok.vocab_size, dropout=0.0)
-    model = XLNetForQuestionAnswering(config, head=head).eval()
-    return train.checkpoint.save(model, out, tokenizer=tok, metadata={**METADATA, "head": head})
-
-
-def export_onnx(ckpt: Path, out: Path) -> Path:
-    """The project's exporter, in-process (``python -m export.onnx``: fp32, verified against torch)."""
-    from export.onnx import main as export_main
-
-    rc = export_main(["--checkpoint", str(ckpt), "--out", str(out)])
-    assert rc in (0, None), f"export.onnx failed with {rc}"
-    return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def server_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("XLNETQA_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    env.update(extra or {})
-    return env
-
-
-class ServerProcess:
-    """``python -m server`` on an ephemeral loopback port; output goes to a log file (never a full pipe)."""
-
-    def __init__(
-        self, model: Path, log_dir: Path, *args: str, backend: str = "onnx", env=None, port: int | None = None
-    ) -> None:
-        self.model, self.args, self.backend = model, list(args), backend
-        self.env = server_env(env)
-        self.log_path = log_dir / f"server-{backend}-{time.monotonic_ns()}.log"
-        self.proc: subprocess.Popen | None = None
-        self.port = port or free_port()
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def launch(self) -> ServerProcess:
-        cmd = [sys.executable, "-m", "server", "--model", str(self.model), "--backend", self.backend]
-        cmd += ["--host", HOST, "--port", str(self.port), "--log-level", "warning", *self.args]
-        self._log_fh = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            cmd, cwd=REPO, env=self.env, stdout=self._log_fh, stderr=subprocess.STDOUT
-        )
-        return self
-
-    def wait(self, path: str = "/readyz", timeout: float = 60.0) -> ServerProcess:
-        """Poll ``path`` until 200; fail with the server log if the process dies or time runs out."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.url + path, timeout=2.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()}")
-
-    def start(self, path: str = "/readyz") -> ServerProcess:
-        return self.launch().wait(path)
-
-    def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self._log_fh.close()
-        return self.proc.returncode
-
-
-@pytest.fixture(scope="module")
-def qa_checkpoint(tmp_path_factory: pytest.TempPathFactory, xlnet_tok: XLNetTokenizer) -> Path:
-    return build_qa_checkpoint(tmp_path_factory.mktemp("qa_ckpt") / "ckpt", xlnet_tok)
-
-
-@pytest.fixture(scope="module")
-def onnx_export(tmp_path_factory: pytest.TempPathFactory, qa_checkpoint: Path) -> Path:
-    return export_onnx(qa_checkpoint, tmp_path_factory.mktemp("qa_export") / "export")
-
-
-def dev_contexts() -> list[str]:
-    data = json.loads(DEV.read_text())
-    return [p["context"] for article in data["data"] for p in article["paragraphs"]]
-
-
-def dev_questions() -> list[tuple[str, str]]:
-    data = json.loads(DEV.read_text())
-    return [(qa["question"], p["context"]) for a in data["data"] for p in a["paragraphs"] for qa in p["qas"]]
-
-
-@functools.cache
-def long_context(tok: XLNetTokenizer, question: str, min_windows: int) -> str:
-    """Sample paragraphs joined until the context needs more than ``min_windows`` windows."""
-    text = ""
-    for c in dev_contexts():
-        text = f"{text}\n\n{c}" if text else c
-        if len(text) > 100 * min_windows and len(featurize_one(question, text, tok, **WINDOWS)) > min_windows:
-            return text
-    raise AssertionError("the sample has too little text")
-
-
-def post(url: str, body, *, headers=None, raw: bytes | None = None, timeout: float = 30.0) -> httpx.Response:
-    if raw is not None:
-        return httpx.post(
-            url, content=raw, headers=headers or {"content-type": "application/json"}, timeout=timeout
-        )
-    return httpx.post(url, json=body, headers=headers, timeout=timeout)
-
-
-def metric_value(text: str, name: str, **labels: str) -> float:
-    """Sum of the samples of ``name`` whose labels include ``labels`` (0 if none)."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith("#") or not line.startswith(name):
-            continue
-        key, _, value = line.rpartition(" ")
-        if key.split("{")[0] != name:
-            continue
-        if all(f'{k}="{v}"' in key for k, v in labels.items()):
-            total += float(value)
-    return total
-
-
-def check_answer(body: dict, context: str, top_k: int = 1) -> None:
-    """Invariants every answer satisfies, whatever the weights."""
-    assert set(body) >= {
-        "answer",
-        "start",
-        "end",
-        "score",
-        "no_answer_prob",
-        "is_impossible",
-        "model",
-        "timing_ms",
-    }
-    assert 0.0 <= body["no_answer_prob"] <= 1.0
-    if body["is_impossible"]:
-        assert (body["answer"], body["start"], body["end"]) == ("", -1, -1)
-    else:
-        assert 0 <= body["start"] < body["end"] <= len(context)
-        assert context[body["start"] : body["end"]] == body["answer"] != ""
-    assert set(body["timing_ms"]) == {"featurize", "queue", "inference", "decode", "total"}
-    assert all(v >= 0 for v in body["timing_ms"].values())
-    if top_k == 1:
-        assert "n_best" not in body
-    else:
-        nb = body["n_best"]
-        assert 1 <= len(nb) <= top_k
-        assert [e["score"] for e in nb] == sorted((e["score"] for e in nb), reverse=True)
-        for e in nb:
-            assert context[e["start"] : e["end"]] == e["text"] and 0 <= e["probability"] <= 1
-        assert len({(e["start"], e["end"]) for e in nb}) == len(nb)
-        if not body["is_impossible"]:
-            assert (nb[0]["text"], nb[0]["start"], nb[0]["end"]) == (
-                body["answer"],
-                body["start"],
-                body["end"],
-            )
-
-
-# ---- module fixtures ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def onnx_server(onnx_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    s = ServerProcess(
-        onnx_export,
-        tmp_path_factory.mktemp("logs"),
-        "--max-body-bytes",
-        "1000000",
-        "--max-batch-delay-ms",
-        "5",
-    )
-    try:
-        yield s.start()
-    finally:
-        s.stop()
-
-
-@pytest.fixture(scope="module")
-def torch_server(onnx_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """The same model served by torch eager, found through the export's source_checkpoint."""
-    s = ServerProcess(onnx_export, tmp_path_factory.mktemp("logs"), backend="torch")
-    try:
-        yield s.start()
-    finally:
-        s.stop()
-
 
 # ---- answers -----------------------------------------------------------------------------------------
 
@@ -367,7 +151,6 @@ def test_concurrent_requests_are_micro_batched(onnx_server: ServerProcess) -> No
 
 # ---- errors ------------------------------------------------------------------------------------------
 
-OK = {"question": "What?", "context": "Something happened."}
 BAD_INPUTS = [
     ("empty question", "/answer", {**OK, "question": ""}, None, 422, "validation_error"),
     ("whitespace question", "/answer", {**OK, "question": " \t\n"}, None, 422, "validation_error"),

@@ -1,8 +1,6 @@
 """Fuzzing the live server: schemathesis requests from its own OpenAPI schema, and hypothesis-made raw
 bodies (arbitrary bytes and JSON). The oracle: never a 5xx, always a JSON error body for 4xx."""
 
-# ruff: noqa: F811 - pytest fixtures imported from other modules are redefined as arguments
-
 from __future__ import annotations
 
 import json
@@ -12,12 +10,11 @@ from pathlib import Path
 import httpx
 import pytest
 import schemathesis
-from fixtures_spm import spm_dir, xlnet_tok  # noqa: F401 - pytest fixtures
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import positive_data_acceptance
-from test_server import ServerProcess, onnx_export, qa_checkpoint  # noqa: F401 - pytest fixtures
+from server_helpers import ServerProcess
 
 FUZZ = settings(
     max_examples=50, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None

@@ -6,8 +6,6 @@ honest health when the backend hangs, returns NaN, fails to load or the batcher 
 injected by wrapping the real ONNX backend (a question holding ``<eop>`` triggers them).
 """
 
-# ruff: noqa: F811 - pytest fixtures imported from other modules are redefined as arguments
-
 from __future__ import annotations
 
 import asyncio
@@ -23,21 +21,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from fixtures_spm import spm_dir, xlnet_tok  # noqa: F401 - pytest fixtures
-from test_server import (  # noqa: F401 - pytest fixtures
-    HOST,
-    OK,
-    REPO,
-    WINDOWS,
-    ServerProcess,
-    free_port,
-    long_context,
-    metric_value,
-    onnx_export,
-    onnx_server,
-    post,
-    qa_checkpoint,
-)
+from server_helpers import HOST, OK, REPO, WINDOWS, ServerProcess, free_port, long_context, metric_value, post
 
 from train.squad import featurize_one
 

@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fixtures_spm import spm_dir  # noqa: F401 - pytest fixture
-
 from train.squad import write_squad
 from train.sweep import main as sweep_main
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 
 
-def test_sweep_writes_table_and_plot_and_skips_finished_cells(spm_dir, tmp_path):  # noqa: F811
+def test_sweep_writes_table_and_plot_and_skips_finished_cells(spm_dir, tmp_path):
     train = json.loads((SAMPLE / "train.json").read_text())
     train["data"] = [{**train["data"][0], "paragraphs": train["data"][0]["paragraphs"][:2]}]
     write_squad(train, tmp_path / "t.json")

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fixtures_spm import spm_dir  # noqa: F401 - pytest fixture
 
 from train.squad import featurize, read_squad
 from train.synth import (
@@ -114,7 +113,7 @@ def test_candidates_and_question_forms():
     assert "Charles W. Eliot" in [other[c.start : c.end] for c in find_candidates(other, "")]
 
 
-def test_plain_text_input_and_finetuning_reads_the_output(tmp_path, spm_dir):  # noqa: F811
+def test_plain_text_input_and_finetuning_reads_the_output(tmp_path, spm_dir):
     text = tmp_path / "doc.txt"
     text.write_text(
         "Paris is the capital of France. In 1889 the Eiffel Tower opened in Paris.\n"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures_spm import REPO, SAMPLE, SHARED_SQUAD
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -40,27 +41,6 @@ from train.tokenizer import (
     preprocess_text,
     train_spm,
 )
-
-try:  # `tests` may or may not be a package
-    from tests.fixtures_spm import (  # noqa: F401 - pytest fixtures
-        REPO,
-        SAMPLE,
-        SHARED_SQUAD,
-        spm_dir,
-        spm_dir_lower,
-        xlnet_tok,
-        xlnet_tok_lower,
-    )
-except ImportError:
-    from fixtures_spm import (  # noqa: F401 - pytest fixtures
-        REPO,
-        SAMPLE,
-        SHARED_SQUAD,
-        spm_dir,
-        spm_dir_lower,
-        xlnet_tok,
-        xlnet_tok_lower,
-    )
 
 SHARED_TEST = SHARED_SQUAD / "test-v2.0.cs224n.json"
 SHARED_DEV = SHARED_SQUAD / "dev-v2.0.cs224n-13.json"
