@@ -43,7 +43,6 @@ import onnxruntime
 import torch
 
 from export.agreement import agreement
-from export.atomic import atomic_directory
 from export.graph import check_graph, nonstandard_ops, op_counts, trace_length_for
 from export.optimize import measure_latency, optimize_offline
 from export.precision import quantize_int8, to_fp16
@@ -51,6 +50,7 @@ from export.sessions import default_threads, runner, session
 from export.sidecar import PRECISIONS, SIDECAR_FILE, Sidecar, settings_from_metadata, sha256_file
 from export.torch_export import export_graph, load_qa_checkpoint, torch_runner, weights_file
 from export.verify import DEFAULT_SHAPES, DEFAULT_TOLERANCE, Comparison, compare, run_all, sample_batches
+from train.atomic_dir import atomic_directory
 from train.cli import Parser, run
 from train.model import HEADS, XLNetForQuestionAnswering
 from train.model.inference import QAInference

@@ -1,6 +1,6 @@
 """Offline onnxruntime graph optimisation for the CPU execution provider, and latency measurement.
 
-What pays on this model (CPU EP, one thread, batch 1 x 384, random weights; issue 5's report has the
+What pays on this model (CPU EP, one thread, batch 1 x 384, random weights; BENCHMARKS.md has the
 tables): MatMuls are ~70% of the time and no graph rewrite removes them. ORT_ENABLE_EXTENDED fuses
 Add+Gelu into BiasGelu (LayerNormalization is one op already at opset 17) and constant-folds the shape
 arithmetic, but latency stays within noise of the unoptimised export (d_model 256 x 4 layers: 71-78 ms

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from export import pbtxt
-from export.atomic import atomic_directory
 from export.sidecar import INDEX_OUTPUTS, INPUT_NAMES, SIDECAR_FILE, TOKENIZER_FILES, Sidecar
+from train.atomic_dir import atomic_directory
 from train.cli import Parser, run
 
 PROG = "python -m export.triton"

@@ -270,8 +270,8 @@ def build(args: argparse.Namespace) -> int:
     import tensorrt as trt
     import torch
 
-    from export.atomic import atomic_directory
     from export.trt_runtime import TRTRunner
+    from train.atomic_dir import atomic_directory
 
     path, precision = choose_path(int(trt.__version__.split(".")[0]), args.fp16, sidecar.precision)
     print(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -22,6 +21,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from train.atomic_dir import atomic_directory, fsync_directory
 from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel, XLNetModel
 
 HF_ARCHITECTURES = {
@@ -227,51 +227,9 @@ def state_dict_for_saving(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def fsync_directory(path: Path) -> None:
-    """Make a rename or a new entry in ``path`` durable (a file's fsync does not cover its directory)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 STAGING = ".model-staging"  # where save_into stages a checkpoint before moving its files in
 # Moved in this order: weights first, config (what makes a directory a checkpoint) last.
 STAGED_FILES = ("model.safetensors", "spiece.model", "tokenizer_config.json", "metadata.json", "config.json")
-
-
-def atomic_directory(target: Path):
-    """Context manager: yield a temp dir beside `target`; on success it replaces `target` atomically."""
-    return _AtomicDir(target)
-
-
-class _AtomicDir:
-    def __init__(self, target: Path) -> None:
-        self.target = Path(target)
-
-    def __enter__(self) -> Path:
-        self.target.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.tmp-", dir=self.target.parent))
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            return
-        for f in self.tmp.iterdir():  # make the bytes durable before the rename makes them visible
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
-        fsync_directory(self.tmp)
-        old = None
-        if self.target.exists():
-            old = self.target.with_name(f".{self.target.name}.old-{os.getpid()}")
-            os.replace(self.target, old)
-        os.replace(self.tmp, self.target)
-        fsync_directory(self.target.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 def save(

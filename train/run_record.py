@@ -27,7 +27,8 @@ from typing import Any
 
 import torch.distributed
 
-from train.checkpoint import finish_interrupted_save, fsync_directory
+from train.atomic_dir import fsync_directory
+from train.checkpoint import finish_interrupted_save
 from train.runtime import Dist
 
 RUN_FILE = "run.json"

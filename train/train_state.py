@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from train import checkpoint
+from train.atomic_dir import fsync_directory
 
 
 class CheckpointWriteError(OSError):
@@ -108,7 +109,7 @@ def save_training_state(
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(latest_tmp, ckpt_root / "latest")
-    checkpoint.fsync_directory(ckpt_root)
+    fsync_directory(ckpt_root)
     steps = sorted(p for p in ckpt_root.glob("step-*") if p.is_dir() and p != target)
     for old in steps[: max(0, len(steps) - (keep_last - 1))] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)  # never the checkpoint `latest` now names

@@ -1,8 +1,9 @@
-"""Write a directory atomically: build it in a temporary sibling, then rename it into place (torch-free).
+"""Directories that appear whole or not at all (torch-free): build in a temporary sibling, fsync, rename.
 
-Readers (a server watching the export path) see the old directory or the new one, never half of one;
-a failure leaves the old one untouched. Permissions follow the umask like `mkdir` (not mkdtemp's 0700),
-so a server running as another user can read the export.
+Readers (a server watching an export path, a resume reading a checkpoint) see the old directory or the
+new one, never half of one; a failure or a kill leaves the old one untouched and at most a temporary
+``.NAME.tmp-*`` sibling, which the next run removes. Permissions follow the umask like ``mkdir`` (not
+mkdtemp's 0700), so a server running as another user can read the result.
 """
 
 from __future__ import annotations
@@ -15,9 +16,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def fsync_directory(path: str | os.PathLike) -> None:
+    """Make a rename or a new entry in ``path`` durable (a file's fsync does not cover its directory)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary directory beside `target`; on success it replaces `target`."""
+    """Yield a temporary directory beside ``target``; on success it replaces ``target``."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
@@ -33,10 +43,14 @@ def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
         if path.is_file():
             with open(path, "rb") as fh:
                 os.fsync(fh.fileno())
+        elif path.is_dir():
+            fsync_directory(path)
+    fsync_directory(tmp)
     old = None
     if target.exists():
         old = target.with_name(f".{target.name}.old-{os.getpid()}")
         os.replace(target, old)
     os.replace(tmp, target)
+    fsync_directory(target.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
