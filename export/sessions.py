@@ -30,14 +30,18 @@ def session(
     path: str | os.PathLike,
     *,
     threads: int | None = None,
+    inter_op_threads: int = 1,
     level: str = "all",
     optimized_path: str | os.PathLike | None = None,
     providers: Sequence[str] = ("CPUExecutionProvider",),
 ) -> ort.InferenceSession:
-    """A session on `path`; with `optimized_path`, onnxruntime also writes the graph it optimised there."""
+    """A session on `path` as every part of the product runs one (exporter, verification, benchmarks,
+    the server): explicit threads, sequential execution, the rewrites that hurt on CPU switched off;
+    with `optimized_path`, onnxruntime also writes the graph it optimised there."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or default_threads()
-    options.inter_op_num_threads = 1
+    options.inter_op_num_threads = inter_op_threads
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = LEVELS[level]
     options.log_severity_level = 3  # errors only: the fp16 graph's inserted-cast warnings are expected
     if optimized_path is not None:

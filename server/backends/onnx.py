@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from export.sidecar import ort_disabled_optimizers
 from server.backends.base import Backend, BackendUnavailable, check_outputs
 from server.model_spec import ModelSpec
 
@@ -55,18 +54,11 @@ class OnnxBackend(Backend):
         model_path = spec.directory / (spec.model_file or "model.onnx")
         if not model_path.is_file():
             raise BackendUnavailable(f"{model_path}: ONNX model file not found")
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = inter_op_threads
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.log_severity_level = 3
+        from export.sessions import session
+
         wanted = choose_providers(ort.get_available_providers(), providers)
-        self.session = ort.InferenceSession(
-            str(model_path),
-            sess_options=opts,
-            providers=wanted,
-            disabled_optimizers=ort_disabled_optimizers(wanted),
+        self.session = session(
+            model_path, threads=threads, inter_op_threads=inter_op_threads, providers=wanted
         )
         self.providers: list[str] = list(self.session.get_providers())
         self.threads = threads
