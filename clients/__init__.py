@@ -17,9 +17,13 @@ with XLNetQAClient("http://127.0.0.1:8000", timeout=10.0, retries=3) as qa:
         print(f"{cand.probability:.2f} {cand.text!r}")
     results = qa.answer_batch([("When?", context), {"question": "Where?", "context": context}])
     try:
-        qa.answer("   ", context)  # an empty question is rejected with 422 (never retried)
+        qa.answer("   ", context)  # a blank question: refused by the SDK before sending (no status)
     except XLNetQAError as err:
         print(err.status_code, err.message)
+    try:
+        qa.answer("\u200b", context)  # no tokens after normalisation: the server's 422 (never retried)
+    except XLNetQAError as err:
+        print(err.status_code, err.error, err.message)
 
 
 async def main() -> None:

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from clients.models import Answer, ModelInfo, QARequest
+from clients.models import Answer, ModelInfo, QARequest, request_payload
 
 _RETRY_TRANSPORT = (
     httpx.ConnectError,
@@ -132,7 +132,7 @@ def _retry_after(response: httpx.Response | None) -> float | None:
 def _request_payload(**fields: Any) -> dict[str, Any]:
     """One request item, or XLNetQAClientError (no status: nothing was sent) naming what is wrong."""
     try:
-        return QARequest(**fields).payload()
+        return request_payload(QARequest.model_validate({k: v for k, v in fields.items() if v is not None}))
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)[:5]
@@ -144,7 +144,7 @@ def _batch_payload(items: Iterable[BatchItem]) -> list[dict[str, Any]]:
     out = []
     for i, item in enumerate(items):
         if isinstance(item, QARequest):
-            out.append(item.payload())
+            out.append(request_payload(item))
         elif isinstance(item, tuple) and len(item) == 2:
             out.append(_request_payload(question=item[0], context=item[1]))
         elif isinstance(item, Mapping):

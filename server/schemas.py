@@ -1,86 +1,37 @@
-"""Request and response bodies of the HTTP API (they are also the OpenAPI schema clients and fuzzers see).
-
-Requests are strict (no type coercion, no unknown fields): a typo such as ``max_answer_length`` or a
-``top_k`` of ``"3"`` is a 422 with a message, not a silently different request. Size limits that
-depend on settings (context/question characters, batch items) are checked by the route and answered
-with 413, so they are documented in the descriptions rather than the schema.
+"""The server's view of the API bodies: the shared definitions (``clients.schema``, also the SDK's) plus
+the batch model that carries this server's item limit.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import Field, create_model
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from clients.schema import (
+    MAX_TOP_K,
+    AnswerRequest,
+    AnswerResponse,
+    BatchRequest,
+    BatchResponse,
+    ErrorResponse,
+    HealthResponse,
+    ModelInfoResponse,
+    NBestEntry,
+    Timing,
+)
 
-MAX_TOP_K = 20
-
-
-class AnswerRequest(BaseModel):
-    """One question about one context."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    # The pattern documents the rule for clients and fuzzers; the validators below enforce it with a
-    # clearer message, and the server answers 422 for text that has no tokens after normalisation.
-    question: str = Field(
-        description="The question; must contain a non-whitespace character and at least one token",
-        json_schema_extra={"minLength": 1, "pattern": r"\S"},
-    )
-    context: str = Field(
-        description="The text to answer from; must contain at least one token",
-        json_schema_extra={"minLength": 1, "pattern": r"\S"},
-    )
-    top_k: int = Field(1, ge=1, le=MAX_TOP_K, description="n_best entries to return (only when > 1)")
-    max_answer_len: int | None = Field(
-        None, ge=1, le=512, description="Longest answer in tokens (default: the model's, usually 30)"
-    )
-    threshold: float | None = Field(
-        None, ge=0.0, le=1.0, allow_inf_nan=False, description="No-answer threshold (default: the model's)"
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_fields(cls, data: Any) -> Any:
-        """Unknown fields are one error naming a few of them, however many were sent (pydantic's own
-        check costs one error per field, and a body of a million of them would take seconds)."""
-        if isinstance(data, dict):
-            unknown = [key for key in data if key not in cls.model_fields]
-            if unknown:
-                shown = ", ".join(repr(str(k)[:40]) for k in unknown[:3])
-                more = f" (+{len(unknown) - 3} more)" if len(unknown) > 3 else ""
-                raise ValueError(f"unknown field(s) {shown}{more}; allowed: {', '.join(cls.model_fields)}")
-        return data
-
-    @field_validator("top_k", "max_answer_len", mode="before")
-    @classmethod
-    def _whole_numbers(cls, value: Any) -> Any:
-        """JSON Schema counts 3.0 as an integer; strict mode would not. Strings and booleans stay errors."""
-        return int(value) if type(value) is float and value.is_integer() else value
-
-    @field_validator("question", "context")
-    @classmethod
-    def _valid_unicode(cls, value: str) -> str:
-        """JSON allows escaped lone surrogates ("\\ud800"); they cannot be tokenized or sent back as UTF-8."""
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValueError(f"text contains an unpaired surrogate at position {exc.start}") from None
-        return value
-
-    @field_validator("question")
-    @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("question must not be empty or whitespace")
-        return value
-
-
-class BatchRequest(BaseModel):
-    """Several questions answered in one call; results come back in the same order."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    items: list[AnswerRequest] = Field(min_length=1, description="At most max_batch_items (setting) items")
+__all__ = [
+    "MAX_TOP_K",
+    "AnswerRequest",
+    "AnswerResponse",
+    "BatchRequest",
+    "BatchResponse",
+    "ErrorResponse",
+    "HealthResponse",
+    "ModelInfoResponse",
+    "NBestEntry",
+    "Timing",
+    "batch_request_model",
+]
 
 
 def batch_request_model(max_items: int) -> type[BatchRequest]:
@@ -95,82 +46,3 @@ def batch_request_model(max_items: int) -> type[BatchRequest]:
             Field(min_length=1, max_length=max_items, description=f"At most {max_items} items"),
         ),
     )
-
-
-class NBestEntry(BaseModel):
-    text: str
-    start: int
-    end: int
-    score: float
-    probability: float
-
-
-class Timing(BaseModel):
-    """Milliseconds spent in each stage; ``total`` is the whole request (shared by a batch's items)."""
-
-    featurize: float
-    queue: float
-    inference: float
-    decode: float
-    total: float
-
-
-class AnswerResponse(BaseModel):
-    """The answer with character offsets into the request's context: ``context[start:end] == answer``.
-
-    When the question is judged unanswerable (``no_answer_prob > threshold``, or no span is valid)
-    ``answer`` is "" and ``start == end == -1``. ``score`` (log-probability of the best span) is
-    null only when the context has no valid span at all. ``n_best`` is present only when ``top_k > 1``.
-    """
-
-    answer: str
-    start: int
-    end: int
-    score: float | None
-    no_answer_prob: float
-    is_impossible: bool
-    n_best: list[NBestEntry] | None = None
-    model: str
-    timing_ms: Timing
-
-
-class BatchResponse(BaseModel):
-    results: list[AnswerResponse]
-
-
-class ErrorResponse(BaseModel):
-    """Every error: a machine-readable ``error`` kind, a human-readable ``message`` and the request id
-    (also the ``X-Request-ID`` header) under which the server logged it. 422 lists at most five
-    ``details`` and counts the rest in ``details_omitted``."""
-
-    error: str
-    message: str
-    request_id: str
-    details: list[dict[str, Any]] | None = None
-    details_omitted: int | None = None
-
-
-class HealthResponse(BaseModel):
-    """``status``: starting, loading, warming, ready, stopping, unhealthy or failed."""
-
-    status: str
-
-
-class ModelInfoResponse(BaseModel):
-    """What is being served (from the export sidecar or checkpoint metadata) and how."""
-
-    model_config = ConfigDict(extra="allow")
-
-    name: str
-    backend: str
-    head: str
-    precision: str
-    max_seq_len: int
-    doc_stride: int
-    max_query_len: int
-    max_answer_len: int
-    no_answer_threshold: float
-    ready: bool
-    runtime: dict[str, Any]
-    limits: dict[str, Any]
-    batching: dict[str, Any]

@@ -109,9 +109,11 @@ def test_4xx_is_raised_at_once_without_retries(server: ServerProcess) -> None:
     with XLNetQAClient(server.url, retries=5, backoff=1.0) as qa:
         start = time.monotonic()
         with pytest.raises(XLNetQAClientError) as err:
-            qa.answer("   ", "some context")
-        assert err.value.status_code == 422 and err.value.error == "validation_error"
-        assert "question must not be empty" in err.value.message
+            qa.answer("   ", "some context")  # the shared schema refuses it before sending
+        assert err.value.status_code is None and "question must not be empty" in err.value.message
+        with pytest.raises(XLNetQAClientError) as err:
+            qa.answer("\u200b", "some context")  # valid JSON, but no tokens: only the server can tell
+        assert err.value.status_code == 422 and err.value.error == "empty_question"
         with pytest.raises(XLNetQAClientError) as err:
             qa.answer("Why?", "x" * 20001)
         assert err.value.status_code == 413 and "limit" in err.value.message
@@ -120,8 +122,8 @@ def test_4xx_is_raised_at_once_without_retries(server: ServerProcess) -> None:
     async def async_case() -> None:
         async with AsyncXLNetQAClient(server.url, retries=5, backoff=1.0) as qa:
             with pytest.raises(XLNetQAClientError) as aerr:
-                await qa.answer("", "some context")
-            assert aerr.value.status_code == 422
+                await qa.answer("\ufeff", "some context")
+            assert aerr.value.status_code == 422 and aerr.value.error == "empty_question"
 
     asyncio.run(async_case())
     assert _count(server.url, "422") - before[0] == 2 and _count(server.url, "413") - before[1] == 1
@@ -256,7 +258,17 @@ def _reply(handler: BaseHTTPRequestHandler, status: int, text: str, headers: dic
     handler.wfile.write(payload)
 
 
-GOOD = {"answer": "x", "start": 0, "end": 1, "score": 0.0, "no_answer_prob": 0.1, "is_impossible": False}
+TIMING = {"featurize": 0.1, "queue": 0.1, "inference": 1.0, "decode": 0.1, "total": 1.3}
+GOOD = {
+    "answer": "x",
+    "start": 0,
+    "end": 1,
+    "score": 0.0,
+    "no_answer_prob": 0.1,
+    "is_impossible": False,
+    "model": "stub",
+    "timing_ms": TIMING,
+}
 
 
 def test_only_the_options_the_caller_set_are_sent() -> None:
@@ -398,3 +410,35 @@ def test_bad_arguments_are_sdk_errors_before_anything_is_sent() -> None:
                 call()
             assert err.value.status_code is None and err.value.message
     assert seen == []
+
+
+def test_the_sdk_and_the_server_share_one_schema(server) -> None:
+    """The SDK's request item is the server's request model; its results are the server's response
+    models with the same fields and types (only ``n_best`` is a list where the server omits it); and the
+    live server documents exactly those fields in its OpenAPI schema."""
+    from clients import schema
+    from server import schemas
+
+    assert QARequest is schemas.AnswerRequest is schema.AnswerRequest
+    for sdk, wire in (
+        (Answer, schema.AnswerResponse),
+        (ModelInfo, schema.ModelInfoResponse),
+        (NBestEntry, schema.NBestEntry),
+        (clients.Timing, schema.Timing),
+    ):
+        assert issubclass(sdk, wire) and sdk.model_fields.keys() == wire.model_fields.keys(), sdk
+        for name, field in wire.model_fields.items():
+            if (sdk, name) != (Answer, "n_best"):
+                assert sdk.model_fields[name].annotation == field.annotation, (sdk, name)
+    documented = httpx.get(server.url + "/openapi.json").json()["components"]["schemas"]
+    for wire in (
+        schema.AnswerRequest,
+        schema.AnswerResponse,
+        schema.NBestEntry,
+        schema.Timing,
+        schema.ErrorResponse,
+    ):
+        doc = documented[wire.__name__]
+        assert set(doc["properties"]) == set(wire.model_fields), wire
+        required = {n for n, f in wire.model_fields.items() if f.is_required()}
+        assert set(doc.get("required", [])) >= required, wire
