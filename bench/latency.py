@@ -27,8 +27,9 @@ import transformers
 from bench.common import machine_line, markdown_table, pct, time_runs, xlnet_forward_flops
 from export.sessions import session
 from train import checkpoint
+from train.contract import INPUT_NAMES
 from train.model import XLNetConfig, XLNetForQuestionAnswering
-from train.model.inference import INPUT_NAMES, QAInference
+from train.model.inference import QAInference
 from train.sample_data import SAMPLE_CORPUS, SAMPLE_DEV
 
 

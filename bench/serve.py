@@ -69,9 +69,8 @@ def bare_latencies(model: str, backend: str, threads: int, pairs: Sequence[tuple
     """Seconds per question through the server's own functions, in process, one window per call."""
     from server.backends import create_backend
     from server.model_spec import resolve_spec
-    from server.pipeline import decode_rows
     from server.settings import ServerSettings
-    from train.squad import featurize_one, pad_batch
+    from train.squad import decode_head_outputs, featurize_one, pad_batch
     from train.tokenizer import XLNetTokenizer
 
     spec = resolve_spec(model, backend)
@@ -89,7 +88,7 @@ def bare_latencies(model: str, backend: str, threads: int, pairs: Sequence[tuple
             batch = pad_batch([feature], pad_to=max(spec.min_engine_seq_len or 0, len(feature.input_ids)))
             out = engine.run(batch)
             rows.append({name: value[0] for name, value in out.items()})
-        decode_rows(
+        decode_head_outputs(
             spec.head,
             context,
             features,

@@ -13,18 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from export.sidecar import INPUT_NAMES
 from export.verify import Runner, compare
+from train.contract import INPUT_NAMES
 from train.squad import (
     Feature,
     Prediction,
-    SquadExample,
-    decode_all,
-    decode_all_beam,
+    decode_all_head_outputs,
     featurize,
     pad_batch,
     read_squad,
-    simple_null_logit,
 )
 
 PER_TOKEN = ("start_logits", "end_logits")
@@ -45,37 +42,6 @@ def predict_rows(
                 value = np.asarray(outs[name][j])
                 rows[name][i] = value[: len(features[i])] if name in PER_TOKEN else value
     return rows
-
-
-def decode_rows(
-    head: str,
-    examples: Sequence[SquadExample],
-    features: Sequence[Feature],
-    rows: dict[str, list[np.ndarray]],
-    *,
-    max_answer_len: int,
-    threshold: float,
-) -> dict[str, Prediction]:
-    kw = {"max_answer_len": max_answer_len, "threshold": threshold}
-    if head == "beam":
-        return decode_all_beam(
-            examples,
-            features,
-            rows["start_top_log_probs"],
-            rows["start_top_index"],
-            rows["end_top_log_probs"],
-            rows["end_top_index"],
-            [float(c) for c in rows["cls_logits"]],
-            **kw,
-        )
-    if "cls_logits" in rows:
-        cls = [float(c) for c in rows["cls_logits"]]
-    else:
-        cls = [
-            simple_null_logit(s, e, f)
-            for s, e, f in zip(rows["start_logits"], rows["end_logits"], features, strict=True)
-        ]
-    return decode_all(examples, features, rows["start_logits"], rows["end_logits"], cls, **kw)
 
 
 # Two candidate spans whose decoder scores (start + end logit; log-probabilities for the beam head) differ
@@ -160,8 +126,8 @@ def agreement(
         "max_answer_len": int(settings["max_answer_len"]),
         "threshold": float(settings["no_answer_threshold"]),
     }
-    ref_preds = decode_rows(head, examples, features, ref_rows, **kw)
-    got_preds = decode_rows(head, examples, features, got_rows, **kw)
+    ref_preds = decode_all_head_outputs(head, examples, features, ref_rows, **kw)
+    got_preds = decode_all_head_outputs(head, examples, features, got_rows, **kw)
     report = compare_predictions(names, ref_rows, got_rows, ref_preds, got_preds)
     report.update({"data": str(data_file), "features": len(features)})
     return report

@@ -17,29 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from train.contract import DEFAULTS, INPUT_NAMES, OUTPUT_NAMES
+
 FORMAT_VERSION = 1
 SIDECAR_FILE = "export.json"
 TOKENIZER_FILES = ("spiece.model", "tokenizer_config.json")
 BACKENDS = ("onnx", "tensorrt")
 PRECISIONS = ("fp32", "fp16", "int8")
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-# Mirrors train.model.inference.output_names (which imports torch); a test keeps the two equal.
-OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
-    "simple": ("start_logits", "end_logits"),
-    "shallow": ("start_logits", "end_logits", "cls_logits"),
-    "deep": ("start_logits", "end_logits", "cls_logits"),
-    "beam": ("start_top_log_probs", "start_top_index", "end_top_log_probs", "end_top_index", "cls_logits"),
-}
-# Outputs holding token positions (compared by equality, returned as int64).
-INDEX_OUTPUTS = ("start_top_index", "end_top_index")
 # Serving settings when the checkpoint's metadata does not say (the original XLNet SQuAD recipe).
-DEFAULT_SETTINGS: dict[str, float | int] = {
-    "no_answer_threshold": 0.5,
-    "max_seq_len": 384,
-    "doc_stride": 128,
-    "max_query_len": 64,
-    "max_answer_len": 30,
-}
+DEFAULT_SETTINGS: dict[str, float | int] = {k: v for k, v in DEFAULTS.as_dict().items() if k != "n_best"}
 
 # onnxruntime graph rewrites that make these graphs slower on the CPU execution provider, so every CPU
 # session (export's offline optimisation, verification, benchmarks, the server) switches them off.

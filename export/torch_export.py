@@ -14,8 +14,9 @@ import torch
 from export.graph import ensure_node_names, fold_static_ifs
 from export.verify import Feeds, Runner
 from train import checkpoint as ckpt_io
+from train.contract import INPUT_NAMES
 from train.model import HEADS
-from train.model.inference import INPUT_NAMES, QAInference
+from train.model.inference import QAInference
 
 PER_TOKEN_OUTPUTS = ("start_logits", "end_logits")
 

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from export import pbtxt
-from export.sidecar import INDEX_OUTPUTS, INPUT_NAMES, SIDECAR_FILE, TOKENIZER_FILES, Sidecar
+from export.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from train.atomic_dir import atomic_directory
 from train.cli import Parser, run
+from train.contract import INDEX_OUTPUTS, INPUT_NAMES
 
 PROG = "python -m export.triton"
 PLATFORMS = {"onnx": ("onnxruntime_onnx", "model.onnx"), "tensorrt": ("tensorrt_plan", "model.plan")}

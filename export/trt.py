@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from export.gpu import gpu_stack_problem
-from export.sidecar import INPUT_NAMES, SIDECAR_FILE, TOKENIZER_FILES, Sidecar
+from export.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from train.cli import Parser, run
+from train.contract import INPUT_NAMES
 
 PROG = "python -m export.trt"
 ENGINE_FILE = "model.engine"

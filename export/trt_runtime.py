@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from export.gpu import gpu_stack_problem
-from export.sidecar import INDEX_OUTPUTS, INPUT_NAMES, Sidecar
+from export.sidecar import Sidecar
 from export.verify import Feeds, Runner
-from train.tokenizer import PAD_ID, SEG_ID_PAD
+from train.contract import INDEX_OUTPUTS, INPUT_NAMES, PAD_ID, SEG_ID_PAD
 
 PER_TOKEN_OUTPUTS = ("start_logits", "end_logits")
 PAD_VALUES = {"input_ids": PAD_ID, "attention_mask": 0, "token_type_ids": SEG_ID_PAD}

@@ -14,9 +14,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from export.sidecar import INDEX_OUTPUTS, INPUT_NAMES
+from train.contract import (
+    CLS_ID,
+    INDEX_OUTPUTS,
+    INPUT_NAMES,
+    PAD_ID,
+    SEG_ID_A,
+    SEG_ID_B,
+    SEG_ID_CLS,
+    SEG_ID_PAD,
+    SEP_ID,
+)
 from train.squad import featurize_one, pad_batch
-from train.tokenizer import CLS_ID, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEG_ID_PAD, SEP_ID
 
 Feeds = dict[str, np.ndarray]
 Runner = Callable[[Feeds], Sequence[np.ndarray]]

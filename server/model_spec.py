@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from export.sidecar import DEFAULT_SETTINGS, INPUT_NAMES, Sidecar, SidecarError
-from export.sidecar import OUTPUT_NAMES as OUTPUTS_BY_HEAD
+from export.sidecar import DEFAULT_SETTINGS, Sidecar, SidecarError
+from train.contract import INPUT_NAMES
+from train.contract import OUTPUT_NAMES as OUTPUTS_BY_HEAD
 
 
 class ModelSpecError(ValueError):

@@ -15,16 +15,13 @@ from __future__ import annotations
 import asyncio
 import time
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
 
 from server.batching import DeadlineUnreachable, JobResult, MicroBatcher, QueueFull
 from server.model_spec import ModelSpec
-from train.squad import Feature, Prediction, decode, decode_beam, featurize_encoded, simple_null_logit
+from train.squad import Feature, Prediction, decode_head_outputs, featurize_encoded
 from train.squad.features import TokenizerLike
 
 # Below this many normalised characters featurizing/decoding inline is cheaper than a thread hop;
@@ -97,34 +94,6 @@ class Answered:
     prediction: Prediction
     timing_ms: dict[str, float]
     windows: int
-
-
-def decode_rows(
-    head: str,
-    context: str,
-    features: Sequence[Feature],
-    rows: Sequence[Mapping[str, np.ndarray]],
-    *,
-    n_best: int,
-    max_answer_len: int,
-    threshold: float,
-) -> Prediction:
-    """Decode one question from its windows' output rows, whatever the head."""
-    kw: dict[str, Any] = {"n_best": n_best, "max_answer_len": max_answer_len, "threshold": threshold}
-    if head == "beam":
-        cols = [
-            [r[n] for r in rows]
-            for n in ("start_top_log_probs", "start_top_index", "end_top_log_probs", "end_top_index")
-        ]
-        cls = np.array([float(r["cls_logits"]) for r in rows])
-        return decode_beam(context, features, cols[0], cols[1], cols[2], cols[3], cls, **kw)
-    starts = [r["start_logits"] for r in rows]
-    ends = [r["end_logits"] for r in rows]
-    if head == "simple":
-        cls = np.array([simple_null_logit(s, e, f) for s, e, f in zip(starts, ends, features, strict=True)])
-    else:
-        cls = np.array([float(r["cls_logits"]) for r in rows])
-    return decode(context, features, starts, ends, cls, **kw)
 
 
 class QAPipeline:
@@ -238,7 +207,7 @@ class QAPipeline:
         for q, feats, res in zip(items, groups, results, strict=True):
             t = time.perf_counter()
             preds.append(
-                decode_rows(
+                decode_head_outputs(
                     self.spec.head,
                     q.context,
                     feats,

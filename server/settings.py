@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from train.contract import DEFAULTS
+
 ENV_PREFIX = "XLNETQA_"
 
 
@@ -76,7 +78,9 @@ class ServerSettings(BaseSettings):
     no_answer_threshold: float | None = Field(
         None, ge=0.0, le=1.0, description="Default: the model's sidecar"
     )
-    n_best_pool: int = Field(20, ge=1, le=100, description="Candidate starts/ends per window when decoding")
+    n_best_pool: int = Field(
+        DEFAULTS.n_best, ge=1, le=100, description="Candidate starts/ends per window when decoding"
+    )
     load_timeout_s: float = Field(
         600.0, gt=0.0, description="Loading + warm-up longer than this is a failed load (exit 1)"
     )

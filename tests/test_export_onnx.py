@@ -24,8 +24,9 @@ from export.testing import perturb, tiny_qa_checkpoint
 from export.torch_export import torch_runner
 from export.verify import compare, run_all, sample_batches
 from train import checkpoint
+from train.contract import INPUT_NAMES
 from train.model import XLNetConfig, XLNetLMHeadModel
-from train.model.inference import INPUT_NAMES, QAInference, derive_p_mask, output_names
+from train.model.inference import QAInference, derive_p_mask, output_names
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DEV = REPO.parent / "shared" / "data" / "squad2" / "dev-v2.0.cs224n-13.json"

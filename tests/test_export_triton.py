@@ -10,9 +10,10 @@ import pytest
 
 from export import pbtxt
 from export.sessions import session
-from export.sidecar import INPUT_NAMES, SIDECAR_FILE, TOKENIZER_FILES, Sidecar
+from export.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.testing import tiny_onnx_export
 from export.triton import main
+from train.contract import INPUT_NAMES
 
 SHAPES = {"min_shape": [1, 16], "opt_shape": [8, 384], "max_shape": [16, 512]}
 

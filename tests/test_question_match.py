@@ -15,8 +15,9 @@ from export.sessions import session
 from export.testing import tiny_qa_checkpoint
 from export.verify import sample_batches
 from train import checkpoint
+from train.contract import INPUT_NAMES
 from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel
-from train.model.inference import INPUT_NAMES, QAInference
+from train.model.inference import QAInference
 from train.model.layout import question_match
 from train.tokenizer import XLNetTokenizer
 

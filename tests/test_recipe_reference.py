@@ -32,6 +32,7 @@ import transformers
 from fixtures_spm import SAMPLE
 
 from train import checkpoint
+from train.contract import CLS_ID, PAD_ID, SEP_ID
 from train.data.permutation import example_permutation, local_permutation_ranks, target_arrays
 from train.data.segments import SegmentPair, assemble_example, split_a_and_b
 from train.data.spans import sample_span_mask
@@ -50,9 +51,11 @@ from train.squad import (
 )
 from train.squad.features import offsets_array
 from train.squad.metrics import raw_scores
-from train.tokenizer import CLS_ID, PAD_ID, SEP_ID, SPIECE_UNDERLINE, XLNetTokenizer
+from train.tokenizer import (  # segment ids of a SQuAD feature in the original (run_squad.py)
+    SPIECE_UNDERLINE,
+    XLNetTokenizer,
+)
 
-# segment ids of a SQuAD feature in the original (run_squad.py)
 SEG_PARAGRAPH, SEG_QUESTION, SEG_CLS, SEG_PAD = 0, 1, 2, 3
 
 

@@ -16,6 +16,7 @@ import torch
 
 from train import checkpoint
 from train.cli import Parser, run
+from train.contract import DEFAULTS
 from train.qa import run_evaluation, write_prediction_files
 from train.squad import featurize, read_squad
 
@@ -34,7 +35,7 @@ def build_parser() -> Parser:
     p.add_argument("--doc-stride", type=int, default=None)
     p.add_argument("--max-query-len", type=int, default=None)
     p.add_argument("--max-answer-len", type=int, default=None)
-    p.add_argument("--n-best", type=int, default=20)
+    p.add_argument("--n-best", type=int, default=DEFAULTS.n_best)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="cpu")
     p.add_argument("--no-progress", action="store_true")

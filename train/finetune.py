@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from train import checkpoint
 from train.cli import Parser, run
+from train.contract import DEFAULTS
 from train.loop import LoopPlan, StepReport, run_loop
 from train.model import ACTIVATIONS, HEADS, PRESETS, XLNetConfig, XLNetForQuestionAnswering
 from train.model.config import ANSWER_CLASS_INPUTS
@@ -56,9 +57,16 @@ def build_parser() -> Parser:
     g = p.add_argument_group("data")
     g.add_argument("--train-file", required=True, help="SQuAD 2.0 JSON (e.g. train-v2.0.json)")
     g.add_argument("--dev-file", required=True, help="SQuAD 2.0 JSON with answers (e.g. dev-v2.0.json)")
-    g.add_argument("--max-seq-len", type=int, default=384, help="window length in tokens (512 allowed)")
-    g.add_argument("--doc-stride", type=int, default=128, help="stride between windows of long paragraphs")
-    g.add_argument("--max-query-len", type=int, default=64, help="question tokens kept")
+    g.add_argument(
+        "--max-seq-len", type=int, default=DEFAULTS.max_seq_len, help="window length in tokens (512 allowed)"
+    )
+    g.add_argument(
+        "--doc-stride",
+        type=int,
+        default=DEFAULTS.doc_stride,
+        help="stride between windows of long paragraphs",
+    )
+    g.add_argument("--max-query-len", type=int, default=DEFAULTS.max_query_len, help="question tokens kept")
     g.add_argument(
         "--keep-out-of-window",
         type=float,
@@ -151,8 +159,10 @@ def build_parser() -> Parser:
     )
     g.add_argument("--eval-every", type=int, default=500, help="evaluate on the dev file every N steps")
     g.add_argument("--eval-batch-size", type=int, default=32)
-    g.add_argument("--n-best", type=int, default=20, help="candidate spans kept per question")
-    g.add_argument("--max-answer-len", type=int, default=30, help="longest answer in tokens")
+    g.add_argument("--n-best", type=int, default=DEFAULTS.n_best, help="candidate spans kept per question")
+    g.add_argument(
+        "--max-answer-len", type=int, default=DEFAULTS.max_answer_len, help="longest answer in tokens"
+    )
     g.add_argument("--log-every", type=int, default=10)
     g.add_argument("--save-every", type=int, default=500)
     g.add_argument("--keep-last", type=int, default=2)

@@ -18,19 +18,19 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from train.contract import DEFAULTS
 from train.squad import (
     Feature,
     Prediction,
     SquadExample,
     answers_and_na_probs,
-    decode_all,
-    decode_all_beam,
+    decode_all_head_outputs,
     evaluate,
     pad_batch,
     simple_null_logit,
 )
 
-DEFAULT_THRESHOLD = 0.5
+DEFAULT_THRESHOLD = DEFAULTS.no_answer_threshold
 
 
 @dataclass
@@ -116,23 +116,22 @@ def decode_outputs(
     features: Sequence[Feature],
     outputs: FeatureOutputs,
     *,
-    n_best: int = 20,
-    max_answer_len: int = 30,
+    n_best: int = DEFAULTS.n_best,
+    max_answer_len: int = DEFAULTS.max_answer_len,
     threshold: float | None = None,
 ) -> dict[str, Prediction]:
-    kw = {"n_best": n_best, "max_answer_len": max_answer_len, "threshold": threshold}
+    named: dict[str, Sequence[Any]] = {"cls_logits": outputs.cls_logits}
     if outputs.head == "beam":
-        return decode_all_beam(
-            examples,
-            features,
-            outputs.start_top_log_probs,
-            outputs.start_top_index,
-            outputs.end_top_log_probs,
-            outputs.end_top_index,
-            outputs.cls_logits,
-            **kw,
-        )
-    return decode_all(examples, features, outputs.start_logits, outputs.end_logits, outputs.cls_logits, **kw)
+        named |= {
+            "start_top_log_probs": outputs.start_top_log_probs,
+            "start_top_index": outputs.start_top_index,
+            "end_top_log_probs": outputs.end_top_log_probs,
+            "end_top_index": outputs.end_top_index,
+        }
+    else:
+        named |= {"start_logits": outputs.start_logits, "end_logits": outputs.end_logits}
+    kw: dict[str, Any] = {"n_best": n_best, "max_answer_len": max_answer_len, "threshold": threshold}
+    return decode_all_head_outputs(outputs.head, examples, features, named, **kw)
 
 
 @dataclass
@@ -161,8 +160,8 @@ def run_evaluation(
     threshold: float | None = None,
     batch_size: int = 32,
     device="cpu",
-    n_best: int = 20,
-    max_answer_len: int = 30,
+    n_best: int = DEFAULTS.n_best,
+    max_answer_len: int = DEFAULTS.max_answer_len,
     progress: bool = False,
 ) -> EvalResult:
     outputs = predict_features(model, features, batch_size=batch_size, device=device, progress=progress)

@@ -29,6 +29,22 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
+from train.contract import (
+    BOS_ID,
+    CLS_ID,
+    EOD_ID,
+    EOP_ID,
+    EOS_ID,
+    MASK_ID,
+    PAD_ID,
+    SEG_ID_A,
+    SEG_ID_B,
+    SEG_ID_CLS,
+    SEG_ID_PAD,
+    SEP_ID,
+    UNK_ID,
+)
+
 __all__ = [
     "BOS_ID",
     "CLS_ID",
@@ -56,16 +72,7 @@ __all__ = [
     "train_spm",
 ]
 
-# Special ids, exactly as the original XLNet sentencepiece models lay them out (and HF's xlnet-*-cased).
-UNK_ID = 0
-BOS_ID = 1
-EOS_ID = 2
-CLS_ID = 3
-SEP_ID = 4
-PAD_ID = 5
-MASK_ID = 6
-EOD_ID = 7
-EOP_ID = 8
+# Special ids and segment ids: train.contract. The pieces, in id order:
 SPECIAL_PIECES: tuple[str, ...] = (
     "<unk>",
     "<s>",
@@ -84,11 +91,6 @@ USER_SYMBOLS: tuple[str, ...] = ("<eop>",)  # id 8; a user symbol, so "<eop>" in
 # symbols: see train_spm for why (HuggingFace parity).
 PUNCT_SYMBOLS: tuple[str, ...] = (".", "(", ")", '"', "-", "\u2013", "\u00a3", "\u20ac")
 
-# Segment (token type) ids: A, B, the <cls> token, padding.
-SEG_ID_A = 0
-SEG_ID_B = 1
-SEG_ID_CLS = 2
-SEG_ID_PAD = 3
 
 SPIECE_UNDERLINE = "\u2581"  # '▁', sentencepiece's word-start marker
 MODEL_FILE = "spiece.model"

@@ -10,12 +10,6 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# Fixed XLNet special ids (the sentencepiece model is trained with these first nine pieces).
-UNK_ID = 0
-CLS_ID = 3
-SEP_ID = 4
-EOD_ID = 7
-
 #: `<sep>` + `<sep>` + `<cls>` appended after the reuse part and segment A/B.
 NUM_FUNCTIONAL = 3
 

@@ -22,7 +22,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from train.data.config import CLS_ID, SEP_ID, PretrainDataConfig
+from train.contract import CLS_ID, SEP_ID
+from train.data.config import PretrainDataConfig
 from train.data.permutation import example_permutation, target_arrays
 from train.data.segments import assemble_example, split_a_and_b
 from train.data.spans import sample_span_mask

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from train.data.config import CLS_ID, NUM_FUNCTIONAL, SEP_ID
+from train.contract import CLS_ID, SEP_ID
+from train.data.config import NUM_FUNCTIONAL
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from train.data.config import EOD_ID
+from train.contract import EOD_ID
 
 
 @dataclass(frozen=True)

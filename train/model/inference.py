@@ -18,20 +18,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from train.contract import OUTPUT_NAMES, SEG_ID_CLS, SEG_ID_PARAGRAPH, SEP_ID
 from train.model.heads import XLNetForQuestionAnswering
-from train.model.layout import SEG_ID_CLS, SEG_ID_PARAGRAPH, SEP_ID
-
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def output_names(head: str) -> tuple[str, ...]:
-    if head == "simple":
-        return ("start_logits", "end_logits")
-    if head in ("shallow", "deep"):
-        return ("start_logits", "end_logits", "cls_logits")
-    if head == "beam":
-        return ("start_top_log_probs", "start_top_index", "end_top_log_probs", "end_top_index", "cls_logits")
-    raise ValueError(f"unknown head {head!r}")
+    """The exported graph's outputs for ``head`` (train.contract.OUTPUT_NAMES)."""
+    if head not in OUTPUT_NAMES:
+        raise ValueError(f"unknown head {head!r}")
+    return OUTPUT_NAMES[head]
 
 
 def derive_p_mask(

@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import torch
 
-SEP_ID = 4
-SEG_ID_PARAGRAPH = 0
-SEG_ID_QUESTION = 1
-SEG_ID_CLS = 2
-NUM_SEGMENT_IDS = 4
+from train.contract import SEG_ID_PARAGRAPH, SEG_ID_QUESTION, SEP_ID
 
 
 def question_match(

@@ -10,10 +10,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from train.contract import NUM_SEGMENT_IDS
 from train.model.attention import POSITION_CHUNKS, additive_mask, chunk_bounds, masked_fill_value
 from train.model.config import XLNetConfig
 from train.model.layers import XLNetLayer
-from train.model.layout import NUM_SEGMENT_IDS, question_match
+from train.model.layout import question_match
 from train.model.position import attention_masks, relative_positions, segment_difference
 
 

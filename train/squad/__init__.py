@@ -24,7 +24,9 @@ from .decode import (
     decode,
     decode_all,
     decode_all_beam,
+    decode_all_head_outputs,
     decode_beam,
+    decode_head_outputs,
     group_features,
     simple_null_logit,
 )
@@ -90,6 +92,8 @@ __all__ = [
     "raw_scores",
     "read_squad",
     "select_articles",
+    "decode_all_head_outputs",
+    "decode_head_outputs",
     "simple_null_logit",
     "span_text",
     "split_by_article",

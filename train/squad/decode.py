@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..contract import DEFAULTS, OUTPUT_NAMES
 from .data import SquadExample
 from .features import Feature, span_text
 
@@ -189,8 +190,8 @@ def decode(
     end_logits: ArrayLike,
     cls_logits: ArrayLike,
     *,
-    n_best: int = 20,
-    max_answer_len: int = 30,
+    n_best: int = DEFAULTS.n_best,
+    max_answer_len: int = DEFAULTS.max_answer_len,
     threshold: float | None = None,
 ) -> Prediction:
     """Decode one question from the outputs of its windows (shallow head).
@@ -229,8 +230,8 @@ def decode_beam(
     end_top_index: ArrayLike,
     cls_logits: ArrayLike,
     *,
-    n_best: int = 20,
-    max_answer_len: int = 30,
+    n_best: int = DEFAULTS.n_best,
+    max_answer_len: int = DEFAULTS.max_answer_len,
     threshold: float | None = None,
 ) -> Prediction:
     """Decode one question from the XLNet beam head's outputs (the original ``write_predictions``).
@@ -352,3 +353,58 @@ def simple_null_logit(start_logits: np.ndarray, end_logits: np.ndarray, feature:
         return 1e9
     best = float(start[: feature.paragraph_len].max() + end[: feature.paragraph_len].max())
     return float(start[feature.cls_index] + end[feature.cls_index]) - best
+
+
+def decode_head_outputs(
+    head: str,
+    example_or_context: SquadExample | str,
+    features: Sequence[Feature],
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    n_best: int = DEFAULTS.n_best,
+    max_answer_len: int = DEFAULTS.max_answer_len,
+    threshold: float | None = None,
+) -> Prediction:
+    """Decode one question from its windows' named model outputs (``rows[w][name]``, the names of
+    ``train.contract.OUTPUT_NAMES[head]``), whatever the head: the one switch from a head's outputs to
+    an answer, used by evaluation, the export's agreement check and the server."""
+    if head not in OUTPUT_NAMES:
+        raise ValueError(f"unknown head {head!r}; expected one of {sorted(OUTPUT_NAMES)}")
+    kw: dict[str, Any] = {"n_best": n_best, "max_answer_len": max_answer_len, "threshold": threshold}
+    if head == "beam":
+        cls = np.array([float(r["cls_logits"]) for r in rows])
+        return decode_beam(
+            example_or_context,
+            features,
+            [r["start_top_log_probs"] for r in rows],
+            [r["start_top_index"] for r in rows],
+            [r["end_top_log_probs"] for r in rows],
+            [r["end_top_index"] for r in rows],
+            cls,
+            **kw,
+        )
+    starts = [r["start_logits"] for r in rows]
+    ends = [r["end_logits"] for r in rows]
+    if head == "simple":  # no answerability output: the null span's score stands in for it
+        cls = np.array([simple_null_logit(s, e, f) for s, e, f in zip(starts, ends, features, strict=True)])
+    else:
+        cls = np.array([float(r["cls_logits"]) for r in rows])
+    return decode(example_or_context, features, starts, ends, cls, **kw)
+
+
+def decode_all_head_outputs(
+    head: str,
+    examples: Sequence[SquadExample],
+    features: Sequence[Feature],
+    outputs: Mapping[str, Sequence[Any]],
+    **kwargs: Any,
+) -> dict[str, Prediction]:
+    """:func:`decode_head_outputs` for every example, from flat per-feature outputs by name
+    (``outputs[name][i]`` belongs to ``features[i]``). Returns qas_id -> Prediction."""
+    out: dict[str, Prediction] = {}
+    for ex_i, idx in group_features(features).items():
+        rows = [{name: values[i] for name, values in outputs.items()} for i in idx]
+        out[examples[ex_i].qas_id] = decode_head_outputs(
+            head, examples[ex_i], [features[i] for i in idx], rows, **kwargs
+        )
+    return out

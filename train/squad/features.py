@@ -28,7 +28,8 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from ..tokenizer import CLS_ID, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEG_ID_PAD, SEP_ID
+from train.contract import CLS_ID, DEFAULTS, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEG_ID_PAD, SEP_ID
+
 from .data import SquadExample
 
 logger = logging.getLogger(__name__)
@@ -252,9 +253,9 @@ def _featurize_example(
 def featurize(
     examples: Iterable[SquadExample],
     tokenizer: TokenizerLike,
-    max_seq_len: int = 384,
-    doc_stride: int = 128,
-    max_query_len: int = 64,
+    max_seq_len: int = DEFAULTS.max_seq_len,
+    doc_stride: int = DEFAULTS.doc_stride,
+    max_query_len: int = DEFAULTS.max_query_len,
     is_training: bool = False,
 ) -> list[Feature]:
     """All windows of all examples, in order; ``Feature.example_index`` indexes ``examples``.
@@ -326,9 +327,9 @@ def featurize_one(
     question: str,
     context: str,
     tokenizer: TokenizerLike,
-    max_seq_len: int = 384,
-    doc_stride: int = 128,
-    max_query_len: int = 64,
+    max_seq_len: int = DEFAULTS.max_seq_len,
+    doc_stride: int = DEFAULTS.doc_stride,
+    max_query_len: int = DEFAULTS.max_query_len,
 ) -> list[Feature]:
     """The windows of a single (question, context) pair, without labels: the serving path.
 
@@ -343,9 +344,9 @@ def featurize_encoded(
     context_ids: Sequence[int],
     context_offsets: Sequence[tuple[int, int]],
     tokenizer: TokenizerLike,
-    max_seq_len: int = 384,
-    doc_stride: int = 128,
-    max_query_len: int = 64,
+    max_seq_len: int = DEFAULTS.max_seq_len,
+    doc_stride: int = DEFAULTS.doc_stride,
+    max_query_len: int = DEFAULTS.max_query_len,
 ) -> list[Feature]:
     """``featurize_one`` for a context already encoded (``tokenizer.encode_with_offsets``), so a caller
     can look at the token count before any window is built."""

@@ -1,0 +1,58 @@
+"""The facts every part of the product must agree on (torch-free): special token ids, segment ids, the
+model's input and output names per head, and the inference settings' defaults.
+
+Training, export, the server and the benchmarks import them from here; a checkpoint's metadata and an
+export's sidecar record the settings a model was trained with, and these defaults apply only where a
+model does not say (the original XLNet SQuAD 2.0 recipe).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# Special ids, exactly as the original XLNet sentencepiece models lay them out (and HF's xlnet-*-cased).
+UNK_ID = 0
+BOS_ID = 1
+EOS_ID = 2
+CLS_ID = 3
+SEP_ID = 4
+PAD_ID = 5
+MASK_ID = 6
+EOD_ID = 7
+EOP_ID = 8
+
+# Segment (token type) ids of the SQuAD layout `paragraph <sep> question <sep> <cls>` (run_squad.py):
+# A = the paragraph, B = the question, then <cls>, then padding.
+SEG_ID_A = SEG_ID_PARAGRAPH = 0
+SEG_ID_B = SEG_ID_QUESTION = 1
+SEG_ID_CLS = 2
+SEG_ID_PAD = 3
+NUM_SEGMENT_IDS = 4
+
+HEADS = ("simple", "shallow", "deep", "beam")
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
+    "simple": ("start_logits", "end_logits"),
+    "shallow": ("start_logits", "end_logits", "cls_logits"),
+    "deep": ("start_logits", "end_logits", "cls_logits"),
+    "beam": ("start_top_log_probs", "start_top_index", "end_top_log_probs", "end_top_index", "cls_logits"),
+}
+INDEX_OUTPUTS = ("start_top_index", "end_top_index")  # token positions: compared by equality, int64
+
+
+@dataclass(frozen=True)
+class InferenceSettings:
+    """How questions are windowed and answers decoded (the original XLNet SQuAD 2.0 recipe)."""
+
+    max_seq_len: int = 384
+    doc_stride: int = 128
+    max_query_len: int = 64
+    max_answer_len: int = 30
+    n_best: int = 20
+    no_answer_threshold: float = 0.5
+
+    def as_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+DEFAULTS = InferenceSettings()
