@@ -77,11 +77,11 @@ class Sidecar:
     outputs: list[str] = field(default_factory=list)
     inputs: list[str] = field(default_factory=lambda: list(INPUT_NAMES))
     opset: int | None = 17
-    max_seq_len: int = 384
-    doc_stride: int = 128
-    max_query_len: int = 64
-    max_answer_len: int = 30
-    no_answer_threshold: float = 0.5
+    max_seq_len: int = DEFAULTS.max_seq_len
+    doc_stride: int = DEFAULTS.doc_stride
+    max_query_len: int = DEFAULTS.max_query_len
+    max_answer_len: int = DEFAULTS.max_answer_len
+    no_answer_threshold: float = DEFAULTS.no_answer_threshold
     start_n_top: int = 5
     end_n_top: int = 5
     source_checkpoint: str = ""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from export.sidecar import DEFAULT_SETTINGS, Sidecar, SidecarError
-from train.contract import INPUT_NAMES
+from train.contract import DEFAULTS, INPUT_NAMES
 from train.contract import OUTPUT_NAMES as OUTPUTS_BY_HEAD
 
 
@@ -34,11 +34,11 @@ class ModelSpec:
     model_file: str | None = None
     export_backend: str | None = None
     precision: str = "fp32"
-    max_seq_len: int = 384
-    doc_stride: int = 128
-    max_query_len: int = 64
-    max_answer_len: int = 30
-    no_answer_threshold: float = 0.5
+    max_seq_len: int = DEFAULTS.max_seq_len
+    doc_stride: int = DEFAULTS.doc_stride
+    max_query_len: int = DEFAULTS.max_query_len
+    max_answer_len: int = DEFAULTS.max_answer_len
+    no_answer_threshold: float = DEFAULTS.no_answer_threshold
     start_n_top: int = 5
     end_n_top: int = 5
     max_batch_size: int | None = None  # a TensorRT engine's optimisation-profile limits (None: any)

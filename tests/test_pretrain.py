@@ -246,26 +246,7 @@ def test_ctrl_c_saves_and_exits_cleanly(spm_dir, tmp_path):
 
 def test_torchrun_two_processes_on_cpu(spm_dir, tmp_path):
     out = tmp_path / "ddp"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(free_port()),
-        "-m",
-        "train.pretrain",
-        *RESUME_ARGS,
-        "--spm",
-        str(spm_dir),
-        "--out",
-        str(out),
-        "--steps",
-        "4",
-        "--device",
-        "cpu",
-    ]
+    cmd = [*torchrun_pretrain(spm_dir, out), "--steps", "4"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -279,6 +260,13 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def torchrun_pretrain(spm_dir: Path, out: Path) -> list[str]:
+    """A 2-rank gloo pretraining of the tiny preset into ``out``, on a free port (add flags to it)."""
+    head = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    head += ["--master_port", str(free_port()), "-m", "train.pretrain", *RESUME_ARGS]
+    return [*head, "--spm", str(spm_dir), "--out", str(out), "--device", "cpu"]
 
 
 def worker_pids(parent: int) -> dict[int, int]:
@@ -295,27 +283,7 @@ def worker_pids(parent: int) -> dict[int, int]:
 def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(spm_dir, tmp_path):
     """A scheduler's SIGTERM reaches rank 1 only: all ranks agree to stop, save together and exit 0."""
     out = tmp_path / "ddp"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(free_port()),
-    ]
-    cmd += [
-        "-m",
-        "train.pretrain",
-        *RESUME_ARGS,
-        "--spm",
-        str(spm_dir),
-        "--out",
-        str(out),
-        "--steps",
-        "100000",
-    ]
-    cmd += ["--save-every", "100000", "--device", "cpu"]
+    cmd = [*torchrun_pretrain(spm_dir, out), "--steps", "100000", "--save-every", "100000"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
@@ -391,27 +359,7 @@ def test_a_failed_save_on_rank_0_brings_every_rank_down_promptly(spm_dir, tmp_pa
     import resource
 
     out = tmp_path / "ddp"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(free_port()),
-    ]
-    cmd += [
-        "-m",
-        "train.pretrain",
-        *RESUME_ARGS,
-        "--spm",
-        str(spm_dir),
-        "--out",
-        str(out),
-        "--save-every",
-        "2",
-    ]
-    cmd += ["--device", "cpu"]
+    cmd = [*torchrun_pretrain(spm_dir, out), "--save-every", "2"]
 
     def limit_file_size() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG

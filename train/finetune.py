@@ -336,18 +336,7 @@ def finetune(args) -> dict:
             print(f"Resumed from {resume_from} at step {step} (best_f1 so far {best_f1:.2f})", flush=True)
         if step >= total_steps and (out / "metadata.json").exists():  # already finished: report it again
             final_metrics = json.loads((out / "metadata.json").read_text()).get("dev_metrics")
-    trainer = TrainStep(
-        model,
-        optimizer,
-        scheduler,
-        dist=d,
-        precision=args.precision,
-        grad_accum=args.grad_accum,
-        clip=args.clip,
-        clip_each_micro_batch=args.clip_each_micro_batch,
-    )
-    if resume_from is not None:
-        trainer.load_state_dict(state["extra"].get("trainer", {}))
+    trainer = TrainStep.from_args(model, optimizer, scheduler, d, args, state if resume_from else None)
     log = MetricsLog(
         out,
         enabled=d.is_main,

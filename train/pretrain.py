@@ -229,17 +229,7 @@ def pretrain(args) -> dict:
             seed_everything(args.seed + 1000 * d.rank + start_step)
         if d.is_main:
             print(f"Resumed from {resume_from} at step {start_step}", flush=True)
-    trainer = TrainStep(
-        model,
-        optimizer,
-        scheduler,
-        dist=d,
-        precision=args.precision,
-        grad_accum=args.grad_accum,
-        clip=args.clip,
-    )
-    if resume_from is not None:
-        trainer.load_state_dict(state["extra"].get("trainer", {}))
+    trainer = TrainStep.from_args(model, optimizer, scheduler, d, args, state if resume_from else None)
     log = MetricsLog(
         out, enabled=d.is_main, resume_step=start_step, plots={"loss.png": ["loss", "unigram_baseline"]}
     )

@@ -81,6 +81,24 @@ class TrainStep:
         self.skipped_total = 0
         self.skipped_in_row = 0
 
+    @classmethod
+    def from_args(cls, model, optimizer, scheduler, dist: Dist, args, state: dict | None = None) -> TrainStep:
+        """The step a training CLI's flags describe (``--precision``, ``--grad-accum``, ``--clip``,
+        ``--clip-each-micro-batch``), resumed from a checkpoint's ``extra["trainer"]`` when given."""
+        step = cls(
+            model,
+            optimizer,
+            scheduler,
+            dist=dist,
+            precision=args.precision,
+            grad_accum=args.grad_accum,
+            clip=args.clip,
+            clip_each_micro_batch=getattr(args, "clip_each_micro_batch", False),
+        )
+        if state is not None:
+            step.load_state_dict(state.get("extra", {}).get("trainer", {}))
+        return step
+
     def _sync_context(self, micro: int):
         """DDP all-reduces only at the last micro-batch (per-micro-batch clipping reduces by hand)."""
         last = micro == self.grad_accum - 1 and self.clipper is None
