@@ -82,6 +82,8 @@ def compare_predictions(
     )
     return {
         "questions": n,
+        # How many questions the reference answers (an agreement on "" everywhere proves little).
+        "reference_answered": sum(bool(p.text) for p in ref_preds.values()),
         "identical_answers": same_text / n if n else 1.0,
         "identical_best_span": same_span / n if n else 1.0,
         "identical_no_answer_decision": same_decision / n if n else 1.0,

@@ -6,12 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from fixtures_spm import SHARED_DEV_NAME, shared_squad_file
 
 from train.corpus import iter_documents, iter_texts, read_documents, read_squad_contexts, split_sentences
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
-SHARED_DEV = REPO.parent / "shared" / "data" / "squad2" / "dev-v2.0.cs224n-13.json"
+SHARED_DEV = shared_squad_file(SHARED_DEV_NAME)
 
 
 def squad_file(path: Path, contexts: list[list[str]]) -> Path:
@@ -93,7 +94,7 @@ def test_split_sentences(text: str, expected: list[str]) -> None:
 
 
 def test_sentences_preserve_text_on_real_contexts() -> None:
-    paths = [SAMPLE / "corpus.json", SAMPLE / "train.json"] + ([SHARED_DEV] if SHARED_DEV.exists() else [])
+    paths = [SAMPLE / "corpus.json", SAMPLE / "train.json"] + ([SHARED_DEV] if SHARED_DEV else [])
     n_docs = n_sents = 0
     for path in paths:
         contexts = read_squad_contexts(path)

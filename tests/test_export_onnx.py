@@ -15,6 +15,7 @@ import onnxruntime as ort
 import pytest
 import torch
 import transformers
+from fixtures_spm import SHARED_DEV_NAME, shared_squad_file
 
 from export import sidecar as sc
 from export.graph import FORBIDDEN_OPS, matmul_weights, op_counts
@@ -29,7 +30,7 @@ from train.model import XLNetConfig, XLNetLMHeadModel
 from train.model.inference import QAInference, derive_p_mask, output_names
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DEV = REPO.parent / "shared" / "data" / "squad2" / "dev-v2.0.cs224n-13.json"
+SHARED_DEV = shared_squad_file(SHARED_DEV_NAME)
 SAMPLE_DEV = REPO / "data" / "sample" / "dev.json"
 HEADS = ("simple", "shallow", "deep", "beam")
 TINY_ARGS = dict(d_model=32, n_layer=2, n_head=4, d_inner=64, dropout=0.0)
@@ -244,10 +245,11 @@ def test_int8_all_matmuls_per_channel(tmp_path, spm_dir):
 @pytest.mark.parametrize("precision", ["int8", "fp16"])
 @pytest.mark.parametrize("head", ["shallow", "beam"])
 def test_reduced_precision_agreement(tmp_path, spm_dir, capsys, precision, head):
-    data = SHARED_DEV if SHARED_DEV.exists() else SAMPLE_DEV  # the shipped sample when shared data is absent
-    ckpt = tiny_qa_checkpoint(
-        tmp_path / "ckpt", spm_dir, head, metadata={"max_seq_len": 128, "doc_stride": 64}
-    )
+    data = SHARED_DEV or SAMPLE_DEV  # the shipped sample when ../shared is absent
+    # Span logits with real margins (a random model's are near-ties everywhere, so any output would
+    # "agree"), and a threshold that answers every question: the answers themselves are compared.
+    meta = {"max_seq_len": 128, "doc_stride": 64, "no_answer_threshold": 1.0}
+    ckpt = tiny_qa_checkpoint(tmp_path / "ckpt", spm_dir, head, metadata=meta, logit_scale=LOGIT_SCALE)
     out = tmp_path / precision
     args = ["--checkpoint", str(ckpt), "--out", str(out), "--precision", precision]
     assert main([*args, "--agreement-data", str(data), "--agreement-max", "100"]) == 0
@@ -256,15 +258,24 @@ def test_reduced_precision_agreement(tmp_path, spm_dir, capsys, precision, head)
     side = sc.Sidecar.load(out)
     agree = side.agreement
     assert side.precision == precision and agree["questions"] == 100 and agree["features"] >= 100
-    assert agree["identical_answers"] >= 0.9, agree
+    assert agree["reference_answered"] == 100, agree  # every question answered: answers are compared
+    if head == "beam":
+        # Beam search (3 x 2 beams here) keeps a discrete candidate set: a reordering at the beam's edge
+        # changes which spans are scored, so some clear answers change too (measured: 73-84% identical).
+        assert agree["identical_answers"] >= 0.65, agree
+    else:  # every change is at a near-tie of the reference (measured: 88-95% identical answers)
+        assert agree["identical_answers"] >= 0.8 and agree["identical_clear_best_span"] == 1.0, agree
     changes = round((1 - agree["identical_best_span"]) * 100)
     assert agree["best_span_changes"] == changes >= agree["best_span_changes_at_near_ties"] >= 0
     assert 0 <= agree["clear_best_span_questions"] <= 100 and 0 <= agree["identical_clear_best_span"] <= 1
     clear_changes = round((1 - agree["identical_clear_best_span"]) * agree["clear_best_span_questions"])
     assert clear_changes == changes - agree["best_span_changes_at_near_ties"]
     assert "best spans: " in printed and "changed" in printed
-    limit = 0.05 if precision == "fp16" else 0.5
+    limit = (0.05 if precision == "fp16" else 0.5) * LOGIT_SCALE  # logits are LOGIT_SCALE times larger
     assert all(v < limit for v in agree["max_abs_diff"].values()), agree
+    # The same comparison fails a candidate that outputs zeros: these answers are not near-ties.
+    zeros = _agreement_against_zeros(out, head, data)
+    assert zeros["reference_answered"] >= 90 and zeros["identical_answers"] < 0.3, zeros
     assert side.verification["passed"] and side.verification["fp32_graph"]["passed"]
     model = onnx.load(str(out / "model.onnx"))
     assert [o.type.tensor_type.elem_type for o in model.graph.output if o.name.endswith("logits")] == [
@@ -283,6 +294,28 @@ def test_reduced_precision_agreement(tmp_path, spm_dir, capsys, precision, head)
         # The relative positions are precomputed in fp32 and stored projected (cache_positions): no
         # sinusoid of large arguments is evaluated in half precision inside the graph.
         assert not any(n.op_type in ("Sin", "Cos") for n in model.graph.node)
+
+
+LOGIT_SCALE = 10.0
+
+
+def _agreement_against_zeros(export_dir: Path, head: str, data: Path) -> dict:
+    """export.agreement's report for the exported graph against a candidate whose outputs are all 0."""
+    from export.agreement import agreement
+    from export.sessions import runner, session
+    from train.tokenizer import XLNetTokenizer
+
+    side = sc.Sidecar.load(export_dir)
+    names = output_names(head)
+    reference = runner(session(export_dir / side.model_file), names)
+
+    def zeros(feeds):
+        return [np.zeros_like(o) for o in reference(feeds)]
+
+    settings = {k: getattr(side, k) for k in ("max_seq_len", "doc_stride", "max_query_len", "max_answer_len")}
+    settings["no_answer_threshold"] = side.no_answer_threshold
+    tok = XLNetTokenizer.from_dir(export_dir)
+    return agreement(str(data), tok, head, names, reference, zeros, settings, max_questions=100)
 
 
 def test_best_span_margin_skips_candidates_with_the_same_text():

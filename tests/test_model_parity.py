@@ -274,7 +274,13 @@ def test_our_save_loads_in_transformers(hf_cls, tmp_path):
     config = XLNetConfig.preset("tiny", vocab_size=V, dropout=0.0, start_n_top=3, end_n_top=2)
     ours = checkpoint.build_model(config, kind).eval()
     checkpoint.save(ours, tmp_path / "ckpt")
-    hf = hf_cls.from_pretrained(tmp_path / "ckpt").eval()
+    hf, info = hf_cls.from_pretrained(tmp_path / "ckpt", output_loading_info=True)
+    hf.eval()
+    # HF re-initialises silently what it does not find: every key must be found, none left over.
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    ours_state = ours.state_dict()
+    for name, value in hf.state_dict().items():  # every HF tensor is ours, bit for bit
+        assert torch.equal(value, ours_state[name]), name
     ids, types, mask = inputs()
     with torch.no_grad():
         ref = hf(ids, token_type_ids=types, attention_mask=mask.float())
@@ -283,8 +289,21 @@ def test_our_save_loads_in_transformers(hf_cls, tmp_path):
         close(got.logits, ref.logits, "logits")
     elif kind == "qa:simple":
         close(got.start_logits, ref.start_logits, "start")
+        close(got.end_logits, ref.end_logits, "end")
     elif kind == "qa:beam":
         close(got.cls_logits, ref.cls_logits, "cls")
+        # HF's beam head returns softmax probabilities under the name *_log_probs, and flattens the
+        # end beams end-major ([k2, k1]); ours returns log-probabilities flattened start-major
+        # ([k1, k2]), as the original XLNet's TF head does.
+        k1, k2 = config.start_n_top, config.end_n_top
+        close(got.start_top_log_probs.exp(), ref.start_top_log_probs, "start_top_log_probs")
+        assert torch.equal(got.start_top_index, ref.start_top_index)
+
+        def start_major(x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(-1, k2, k1).transpose(1, 2).reshape(-1, k1 * k2)
+
+        close(got.end_top_log_probs.exp(), start_major(ref.end_top_log_probs), "end_top_log_probs")
+        assert torch.equal(got.end_top_index, start_major(ref.end_top_index))
     else:
         close(got.last_hidden_state, ref.last_hidden_state, "h")
     again = checkpoint.load(tmp_path / "ckpt")

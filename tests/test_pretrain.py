@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from fixtures_spm import SHARED_TEST_NAME, shared_squad_file
 from fixtures_spm import TINY_PRETRAIN_ARGS as RESUME_ARGS
 
 from train import checkpoint
@@ -26,7 +27,7 @@ from train.train_state import latest_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_CORPUS = REPO / "data" / "sample" / "corpus.json"
-SHARED_CORPUS = REPO.parent / "shared" / "data" / "squad2" / "test-v2.0.cs224n.json"
+SHARED_CORPUS = shared_squad_file(SHARED_TEST_NAME)
 
 
 def small_batches(tok, bi_data=False, seed=0):
@@ -98,7 +99,7 @@ def test_tiny_pretraining_beats_unigram_baseline(tmp_path):
     Single-token targets (--max-gram 1) so that a 0.2M-parameter model shows context use within the
     test's budget; whole 5-token spans need far more steps before context beats the unigram prior.
     """
-    corpus = SHARED_CORPUS if SHARED_CORPUS.exists() else SAMPLE_CORPUS
+    corpus = SHARED_CORPUS or SAMPLE_CORPUS
     out = tmp_path / "run"
     args = [
         "--corpus",

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures_spm import SHARED_DEV_NAME, shared_squad_file
 
 from train.squad import (
     SquadExample,
@@ -23,7 +24,7 @@ from train.squad import (
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
-SHARED_DEV = REPO.parent / "shared" / "data" / "squad2" / "dev-v2.0.cs224n-13.json"
+SHARED_DEV = shared_squad_file(SHARED_DEV_NAME)
 
 MINI = {
     "version": "v2.0",
@@ -84,8 +85,8 @@ def test_read_file_without_is_impossible() -> None:
 
 
 def test_read_shared_dev_matches_readme() -> None:
-    if not SHARED_DEV.exists():
-        pytest.skip(f"shared data not found at {SHARED_DEV}")
+    if SHARED_DEV is None:
+        pytest.skip("../shared is absent (a fresh clone)")
     examples = read_squad(SHARED_DEV)
     assert len(examples) == 4944
     assert sum(e.is_impossible for e in examples) == 2537
@@ -205,8 +206,8 @@ def test_split_by_titles(tmp_path: Path) -> None:
 
 
 def test_split_by_count_fraction_and_seed() -> None:
-    if not SHARED_DEV.exists():
-        pytest.skip(f"shared data not found at {SHARED_DEV}")
+    if SHARED_DEV is None:
+        pytest.skip("../shared is absent (a fresh clone)")
     titles = article_titles(SHARED_DEV)
     first, rest = split_by_article(SHARED_DEV, 3)
     assert article_titles(first) == titles[:3] and article_titles(rest) == titles[3:]

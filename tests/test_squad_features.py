@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures_spm import SHARED_DEV_NAME, shared_squad_file
 
 from train.squad import (
     SquadExample,
@@ -35,7 +36,7 @@ from train.tokenizer import (
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
-SHARED_DEV = REPO.parent / "shared" / "data" / "squad2" / "dev-v2.0.cs224n-13.json"
+SHARED_DEV = shared_squad_file(SHARED_DEV_NAME)
 
 # As the project brief: 2000 pieces trained on the ~270 KB sample. train_spm's defaults (split_digits, the
 # README's punctuation symbols kept as pieces of their own) stop pieces that glue digits or words to
@@ -63,8 +64,8 @@ def _long_example(dev_examples: list[SquadExample]) -> SquadExample:
 
 
 def test_alignment_on_shared_dev(tok: XLNetTokenizer) -> None:
-    if not SHARED_DEV.exists():
-        pytest.skip(f"shared data not found at {SHARED_DEV}")
+    if SHARED_DEV is None:
+        pytest.skip("../shared is absent (a fresh clone): the sample is tested instead elsewhere")
     n_ok, n_total, failures = alignment_report(read_squad(SHARED_DEV), tok)
     rate = n_ok / n_total
     print(f"\nanswer spans surviving text -> tokens -> text: {n_ok}/{n_total} = {100 * rate:.2f}%")

@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from fixtures_spm import SHARED_DEV_NAME, shared_squad_file
 
 from train.squad import (
     SquadExample,
@@ -23,7 +24,7 @@ from train.squad import (
 from train.squad.metrics import gold_answers
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DEV = REPO.parent / "shared" / "data" / "squad2" / "dev-v2.0.cs224n-13.json"
+SHARED_DEV = shared_squad_file(SHARED_DEV_NAME)
 
 
 @pytest.mark.parametrize(
@@ -208,7 +209,7 @@ def test_dataset_json_and_path_inputs(tmp_path: Path) -> None:
 
 
 def test_gold_predictions_score_100_on_dev() -> None:
-    if not SHARED_DEV.exists():
+    if SHARED_DEV is None:
         pytest.skip(f"shared data not found at {SHARED_DEV}")
     examples = read_squad(SHARED_DEV)
     # (the first answer: one question's last gold answer is ".", which the official rules drop)
