@@ -38,7 +38,7 @@ from train.optim import (
 )
 from train.qa import evaluate_predictions, run_evaluation, write_prediction_files
 from train.recipes import RECIPES, recipe_defaults
-from train.run_record import explicit_flags, open_run
+from train.run_record import add_run_flags, explicit_flags, open_run
 from train.runlog import MetricsLog
 from train.runtime import init_distributed, seed_everything
 from train.squad import featurize, pad_batch, read_squad, subsample_out_of_window
@@ -166,14 +166,7 @@ def build_parser() -> Parser:
     g.add_argument("--log-every", type=int, default=10)
     g.add_argument("--save-every", type=int, default=500)
     g.add_argument("--keep-last", type=int, default=2)
-    g.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run in --out from its newest checkpoint, with its recorded settings",
-    )
-    g.add_argument(
-        "--overwrite", action="store_true", help="replace another run's checkpoints in --out (else refused)"
-    )
+    add_run_flags(g)
     g.add_argument(
         "--stop-after", type=int, default=None, help="exit with a checkpoint after N steps (tests)"
     )

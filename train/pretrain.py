@@ -28,7 +28,7 @@ from train.data import PretrainBatches, PretrainDataConfig
 from train.loop import LoopPlan, StepReport, run_loop
 from train.model import ACTIVATIONS, PRESETS, XLNetConfig, XLNetLMHeadModel
 from train.optim import DECAYS, OPTIMIZERS, make_optimizer, make_scheduler
-from train.run_record import explicit_flags, open_run
+from train.run_record import add_run_flags, explicit_flags, open_run
 from train.runlog import MetricsLog
 from train.runtime import Dist, autocast, init_distributed, seed_everything
 from train.sample_data import SAMPLE_CORPUS, SAMPLE_TRAIN
@@ -102,14 +102,7 @@ def build_parser() -> Parser:
     )
     g = p.add_argument_group("run")
     g.add_argument("--out", required=True, help="run directory (checkpoint, metrics.jsonl, loss.png)")
-    g.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run in --out from its newest checkpoint, with its recorded settings",
-    )
-    g.add_argument(
-        "--overwrite", action="store_true", help="replace another run's checkpoints in --out (else refused)"
-    )
+    add_run_flags(g)
     g.add_argument("--log-every", type=int, default=10)
     g.add_argument("--save-every", type=int, default=200)
     g.add_argument("--keep-last", type=int, default=2, help="step checkpoints to keep")
