@@ -17,7 +17,7 @@ QARequest = AnswerRequest  # one item of answer_batch (plain dicts and (question
 
 def request_payload(item: AnswerRequest) -> dict[str, Any]:
     """Only the fields the caller set, so the server's (the model's) defaults apply to the others."""
-    return item.model_dump(exclude_unset=True)
+    return item.payload()
 
 
 class Answer(AnswerResponse):

@@ -41,6 +41,10 @@ class AnswerRequest(BaseModel):
         None, ge=0.0, le=1.0, allow_inf_nan=False, description="No-answer threshold (default: the model's)"
     )
 
+    def payload(self) -> dict[str, Any]:
+        """The JSON body with only the fields that were set, so the server's defaults apply to the rest."""
+        return self.model_dump(exclude_unset=True)
+
     @model_validator(mode="before")
     @classmethod
     def _known_fields(cls, data: Any) -> Any:

@@ -113,7 +113,8 @@ class BodyLimitMiddleware:
                 self.metrics, 413, "body_too_large", f"request body exceeds {self.max_bytes} bytes",
                 headers={"Connection": "close"},
             )  # fmt: skip
-            if int(declared) <= LINGER_BYTES:
+            expects_continue = dict(scope.get("headers") or []).get(b"expect", b"").lower() == b"100-continue"
+            if int(declared) <= LINGER_BYTES and not expects_continue:  # reading would invite the upload
                 await _discard_body(receive, LINGER_S)
             await response(scope, receive, send)
             return

@@ -209,3 +209,57 @@ def test_a_save_that_cannot_be_written_fails_clearly_and_keeps_the_last_checkpoi
     state = json.loads((before / "trainer.json").read_text())
     assert state["step"] == 2 and checkpoint.load(before).model.config.n_layer == 2
     assert not [p for p in out.rglob(".*") if p.name != "checkpoints"]
+
+
+def test_finetune_resume_alone_and_overwrite_replaces_everything(spm_dir, tmp_path, capsys) -> None:
+    """Fine-tuning: `--out R --resume` alone continues (the data files come from the record), and
+    `--overwrite` removes all the old run wrote (a tokenizer it trained, its metrics, its model)."""
+    sample = REPO / "data" / "sample"
+    out = tmp_path / "ft"
+    argv = ["--train-file", str(sample / "train.json"), "--dev-file", str(sample / "dev.json")]
+    argv += ["--config", "tiny", "--train-spm", "400", "--steps", "4", "--eval-every", "4", "--no-progress"]
+    argv += ["--max-seq-len", "96", "--doc-stride", "48", "--max-query-len", "24", "--batch-size", "4"]
+    assert run(finetune_main, [*argv, "--out", str(out), "--stop-after", "2"]) == 0
+    assert run(finetune_main, ["--out", str(out), "--resume", "--no-progress"]) == 0
+    assert latest_checkpoint(out).name == "step-0000004" and checkpoint.load(out).kind == "qa:shallow"
+    assert (out / "tokenizer" / "spiece.model").exists()
+
+    code = run(finetune_main, ["--out", str(out / "new"), "--resume"])  # nothing recorded there
+    assert code == 2 and "--train-file is required" in capsys.readouterr().err
+    assert not (out / "new" / RUN_FILE).exists()  # refused before anything was recorded
+
+    assert (
+        run(
+            finetune_main,
+            [*argv, "--train-spm", "300", "--out", str(out), "--overwrite", "--stop-after", "1"],
+        )
+        == 0
+    )
+    assert checkpoint.load(latest_checkpoint(out)).tokenizer.vocab_size == 300  # a new tokenizer, not the old
+    assert not (out / "config.json").exists() and not (out / "dev_predictions").exists()
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(s <= 1 for s in steps)  # the old run's records (up to step 4) are gone
+
+
+def test_recipe_values_are_not_mistaken_for_given_flags() -> None:
+    from train.finetune import build_parser, parse_args
+
+    args = parse_args(["--recipe", "xlnet-squad-base", "--out", "x", "--resume"])
+    assert args.explicit_flags == {"recipe", "out", "resume"}
+    assert build_parser().parse_args(["--out", "x"]).recipe is None
+
+
+def test_an_interrupted_directory_swap_is_put_back(tmp_path) -> None:
+    """killed between `target -> .target.old-PID` and `tmp -> target`: the old directory returns."""
+    from train.run_record import clean_temporaries
+
+    (tmp_path / ".best.old-123").mkdir()
+    (tmp_path / ".best.old-123" / "model.safetensors").write_text("old")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / ".step-0000002.tmp-abc").mkdir()
+    (tmp_path / "checkpoints" / "step-0000001").mkdir()
+    (tmp_path / "checkpoints" / ".step-0000001.old-9").mkdir()  # its replacement is in place
+    clean_temporaries(tmp_path)
+    assert (tmp_path / "best" / "model.safetensors").read_text() == "old"
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-0000001"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best", "checkpoints"]

@@ -141,3 +141,22 @@ def test_fp16_uses_a_loss_scaler_that_backs_off_on_overflow() -> None:
     assert trainer.scaler.get_scale() < scale
     hook.remove()
     assert not trainer.step(loss_of(rows)).skipped
+
+
+def test_a_nan_in_a_later_micro_batch_is_caught_with_per_micro_batch_clipping() -> None:
+    """Per-micro-batch clipping reports the largest micro-batch norm, and max() skips NaN: the step
+    must still see the NaN gradient of the second micro-batch and skip."""
+    model, trainer = tiny_setup(grad_accum=2, clip_each_micro_batch=True)
+    calls = {"n": 0}
+
+    def nan_on_second(g: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        return g * float("nan") if calls["n"] == 2 else g
+
+    before = weights(model)
+    hook = model.transformer.word_embedding.weight.register_hook(nan_on_second)
+    micro = loss_of(batch(1))
+    micro.parts = 2
+    assert trainer.step(micro).skipped and calls["n"] == 2
+    hook.remove()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

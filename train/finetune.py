@@ -55,8 +55,13 @@ def build_parser() -> Parser:
         help="the original XLNet's published SQuAD 2.0 settings (train/recipes.py); explicit flags win",
     )
     g = p.add_argument_group("data")
-    g.add_argument("--train-file", required=True, help="SQuAD 2.0 JSON (e.g. train-v2.0.json)")
-    g.add_argument("--dev-file", required=True, help="SQuAD 2.0 JSON with answers (e.g. dev-v2.0.json)")
+    g.add_argument(
+        "--train-file", help="SQuAD 2.0 JSON (e.g. train-v2.0.json); required unless --resume restores it"
+    )
+    g.add_argument(
+        "--dev-file",
+        help="SQuAD 2.0 JSON with answers (e.g. dev-v2.0.json); required unless --resume restores it",
+    )
     g.add_argument(
         "--max-seq-len", type=int, default=DEFAULTS.max_seq_len, help="window length in tokens (512 allowed)"
     )
@@ -279,7 +284,7 @@ def finetune(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
-    args = open_run(out, "finetune", args, d)
+    args = open_run(out, "finetune", args, d, validate=check_data_files)
     seed_everything(args.seed)
     tokenizer, model, init_meta = load_tokenizer_and_model(args, out)
     model.to(d.device)
@@ -544,11 +549,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.spm and args.train_spm:
         raise ValueError("give either --spm or --train-spm, not both")
-    for f in (args.train_file, args.dev_file):
+    if not args.resume:
+        check_data_files(args)
+    finetune(args)  # with --resume, after the recorded settings are restored
+    return 0
+
+
+def check_data_files(args) -> None:
+    """--train-file and --dev-file given and present (one clear line otherwise)."""
+    for flag, f in (("--train-file", args.train_file), ("--dev-file", args.dev_file)):
+        if f is None:
+            raise ValueError(f"{flag} is required (unless --resume continues a run that recorded it)")
         if not Path(f).exists():
             raise FileNotFoundError(f"data file not found: {f}")
-    finetune(args)
-    return 0
 
 
 if __name__ == "__main__":

@@ -238,7 +238,7 @@ def pretrain(args) -> dict:
     bar = tqdm(
         total=args.steps, initial=start_step, disable=not d.is_main or args.no_progress, dynamic_ncols=True
     )
-    interval = {"t0": time.time(), "steps": 0, "loss_sum": 0.0}
+    interval = {"t0": time.time(), "steps": 0, "finite": 0, "loss_sum": 0.0}
     last_loss = float("nan")
 
     def micro_loss(train_model: torch.nn.Module, _: int) -> torch.Tensor:
@@ -251,14 +251,15 @@ def pretrain(args) -> dict:
     def after_step(r: StepReport) -> None:
         nonlocal last_loss
         interval["steps"] += 1
-        interval["loss_sum"] += r.loss if math.isfinite(r.loss) else 0.0
+        if math.isfinite(r.loss):  # a skipped non-finite step shows in skipped_steps, not in the mean
+            interval["finite"] += 1
+            interval["loss_sum"] += r.loss
         if r.step % args.log_every == 0 or r.step == args.steps or r.stopping:
             elapsed = time.time() - interval["t0"]
             tps = tokens_per_step * interval["steps"] / max(elapsed, 1e-9)
             lr = scheduler.get_last_lr()[0]
-            last_loss = (
-                interval["loss_sum"] / interval["steps"]
-            )  # mean over the log interval: a readable curve
+            # the mean over the log interval: a readable curve
+            last_loss = interval["loss_sum"] / interval["finite"] if interval["finite"] else float("nan")
             log.log(
                 r.step,
                 loss=last_loss,
@@ -270,7 +271,7 @@ def pretrain(args) -> dict:
                 skipped_steps=trainer.skipped_total,
             )
             bar.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{tps:.0f}", lr=f"{lr:.2e}")
-            interval.update(t0=time.time(), steps=0, loss_sum=0.0)
+            interval.update(t0=time.time(), steps=0, finite=0, loss_sum=0.0)
         bar.update(1)
 
     def save(step: int) -> None:

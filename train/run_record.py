@@ -21,14 +21,14 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch.distributed
 
 from train.atomic_dir import fsync_directory
-from train.checkpoint import finish_interrupted_save
+from train.checkpoint import STAGED_FILES, finish_interrupted_save
 from train.runtime import Dist
 
 RUN_FILE = "run.json"
@@ -47,7 +47,21 @@ MAY_CHANGE = frozenset(
         "eval_batch_size",
     }
 )
-TEMP_MARKERS = (".tmp-", ".old-", ".latest.tmp")
+TEMP_MARKERS = (".tmp-", ".latest.tmp")
+# What a training run writes into its directory (what --overwrite removes): checkpoints, the record,
+# a tokenizer it trained, logs and plots, the final model's files, the best checkpoint, predictions.
+RUN_ARTIFACTS = (
+    "checkpoints",
+    RUN_FILE,
+    "tokenizer",
+    "metrics.jsonl",
+    "loss.png",
+    "dev_f1.png",
+    "tensorboard",
+    "best",
+    "dev_predictions",
+    *STAGED_FILES,
+)
 
 
 def add_run_flags(group: argparse._ArgumentGroup) -> None:
@@ -65,13 +79,16 @@ def add_run_flags(group: argparse._ArgumentGroup) -> None:
 def explicit_flags(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> set[str]:
     """The destinations the command line set explicitly (whatever their value), for resume checks."""
     saved = {action.dest: action.default for action in parser._actions}
+    saved_parser_defaults = dict(parser._defaults)  # set_defaults (a --recipe's values) fills these in too
     try:
         for action in parser._actions:
             action.default = argparse.SUPPRESS
+        parser._defaults.clear()
         given, _ = parser.parse_known_args(argv)
     finally:
         for action in parser._actions:
             action.default = saved[action.dest]
+        parser._defaults.update(saved_parser_defaults)
     return set(vars(given))
 
 
@@ -114,15 +131,25 @@ def _holds_checkpoints(out: Path) -> bool:
 
 
 def clean_temporaries(out: Path) -> list[Path]:
-    """Remove what an interrupted save leaves behind (temporary and half-swapped directories)."""
+    """Remove what an interrupted save leaves behind (temporary directories); a directory whose swap
+    was interrupted between its two renames (``.NAME.old-PID`` kept, ``NAME`` not yet replaced) is put
+    back, and deleted only when its replacement is in place."""
     removed = []
     for folder in (Path(out), Path(out) / "checkpoints"):
         if not folder.is_dir():
             continue
         for entry in folder.iterdir():
-            if entry.name.startswith(".") and any(m in entry.name for m in TEMP_MARKERS):
-                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
-                removed.append(entry)
+            if not entry.name.startswith("."):
+                continue
+            if ".old-" in entry.name:
+                original = folder / entry.name[1:].rsplit(".old-", 1)[0]
+                if not original.exists():
+                    os.replace(entry, original)
+                    continue
+            elif not any(m in entry.name for m in TEMP_MARKERS):
+                continue
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            removed.append(entry)
     return removed
 
 
@@ -179,8 +206,9 @@ def start_run(out: Path, command: str, args: argparse.Namespace) -> dict[str, An
     clean_temporaries(out)
     record = read_record(out)
     if getattr(args, "overwrite", False) and not getattr(args, "resume", False):
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
-        (out / RUN_FILE).unlink(missing_ok=True)
+        for name in RUN_ARTIFACTS:  # all the old run wrote, so nothing of it is reused or mixed in
+            path = out / name
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
         record = None
     if record is None:
         settings = recorded_settings(args)
@@ -201,10 +229,19 @@ def start_run(out: Path, command: str, args: argparse.Namespace) -> dict[str, An
     return record
 
 
-def open_run(out: Path, command: str, args: argparse.Namespace, d: Dist) -> argparse.Namespace:
-    """:func:`check_run` on every rank, then :func:`start_run` on rank 0 (barriers between, so no rank
-    reads the record rank 0 is writing); returns the args to run with."""
+def open_run(
+    out: Path,
+    command: str,
+    args: argparse.Namespace,
+    d: Dist,
+    validate: Callable[[argparse.Namespace], None] | None = None,
+) -> argparse.Namespace:
+    """:func:`check_run` on every rank, ``validate`` on the settings to run with (before anything is
+    recorded), then :func:`start_run` on rank 0 (barriers between, so no rank reads the record rank 0
+    is writing); returns the args to run with."""
     args = check_run(out, command, args)
+    if validate is not None:
+        validate(args)
     if d.enabled:
         torch.distributed.barrier()
     if d.is_main:

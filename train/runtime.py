@@ -54,7 +54,7 @@ def init_distributed(device_name: str = "auto") -> Dist:
 def all_reduce_mean(value: float, d: Dist) -> float:
     if not d.enabled:
         return value
-    t = torch.tensor([value], dtype=torch.float64)
+    t = torch.tensor([value], dtype=torch.float64, device=d.device)  # NCCL reduces device tensors only
     dist.all_reduce(t)
     return (t / d.world_size).item()
 
@@ -64,7 +64,7 @@ def agree_any(flag: bool, d: Dist) -> bool:
     step, or the next collective would pair different calls and hang)."""
     if not d.enabled:
         return flag
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=d.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
 

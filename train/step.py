@@ -123,7 +123,7 @@ class TrainStep:
         else:
             params = [p for group in self.optimizer.param_groups for p in group["params"]]
             norm = clip_by_global_norm(params, self.clip)
-        finite = math.isfinite(norm)
+        finite = math.isfinite(norm) and self._gradients_finite()
         if finite:
             scale_gradients(self.optimizer)  # the layer-wise decay, after clipping (the original's order)
             if self.scaler.is_enabled():
@@ -132,11 +132,18 @@ class TrainStep:
                 self.optimizer.step()
             if self.scheduler is not None:
                 self.scheduler.step()
-        if self.scaler.is_enabled():  # fp16: a skipped step halves the loss scale
-            self.scaler.update(None if finite else self.scaler.get_scale() * self.scaler.get_backoff_factor())
+        if self.scaler.is_enabled():  # fp16: an overflow halves the loss scale (and restarts its growth)
+            self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self._count(finite, norm)
         return StepOutcome(loss=float(total) / self.grad_accum, grad_norm=norm, skipped=not finite)
+
+    def _gradients_finite(self) -> bool:
+        """Every gradient finite? (A norm alone can hide a NaN: per-micro-batch clipping reports the
+        largest of several norms, and ``max`` skips NaN.) Under DDP the gradients are all-reduced, so
+        every rank gets the same answer."""
+        grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()) if grads else True
 
     def _count(self, finite: bool, norm: float) -> None:
         if finite:
