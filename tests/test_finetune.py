@@ -51,6 +51,42 @@ def small_split(tmp_path_factory) -> tuple[Path, Path]:
     return root / "train.json", root / "dev.json"
 
 
+def official_squad2_scores(data_file: Path, predictions: dict[str, str]) -> tuple[float, float]:
+    """EM and F1 (percent) by the rules of the official evaluate-v2.0.py: answers normalised (lower
+    case, punctuation, articles and extra whitespace removed); an unanswerable question scores 1 only
+    for the empty prediction; the best over the gold answers."""
+    import collections
+    import re
+    import string
+
+    def normalize(text: str) -> str:
+        text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+        return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+    def f1_score(gold: str, pred: str) -> float:
+        g, p = normalize(gold).split(), normalize(pred).split()
+        if not g or not p:
+            return float(g == p)
+        common = sum((collections.Counter(g) & collections.Counter(p)).values())
+        if common == 0:
+            return 0.0
+        precision, recall = common / len(p), common / len(g)
+        return 2 * precision * recall / (precision + recall)
+
+    data = json.loads(Path(data_file).read_text())["data"]
+    exact = f1 = 0.0
+    n = 0
+    for article in data:
+        for para in article["paragraphs"]:
+            for qa in para["qas"]:
+                golds = [a["text"] for a in qa["answers"] if normalize(a["text"])] or [""]
+                pred = predictions[qa["id"]]
+                exact += max(float(normalize(g) == normalize(pred)) for g in golds)
+                f1 += max(f1_score(g, pred) for g in golds)
+                n += 1
+    return 100.0 * exact / n, 100.0 * f1 / n
+
+
 def read_metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -134,6 +170,10 @@ def test_each_head_trains_and_evaluates(head, small_split, spm_dir, tmp_path):
     assert metrics["total"] == len(ids)
     # evaluation with the stored threshold reproduces what fine-tuning measured on the same file
     assert metrics["best_f1"] == pytest.approx(meta["dev_metrics"]["best_f1"])
+    # ... and the official SQuAD 2.0 rules, written out here independently, give the same EM/F1 for the
+    # written predictions (what a user would feed to the official evaluate-v2.0.py).
+    exact, f1 = official_squad2_scores(dev_file, preds)
+    assert metrics["exact"] == pytest.approx(exact) and metrics["f1"] == pytest.approx(f1)
 
 
 def test_freezing_keeps_bottom_layers_and_embeddings_fixed(small_split, spm_dir, tmp_path):
