@@ -26,7 +26,6 @@ from server_helpers import (
     WINDOWS,
     ServerProcess,
     check_answer,
-    dev_contexts,
     dev_questions,
     free_port,
     long_context,
@@ -440,7 +439,7 @@ def test_onnx_server_never_imports_torch(onnx_export: Path) -> None:
     assert r.returncode == 0 and "TORCH-FREE []" in r.stdout, r.stdout + r.stderr
 
 
-# ---- settings and the batcher in-process ------------------------------------------------------------
+# ---- settings -----------------------------------------------------------------------------------------
 
 
 def test_settings_from_env_overridden_by_flags(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -453,113 +452,3 @@ def test_settings_from_env_overridden_by_flags(monkeypatch: pytest.MonkeyPatch) 
     s = load_settings(["--threads", "2", "--max-batch-delay-ms", "0"])
     assert (s.max_queue, s.threads, s.backend, s.max_batch_delay_ms) == (77, 2, "torch", 0.0)
     assert s.to_env()["XLNETQA_MAX_QUEUE"] == "77"
-
-
-def _features(tok: XLNetTokenizer, lengths: list[int]) -> list[list]:
-    """One question per entry whose context makes a window of about that many tokens."""
-    words = " ".join(dev_contexts()).split()
-    return [featurize_one("Why?", " ".join(words[:n]), tok, **WINDOWS) for n in lengths]
-
-
-def test_batcher_pads_to_longest_groups_windows_and_bounds_the_queue(xlnet_tok) -> None:
-    from server.batching import MicroBatcher, QueueFull
-
-    seen: list[tuple[int, int]] = []
-
-    def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        seen.append(batch["input_ids"].shape)
-        return {"total": (batch["input_ids"] * batch["attention_mask"]).sum(axis=1)}
-
-    groups = _features(xlnet_tok, [3, 5, 4, 400])  # the last has many windows
-
-    n_windows = sum(len(g) for g in groups)
-
-    async def scenario() -> None:
-        b = MicroBatcher(run, max_batch_size=3, max_delay_s=0.05, max_queue=n_windows)  # bound in windows
-        b.start()
-        results = await asyncio.gather(*(b.submit(g) for g in groups))
-        for g, res in zip(groups, results, strict=True):
-            assert [int(r["total"]) for r in res.rows] == [int(f.input_ids.sum()) for f in g]
-            assert res.queue_s >= 0 and res.inference_s > 0
-        with pytest.raises(QueueFull):
-            b.submit_many([groups[0]] * (n_windows + 1))
-        assert b.queued == 0
-        await b.drain()
-        engine_like = MicroBatcher(
-            run, max_batch_size=3, max_delay_s=0.0, min_length=64
-        )  # a TensorRT profile
-        engine_like.start()
-        await engine_like.submit(groups[0])
-        await engine_like.drain()
-
-    asyncio.run(scenario())
-    assert seen.pop() == (1, 64)
-    assert sum(shape[0] for shape in seen) == n_windows and max(s[0] for s in seen) <= 3
-    assert len(seen) < n_windows  # windows were grouped
-    # The three short questions went together, padded to the longest of them, not to max_seq_len.
-    assert seen[0] == (3, max(len(g[0]) for g in groups[:3]))
-    assert seen[0][1] < 64
-
-
-def test_batcher_buckets_by_length_and_drains_admitted_work(xlnet_tok) -> None:
-    from server.batching import BatcherClosed, MicroBatcher
-
-    shapes: list[tuple[int, int]] = []
-    gate = threading.Event()
-
-    def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        gate.wait(5)
-        shapes.append(batch["input_ids"].shape)
-        return {"n": batch["attention_mask"].sum(axis=1)}
-
-    short, long_ = _features(xlnet_tok, [3, 25])
-    assert len(long_) == 1 and len(long_[0]) > 2 * len(short[0])
-
-    async def scenario() -> None:
-        b = MicroBatcher(run, max_batch_size=2, max_delay_s=0.0, max_queue=16)
-        b.start()
-        first = asyncio.ensure_future(b.submit(short))  # occupies the only worker until the gate opens
-        await asyncio.sleep(0.05)
-        waiting = [asyncio.ensure_future(b.submit(g)) for g in (long_, short, long_, short)]
-        await asyncio.sleep(0.05)
-        gate.set()
-        drain = asyncio.ensure_future(b.drain(timeout=10))
-        await asyncio.sleep(0)
-        with pytest.raises(BatcherClosed):
-            b.submit_many([short])
-        await drain
-        assert all(f.done() and not f.exception() for f in [first, *waiting])
-
-    asyncio.run(scenario())
-    # After the first call, the long windows were batched together and the short ones together.
-    lengths = sorted(t for _, t in shapes[1:])
-    assert len(shapes) == 3 and lengths[0] < lengths[1], shapes
-
-
-def test_batcher_caps_padding_and_does_not_wait_twice(xlnet_tok) -> None:
-    """A window joins a batch only while padding stays within max_padding of the real tokens; the one
-    left out runs next without waiting max_delay again (its wait counts from its arrival)."""
-    from server.batching import MicroBatcher
-
-    def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        shapes.append(batch["input_ids"].shape)
-        return {"n": batch["attention_mask"].sum(axis=1)}
-
-    short, long_ = _features(xlnet_tok, [3, 25])
-    assert 2 * len(long_[0]) > 1.25 * (len(long_[0]) + len(short[0]))  # padded together: > 25% waste
-
-    async def scenario(max_padding: float) -> float:
-        b = MicroBatcher(run, max_batch_size=4, max_delay_s=2.0, max_padding=max_padding)
-        b.start()
-        start = time.perf_counter()
-        await asyncio.gather(b.submit(long_), b.submit(short))
-        await b.drain()
-        return time.perf_counter() - start
-
-    shapes: list[tuple[int, int]] = []
-    elapsed = asyncio.run(scenario(0.25))
-    assert shapes == [(1, len(long_[0])), (1, len(short[0]))]
-    assert elapsed < 3.5  # one max_delay (2 s) for both calls, not two (>= 4 s): 1.5 s of margin
-    shapes = []
-    asyncio.run(scenario(10.0))
-    assert shapes == [(2, len(long_[0]))]
