@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -290,17 +290,32 @@ class MicroBatchClipping:
         return norm
 
 
+def clip_gradients(optimizer: torch.optim.Optimizer, clip: float) -> float:
+    """Clip all of the optimizer's gradients by their global norm; return the norm before clipping."""
+    return clip_by_global_norm([p for group in optimizer.param_groups for p in group["params"]], clip)
+
+
+def apply_update(
+    optimizer: torch.optim.Optimizer, scheduler, step: Callable[[], object] | None = None
+) -> None:
+    """The rest of the original's order after clipping: layer-decay scale -> Adam -> schedule.
+
+    ``step`` replaces ``optimizer.step`` where something wraps it (fp16's ``GradScaler.step``).
+    """
+    scale_gradients(optimizer)
+    (step or optimizer.step)()
+    if scheduler is not None:
+        scheduler.step()
+
+
 def optimizer_step(optimizer: torch.optim.Optimizer, scheduler, clip: float) -> float:
     """One update in the original's order: clip (global norm) -> layer-decay scale -> Adam -> schedule.
 
-    Returns the gradient norm before clipping.
+    Returns the gradient norm before clipping. (``train.step.TrainStep`` runs the same two halves,
+    with the non-finite check and the fp16 scaler between them.)
     """
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    norm = clip_by_global_norm(params, clip)
-    scale_gradients(optimizer)
-    optimizer.step()
-    if scheduler is not None:
-        scheduler.step()
+    norm = clip_gradients(optimizer, clip)
+    apply_update(optimizer, scheduler)
     optimizer.zero_grad(set_to_none=True)
     return norm
 

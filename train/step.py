@@ -21,7 +21,7 @@ from typing import cast
 
 import torch
 
-from train.optim import MicroBatchClipping, clip_by_global_norm, scale_gradients
+from train.optim import MicroBatchClipping, apply_update, clip_gradients
 from train.runtime import Dist, autocast
 
 MAX_BAD_STEPS = 8  # skipped steps in a row before a run is declared diverged (fp16 warm-up needs a few)
@@ -120,18 +120,15 @@ class TrainStep:
         self.scaler.unscale_(self.optimizer)
         if self.clipper is not None:
             norm = self.clipper.finish(all_reduce=torch.distributed.all_reduce if self.dist.enabled else None)
-        else:
-            params = [p for group in self.optimizer.param_groups for p in group["params"]]
-            norm = clip_by_global_norm(params, self.clip)
-        finite = math.isfinite(norm) and self._gradients_finite()
+            # The largest of the micro-batch norms (max skips NaN), and only this rank's: check the
+            # summed gradients themselves, which every rank shares.
+            finite = math.isfinite(norm) and self._gradients_finite()
+        else:  # the global norm of the (all-reduced) gradients is NaN/inf if any of them is
+            norm = clip_gradients(self.optimizer, self.clip)
+            finite = math.isfinite(norm)
         if finite:
-            scale_gradients(self.optimizer)  # the layer-wise decay, after clipping (the original's order)
-            if self.scaler.is_enabled():
-                self.scaler.step(self.optimizer)
-            else:
-                self.optimizer.step()
-            if self.scheduler is not None:
-                self.scheduler.step()
+            scaler_step = (lambda: self.scaler.step(self.optimizer)) if self.scaler.is_enabled() else None
+            apply_update(self.optimizer, self.scheduler, scaler_step)  # the original's order
         if self.scaler.is_enabled():  # fp16: an overflow halves the loss scale (and restarts its growth)
             self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -139,9 +136,8 @@ class TrainStep:
         return StepOutcome(loss=float(total) / self.grad_accum, grad_norm=norm, skipped=not finite)
 
     def _gradients_finite(self) -> bool:
-        """Every gradient finite? (A norm alone can hide a NaN: per-micro-batch clipping reports the
-        largest of several norms, and ``max`` skips NaN.) Under DDP the gradients are all-reduced, so
-        every rank gets the same answer."""
+        """Every gradient finite? Under DDP the gradients are all-reduced, so every rank gets the same
+        answer."""
         grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()) if grads else True
 
