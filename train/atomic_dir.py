@@ -2,7 +2,8 @@
 
 Readers (a server watching an export path, a resume reading a checkpoint) see the old directory or the
 new one, never half of one; a failure or a kill leaves the old one untouched and at most a temporary
-``.NAME.tmp-*`` sibling, which the next run removes. Permissions follow the umask like ``mkdir`` (not
+``.NAME.tmp-*`` sibling (or, killed between the two renames of a swap, the old one as ``.NAME.old-*``),
+which :func:`recover_interrupted` cleans up or puts back. Permissions follow the umask like ``mkdir`` (not
 mkdtemp's 0700), so a server running as another user can read the result.
 """
 
@@ -54,3 +55,38 @@ def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
     fsync_directory(target.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Replace the file ``path`` with ``text`` durably: a temporary sibling, fsynced, renamed over it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_directory(path.parent)
+
+
+def recover_interrupted(folder: str | os.PathLike) -> list[Path]:
+    """Clean up after writes in ``folder`` that a kill interrupted: temporary siblings are removed; a
+    swap interrupted between its two renames (``.NAME.old-PID`` kept, ``NAME`` gone) is put back, and
+    the old copy is deleted only when its replacement is in place. Returns what was removed."""
+    folder = Path(folder)
+    removed: list[Path] = []
+    if not folder.is_dir():
+        return removed
+    for entry in folder.iterdir():
+        if not entry.name.startswith("."):
+            continue
+        if ".old-" in entry.name:
+            original = folder / entry.name[1:].rsplit(".old-", 1)[0]
+            if not original.exists():
+                os.replace(entry, original)
+                continue
+        elif ".tmp-" not in entry.name:
+            continue
+        shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed

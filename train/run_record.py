@@ -18,7 +18,6 @@ import argparse
 import datetime
 import hashlib
 import json
-import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -27,7 +26,7 @@ from typing import Any
 
 import torch.distributed
 
-from train.atomic_dir import fsync_directory
+from train.atomic_dir import atomic_write_text, recover_interrupted
 from train.checkpoint import STAGED_FILES, finish_interrupted_save
 from train.runtime import Dist
 
@@ -47,7 +46,6 @@ MAY_CHANGE = frozenset(
         "eval_batch_size",
     }
 )
-TEMP_MARKERS = (".tmp-", ".latest.tmp")
 # What a training run writes into its directory (what --overwrite removes): checkpoints, the record,
 # a tokenizer it trained, logs and plots, the final model's files, the best checkpoint, predictions.
 RUN_ARTIFACTS = (
@@ -131,26 +129,9 @@ def _holds_checkpoints(out: Path) -> bool:
 
 
 def clean_temporaries(out: Path) -> list[Path]:
-    """Remove what an interrupted save leaves behind (temporary directories); a directory whose swap
-    was interrupted between its two renames (``.NAME.old-PID`` kept, ``NAME`` not yet replaced) is put
-    back, and deleted only when its replacement is in place."""
-    removed = []
-    for folder in (Path(out), Path(out) / "checkpoints"):
-        if not folder.is_dir():
-            continue
-        for entry in folder.iterdir():
-            if not entry.name.startswith("."):
-                continue
-            if ".old-" in entry.name:
-                original = folder / entry.name[1:].rsplit(".old-", 1)[0]
-                if not original.exists():
-                    os.replace(entry, original)
-                    continue
-            elif not any(m in entry.name for m in TEMP_MARKERS):
-                continue
-            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
-            removed.append(entry)
-    return removed
+    """What an interrupted save left in the run directory and its checkpoints: see
+    :func:`train.atomic_dir.recover_interrupted`."""
+    return recover_interrupted(Path(out)) + recover_interrupted(Path(out) / "checkpoints")
 
 
 def _describe(record: dict[str, Any]) -> str:
@@ -219,13 +200,7 @@ def start_run(out: Path, command: str, args: argparse.Namespace) -> dict[str, An
             "run_id": uuid.uuid4().hex[:12],
             "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
-        tmp = out / f".{RUN_FILE}.tmp-{os.getpid()}"
-        with open(tmp, "w") as fh:
-            json.dump(record, fh, indent=2, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, out / RUN_FILE)
-        fsync_directory(out)
+        atomic_write_text(out / RUN_FILE, json.dumps(record, indent=2, sort_keys=True))
     return record
 
 

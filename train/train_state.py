@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -25,7 +24,7 @@ import numpy as np
 import torch
 
 from train import checkpoint
-from train.atomic_dir import fsync_directory
+from train.atomic_dir import atomic_write_text
 
 
 class CheckpointWriteError(OSError):
@@ -103,13 +102,7 @@ def save_training_state(
         previous = latest_checkpoint(out_dir)
         kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
         raise CheckpointWriteError(f"could not write checkpoint {target}: {exc}; {kept}") from exc
-    latest_tmp = ckpt_root / ".latest.tmp"
-    with open(latest_tmp, "w") as fh:
-        fh.write(target.name)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(latest_tmp, ckpt_root / "latest")
-    fsync_directory(ckpt_root)
+    atomic_write_text(ckpt_root / "latest", target.name)
     steps = sorted(p for p in ckpt_root.glob("step-*") if p.is_dir() and p != target)
     for old in steps[: max(0, len(steps) - (keep_last - 1))] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)  # never the checkpoint `latest` now names
