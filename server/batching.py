@@ -19,10 +19,10 @@ Deadlines: a fair share is not enough for a request of many windows while the se
 it would reach its deadline with half of its windows done. Requests of more than one batch of windows
 are also kept in deadline order, with an estimate of their remaining work (measured seconds per token).
 Once the time a large request has left is under ``URGENCY_MARGIN`` times the work of it and every large
-request due before it, those requests (and from then on until they are done) take all but one slot of each batch, earliest deadline first (the
-fair ring keeps the last slot, or the next batch when the padding cap kept its windows out, so small
-requests still progress). A large request that could not finish
-by its deadline even if served alone is refused at admission (:class:`QueueFull`, so 503 + Retry-After
+request due before it, those requests (from then on until they are done) take all but one slot of
+each batch, earliest deadline first (the fair ring keeps the last slot, or the next batch when the
+padding cap kept its windows out, so small requests still progress). A large request that could not
+finish by its deadline even if served alone is refused at admission (:class:`QueueFull`, so 503 + Retry-After
 at once instead of a 504 after the deadline) or, if the load grew after it was admitted, failed early
 with :class:`DeadlineUnreachable`, so no capacity goes to windows whose answer would arrive too late.
 This costs O(large requests) per batch, at most ``max_queue / max_batch_size``.
@@ -491,7 +491,6 @@ class MicroBatcher:
             if request.urgent or request.deadline - now < URGENCY_MARGIN * work:  # type: ignore[operator]
                 request.urgent = True  # stays so until done: it keeps the margin it was given
                 last_urgent = len(feasible) - 1
-        self._large = [r for r in self._large if r.windows]
         room = self.max_batch_size - 1 if self.max_batch_size > 1 else 1
         chosen: list[tuple[_Job, int]] = []
         for request in feasible[: last_urgent + 1]:

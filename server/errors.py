@@ -107,13 +107,14 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             response = error_response(
                 self.metrics, 413, "body_too_large", f"request body exceeds {self.max_bytes} bytes",
                 headers={"Connection": "close"},
             )  # fmt: skip
-            expects_continue = dict(scope.get("headers") or []).get(b"expect", b"").lower() == b"100-continue"
+            expects_continue = headers.get(b"expect", b"").lower() == b"100-continue"
             if int(declared) <= LINGER_BYTES and not expects_continue:  # reading would invite the upload
                 await _discard_body(receive, LINGER_S)
             await response(scope, receive, send)

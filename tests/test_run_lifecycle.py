@@ -79,6 +79,16 @@ def test_resume_alone_continues_with_the_recorded_settings(spm_dir, tmp_path, ca
     assert sorted(s for s in steps) == list(range(1, 9))
 
 
+def test_a_run_refused_for_its_inputs_records_nothing(spm_dir, tmp_path, capsys) -> None:
+    """A missing corpus is found before the run is recorded, so fixing the flag and running again works."""
+    out = tmp_path / "run"
+    code, err = pretrain(
+        [*RESUME_ARGS, "--spm", str(spm_dir), "--out", str(out), "--corpus", "nope.txt"], capsys
+    )
+    assert code == 2 and "corpus file not found: nope.txt" in err
+    assert not (out / RUN_FILE).exists()
+
+
 def test_explicit_flags_are_those_on_the_command_line_whatever_their_value() -> None:
     from train.pretrain import build_parser
 

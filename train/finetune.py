@@ -549,9 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.spm and args.train_spm:
         raise ValueError("give either --spm or --train-spm, not both")
-    if not args.resume:
-        check_data_files(args)
-    finetune(args)  # with --resume, after the recorded settings are restored
+    finetune(args)  # checks the data files once the settings to run with are known (--resume restores)
     return 0
 
 

@@ -134,6 +134,12 @@ def pretrain_loss(model, batch: dict[str, torch.Tensor], mems=None, precision: s
     return (nll * weights).sum() / weights.sum().clamp_min(1.0), out.mems
 
 
+def check_corpus(args) -> None:
+    for f in args.corpus:
+        if not Path(f).exists():
+            raise FileNotFoundError(f"corpus file not found: {f}")
+
+
 def unigram_entropy(ids: np.ndarray) -> float:
     """Entropy (nats/token) of the corpus' unigram distribution: the loss of a model that ignores context."""
     counts = np.bincount(ids.reshape(-1).astype(np.int64))
@@ -182,10 +188,7 @@ def pretrain(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
-    args = open_run(out, "pretrain", args, d)
-    for f in args.corpus:
-        if not Path(f).exists():
-            raise FileNotFoundError(f"corpus file not found: {f}")
+    args = open_run(out, "pretrain", args, d, validate=check_corpus)  # checked before it is recorded
     tokenizer = resolve_tokenizer(args, out, d)
     data_cfg = PretrainDataConfig(
         seq_len=args.seq_len,
