@@ -272,10 +272,6 @@ def group_features(features: Sequence[Feature]) -> dict[int, list[int]]:
     return groups
 
 
-def _pick(values: ArrayLike, idx: list[int]) -> list[Any]:
-    return [values[i] for i in idx]
-
-
 def decode_all(
     examples: Sequence[SquadExample],
     features: Sequence[Feature],
@@ -291,13 +287,8 @@ def decode_all(
     to :func:`decode`. Returns qas_id -> Prediction for the examples that have features.
     """
     cls = np.asarray(cls_logits, dtype=np.float64).reshape(-1)
-    out: dict[str, Prediction] = {}
-    for ex_i, idx in group_features(features).items():
-        feats = [features[i] for i in idx]
-        out[examples[ex_i].qas_id] = decode(
-            examples[ex_i], feats, _pick(start_logits, idx), _pick(end_logits, idx), cls[idx], **kwargs
-        )
-    return out
+    outputs = {"start_logits": start_logits, "end_logits": end_logits, "cls_logits": cls}
+    return decode_all_head_outputs("shallow", examples, features, outputs, **kwargs)
 
 
 def decode_all_beam(
@@ -311,21 +302,14 @@ def decode_all_beam(
     **kwargs: Any,
 ) -> dict[str, Prediction]:
     """:func:`decode_all` for the beam head's flat per-feature outputs."""
-    cls = np.asarray(cls_logits, dtype=np.float64).reshape(-1)
-    out: dict[str, Prediction] = {}
-    for ex_i, idx in group_features(features).items():
-        feats = [features[i] for i in idx]
-        out[examples[ex_i].qas_id] = decode_beam(
-            examples[ex_i],
-            feats,
-            _pick(start_top_log_probs, idx),
-            _pick(start_top_index, idx),
-            _pick(end_top_log_probs, idx),
-            _pick(end_top_index, idx),
-            cls[idx],
-            **kwargs,
-        )
-    return out
+    outputs = {
+        "start_top_log_probs": start_top_log_probs,
+        "start_top_index": start_top_index,
+        "end_top_log_probs": end_top_log_probs,
+        "end_top_index": end_top_index,
+        "cls_logits": np.asarray(cls_logits, dtype=np.float64).reshape(-1),
+    }
+    return decode_all_head_outputs("beam", examples, features, outputs, **kwargs)
 
 
 def answers_and_na_probs(
@@ -396,7 +380,7 @@ def decode_all_head_outputs(
     head: str,
     examples: Sequence[SquadExample],
     features: Sequence[Feature],
-    outputs: Mapping[str, Sequence[Any]],
+    outputs: Mapping[str, ArrayLike],
     **kwargs: Any,
 ) -> dict[str, Prediction]:
     """:func:`decode_head_outputs` for every example, from flat per-feature outputs by name
