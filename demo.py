@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,12 +28,6 @@ QA_WINDOW = ["--max-seq-len", "128", "--doc-stride", "64", "--batch-size", "16"]
 
 def banner(text: str) -> None:
     print(f"\n=== {text} ===", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stage(name: str, fn, argv: list[str]) -> None:
@@ -164,34 +156,18 @@ def main() -> int:
     )
 
     banner("8/8 serve on 127.0.0.1 and ask through the Python SDK")
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "server",
-            "--model",
-            str(out / "onnx"),
-            "--backend",
-            "onnx",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        cwd=REPO,
-        env=env,
-    )
+    from server.process import ServerProcess
+
+    threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    server = ServerProcess(out / "onnx", env=threads, log_level="info").launch()
     try:
         from clients import XLNetQAClient
 
-        with XLNetQAClient(f"http://127.0.0.1:{port}", timeout=30.0, retries=5) as client:
-            deadline = time.time() + 120
-            while not client.ready():
-                if server.poll() is not None or time.time() > deadline:
-                    raise SystemExit("demo: the server did not become ready")
-                time.sleep(0.5)
+        try:
+            server.wait(timeout=120)
+        except (RuntimeError, TimeoutError) as exc:
+            raise SystemExit(f"demo: the server did not become ready: {exc}") from None
+        with XLNetQAClient(server.url, timeout=30.0, retries=5) as client:
             print(json.dumps(client.model_info().model_dump(), indent=2)[:600])
             article = json.loads((SAMPLE / "dev.json").read_text())["data"][0]
             paragraph = article["paragraphs"][0]
@@ -210,8 +186,7 @@ def main() -> int:
                 f"{res.answer if not res.is_impossible else '<no answer>'!r} (p_no_answer={res.no_answer_prob:.2f})"
             )
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        server.stop()
     print(f"\n{verdict(out / 'eval')}")
     print(f"Demo finished. Everything it made is in {out}/ (loss.png, dev_f1.png, eval/metrics.json, onnx/).")
     return 0

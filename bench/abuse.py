@@ -28,7 +28,8 @@ from pathlib import Path
 import httpx
 
 from bench.common import cpu_summary
-from bench.serve_load import LocalServer, Outcome, closed_loop, load_pairs, percentile
+from bench.serve_load import Outcome, closed_loop, load_pairs, percentile
+from server.process import ServerProcess
 
 
 @dataclass
@@ -148,7 +149,7 @@ async def adversary(url: str, loops: int, seconds: float, tally: Tally, limits: 
         await asyncio.gather(*(loop(i, client) for i in range(loops)))
 
 
-def run_phase(name: str, server: LocalServer, args: argparse.Namespace, limits: dict, pairs) -> Phase:
+def run_phase(name: str, server: ServerProcess, args: argparse.Namespace, limits: dict, pairs) -> Phase:
     tally = Tally()
 
     async def both() -> None:
@@ -224,9 +225,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     pairs = load_pairs()
     flags = ("--threads", str(args.threads))
-    server = LocalServer(args.model, args.backend, flags, args.log_dir / "abuse-server.log")
+    log_path = args.log_dir / "abuse-server.log"
+    server = ServerProcess(args.model, *flags, backend=args.backend, log_path=log_path)
     try:
-        server.wait_ready()
+        server.launch()
+        server.wait()
         limits = httpx.get(server.url + "/v1/model").json()["limits"]
         phases = []
         for name in ("baseline", "attack"):

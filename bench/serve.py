@@ -32,7 +32,6 @@ import httpx
 
 from bench.serve_load import (
     DEV,
-    LocalServer,
     Result,
     add_load_arguments,
     check_load_arguments,
@@ -42,6 +41,7 @@ from bench.serve_load import (
     run_modes,
 )
 from server.model_spec import ModelSpecError
+from server.process import ServerProcess
 
 
 @dataclass
@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"bare backend: {len(asked)} questions ...", file=sys.stderr, flush=True)
         bare = bare_latencies(args.model, args.backend, args.threads, asked)
 
-    def measure_overhead(mode: str, server: LocalServer) -> None:
+    def measure_overhead(mode: str, server: ServerProcess) -> None:
         nonlocal over
         if mode == "unbatched" and not args.skip_overhead:
             print(f"HTTP, batching off: {len(asked)} questions ...", file=sys.stderr, flush=True)

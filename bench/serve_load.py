@@ -18,9 +18,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +27,7 @@ from urllib.parse import urlparse
 
 import httpx
 
+from server.process import ServerProcess
 from train.sample_data import SAMPLE_DEV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,48 +143,6 @@ def measure(url: str, mode: str, clients: int, seconds: float, warmup: float, pa
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LocalServer:
-    """``python -m server`` on a free loopback port for one mode."""
-
-    def __init__(self, model: str, backend: str, flags: Sequence[str], log: Path) -> None:
-        self.port = _free_port()
-        cmd = [sys.executable, "-m", "server", "--model", model, "--backend", backend]
-        cmd += ["--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning", *flags]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("XLNETQA_")}
-        env.setdefault("OMP_NUM_THREADS", "1")
-        self.log = open(log, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log.name}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"server not ready after {timeout} s; see {self.log.name}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
-
-
 def markdown(results: Sequence[Result], title: str) -> str:
     lines = [
         f"**{title}**",
@@ -253,16 +209,16 @@ def run_modes(
     args: argparse.Namespace,
     pairs: list[tuple[str, str]],
     log_prefix: str,
-    on_ready: Callable[[str, LocalServer], None] | None = None,
+    on_ready: Callable[[str, ServerProcess], None] | None = None,
 ) -> list[Result]:
     """Start a server per mode, call ``on_ready(mode, server)``, then measure every client level."""
     results: list[Result] = []
     for mode in args.mode_list:
-        server = LocalServer(
-            args.model, args.backend, server_flags(args, mode), args.log_dir / f"{log_prefix}-{mode}.log"
-        )
+        log_path = args.log_dir / f"{log_prefix}-{mode}.log"
+        server = ServerProcess(args.model, *server_flags(args, mode), backend=args.backend, log_path=log_path)
         try:
-            server.wait_ready()
+            server.launch()
+            server.wait()
             if on_ready is not None:
                 on_ready(mode, server)
             for n in args.levels:

@@ -8,11 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +15,8 @@ from pathlib import Path
 import httpx
 import torch
 
+import server.process
+from server.process import child_env
 from train.squad import featurize_one
 from train.tokenizer import XLNetTokenizer
 
@@ -27,7 +24,6 @@ REPO = Path(__file__).resolve().parents[1]
 DEV = REPO / "data" / "sample" / "dev.json"
 WINDOWS = {"max_seq_len": 128, "doc_stride": 64, "max_query_len": 32}
 METADATA = {"no_answer_threshold": 0.5, **WINDOWS, "max_answer_len": 30, "head": "shallow"}
-HOST = "127.0.0.1"
 OK = {"question": "What?", "context": "Something happened."}  # a request every server answers
 
 
@@ -51,76 +47,32 @@ def export_onnx(ckpt: Path, out: Path) -> Path:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 def server_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("XLNETQA_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    env.update(extra or {})
-    return env
+    """The environment of a server or client subprocess: no inherited XLNETQA_*, one OMP thread."""
+    return child_env({"OMP_NUM_THREADS": "1", **(extra or {})})
 
 
-class ServerProcess:
-    """``python -m server`` on an ephemeral loopback port; output goes to a log file (never a full pipe)."""
+class ServerProcess(server.process.ServerProcess):
+    """The shared launcher with the tests' conventions: log file in ``log_dir``, one OMP thread."""
 
     def __init__(
-        self, model: Path, log_dir: Path, *args: str, backend: str = "onnx", env=None, port: int | None = None
+        self,
+        model: Path,
+        log_dir: Path,
+        *flags: str,
+        backend: str = "onnx",
+        env: Mapping[str, str] | None = None,
+        port: int | None = None,
     ) -> None:
-        self.model, self.args, self.backend = model, list(args), backend
-        self.env = server_env(env)
-        self.log_path = log_dir / f"server-{backend}-{time.monotonic_ns()}.log"
-        self.proc: subprocess.Popen | None = None
-        self.port = port or free_port()
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def launch(self) -> ServerProcess:
-        cmd = [sys.executable, "-m", "server", "--model", str(self.model), "--backend", self.backend]
-        cmd += ["--host", HOST, "--port", str(self.port), "--log-level", "warning", *self.args]
-        self._log_fh = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            cmd, cwd=REPO, env=self.env, stdout=self._log_fh, stderr=subprocess.STDOUT
-        )
-        return self
+        log_path = log_dir / f"server-{backend}-{time.monotonic_ns()}.log"
+        super().__init__(model, *flags, backend=backend, log_path=log_path, env=server_env(env), port=port)
 
     def wait(self, path: str = "/readyz", timeout: float = 60.0) -> ServerProcess:
-        """Poll ``path`` until 200; fail with the server log if the process dies or time runs out."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.url + path, timeout=2.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()}")
+        super().wait(path, timeout)
+        return self
 
-    def start(self, path: str = "/readyz") -> ServerProcess:
-        return self.launch().wait(path)
-
-    def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self._log_fh.close()
-        return self.proc.returncode
+    def stop(self, grace_s: float = 15.0) -> int | None:
+        return super().stop(grace_s)
 
 
 def dev_contexts() -> list[str]:

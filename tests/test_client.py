@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_helpers import REPO, ServerProcess, dev_questions, free_port, metric_value, server_env
+from server_helpers import REPO, ServerProcess, dev_questions, metric_value, server_env
 
 import clients
 from clients import (
@@ -36,6 +36,7 @@ from clients import (
     XLNetQATimeoutError,
 )
 from clients.client import _Policy
+from server.process import free_port
 
 
 @pytest.fixture(scope="module")

@@ -27,13 +27,13 @@ from server_helpers import (
     ServerProcess,
     check_answer,
     dev_questions,
-    free_port,
     long_context,
     metric_value,
     post,
     server_env,
 )
 
+from server.process import free_port
 from train.squad import decode, featurize_one
 from train.tokenizer import XLNetTokenizer
 

@@ -21,8 +21,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from server_helpers import HOST, OK, REPO, WINDOWS, ServerProcess, free_port, long_context, metric_value, post
+from server_helpers import OK, REPO, WINDOWS, ServerProcess, long_context, metric_value, post
 
+from server.process import LOOPBACK as HOST
+from server.process import free_port
 from train.squad import featurize_one
 
 EOP = 8  # "<eop>" in a question: the injected fault's trigger
