@@ -27,8 +27,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import cpu_summary
-from bench.serve_load import Outcome, closed_loop, load_pairs, percentile
+from bench.common import cpu_summary, percentile
+from bench.serve_load import Outcome, closed_loop, load_pairs
 from server.process import ServerProcess
 
 

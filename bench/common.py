@@ -30,6 +30,13 @@ def pct(times: np.ndarray, q: float) -> float:
     return float(np.percentile(times, q))
 
 
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q``-th percentile of ``values`` (NaN for none), for latency lists."""
+    if len(values) == 0:
+        return float("nan")
+    return float(np.percentile(np.asarray(values, dtype=float), q, method="nearest"))
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     def fmt(v: object) -> str:
         if isinstance(v, float):

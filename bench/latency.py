@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -25,6 +26,7 @@ import torch
 import transformers
 
 from bench.common import machine_line, markdown_table, pct, time_runs, xlnet_forward_flops
+from export.onnx_pipeline import OnnxExportOptions, VerificationFailed, export_onnx
 from export.sessions import session
 from train import checkpoint
 from train.contract import INPUT_NAMES
@@ -87,13 +89,13 @@ def hf_onnx_runner(hf, feeds: dict[str, np.ndarray], threads: int) -> Callable[[
 
 
 def export_ours(ckpt: Path, out: Path, precision: str) -> Path | None:
-    """Our exporter's CLI (verification on); returns the model file or None if that export is unavailable."""
+    """Our exporter (verification on); returns the model file, or None if that export does not verify."""
+    options = OnnxExportOptions(checkpoint=ckpt, out=out, precision=precision)
     try:
-        from export import onnx as onnx_export
-    except ImportError:
+        return export_onnx(options, report=print, warn=lambda line: print(line, file=sys.stderr)).model_path
+    except VerificationFailed as exc:
+        print(f"our {precision} export does not verify: {exc}", file=sys.stderr)
         return None
-    code = onnx_export.main(["--checkpoint", str(ckpt), "--out", str(out), "--precision", precision])
-    return out / "model.onnx" if code == 0 else None
 
 
 def main(argv=None) -> int:
@@ -170,7 +172,7 @@ def main(argv=None) -> int:
             continue
         path = export_ours(tmp / "ckpt", tmp / f"onnx-{precision}", precision)
         if path is None:
-            print(f"({key}) ours ONNX {precision}: exporter unavailable, skipped")
+            print(f"({key}) ours ONNX {precision}: does not verify, skipped")
             continue
         sess = session(path, threads=args.threads, level="all")  # the server's settings
         runners[f"({key}) ours ONNX {precision}"] = lambda feeds, sess=sess: lambda: sess.run(None, feeds)

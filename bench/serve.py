@@ -30,6 +30,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.common import percentile
 from bench.serve_load import (
     DEV,
     Result,
@@ -37,7 +38,6 @@ from bench.serve_load import (
     check_load_arguments,
     load_pairs,
     markdown,
-    percentile,
     run_modes,
 )
 from server.model_spec import ModelSpecError

@@ -27,6 +27,8 @@ from urllib.parse import urlparse
 
 import httpx
 
+from bench.common import markdown_table, percentile
+from server.metrics import sample_total
 from server.process import ServerProcess
 from train.sample_data import SAMPLE_DEV
 
@@ -52,22 +54,6 @@ class Result:
 def load_pairs(path: Path = DEV) -> list[tuple[str, str]]:
     data = json.loads(path.read_text())
     return [(qa["question"], p["context"]) for a in data["data"] for p in a["paragraphs"] for qa in p["qas"]]
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[k]
-
-
-def _metric(text: str, name: str) -> float:
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.split("{")[0].split(" ")[0] == name
-    )
 
 
 Outcome = httpx.Response | httpx.HTTPError
@@ -128,8 +114,8 @@ def measure(url: str, mode: str, clients: int, seconds: float, warmup: float, pa
     latencies, errors = asyncio.run(_run_clients(url, clients, seconds, pairs))
     elapsed = time.perf_counter() - start
     after = httpx.get(url + "/metrics").text
-    windows = _metric(after, "xlnetqa_batch_size_sum") - _metric(before, "xlnetqa_batch_size_sum")
-    calls = _metric(after, "xlnetqa_batch_size_count") - _metric(before, "xlnetqa_batch_size_count")
+    windows = sample_total(after, "xlnetqa_batch_size_sum") - sample_total(before, "xlnetqa_batch_size_sum")
+    calls = sample_total(after, "xlnetqa_batch_size_count") - sample_total(before, "xlnetqa_batch_size_count")
     return Result(
         mode=mode,
         clients=clients,
@@ -144,18 +130,13 @@ def measure(url: str, mode: str, clients: int, seconds: float, warmup: float, pa
 
 
 def markdown(results: Sequence[Result], title: str) -> str:
-    lines = [
-        f"**{title}**",
-        "",
-        "| batching | clients | requests | req/s | p50 ms | p99 ms | errors | windows/call |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        lines.append(
-            f"| {r.mode} | {r.clients} | {r.requests} | {r.throughput:.1f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | "
-            f"{r.errors} | {r.windows_per_call:.2f} |"
-        )
-    return "\n".join(lines)
+    header = ["batching", "clients", "requests", "req/s", "p50 ms", "p99 ms", "errors", "windows/call"]
+    rows = [
+        [r.mode, r.clients, r.requests, f"{r.throughput:.1f}", f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}", r.errors,
+         f"{r.windows_per_call:.2f}"]
+        for r in results
+    ]  # fmt: skip
+    return f"**{title}**\n\n" + markdown_table(header, rows)
 
 
 def _check_loopback(url: str) -> None:

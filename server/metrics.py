@@ -15,6 +15,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -30,6 +31,18 @@ def reset_multiprocess_dir(directory: str | os.PathLike) -> None:
     for path in Path(directory).iterdir():
         if path.suffix == ".db" or path.name == LOAD_FAILED_MARK:
             path.unlink(missing_ok=True)
+
+
+def sample_total(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples called ``name`` (e.g. ``xlnetqa_batch_size_sum``) in a Prometheus text
+    exposition whose labels include ``labels``; 0 if there are none. How benchmarks and tests read
+    ``/metrics``, with prometheus-client's own parser."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

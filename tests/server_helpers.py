@@ -104,20 +104,6 @@ def post(url: str, body, *, headers=None, raw: bytes | None = None, timeout: flo
     return httpx.post(url, json=body, headers=headers, timeout=timeout)
 
 
-def metric_value(text: str, name: str, **labels: str) -> float:
-    """Sum of the samples of ``name`` whose labels include ``labels`` (0 if none)."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith("#") or not line.startswith(name):
-            continue
-        key, _, value = line.rpartition(" ")
-        if key.split("{")[0] != name:
-            continue
-        if all(f'{k}="{v}"' in key for k, v in labels.items()):
-            total += float(value)
-    return total
-
-
 def check_answer(body: dict, context: str, top_k: int = 1) -> None:
     """Invariants every answer satisfies, whatever the weights."""
     assert set(body) >= {

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_helpers import REPO, ServerProcess, dev_questions, metric_value, server_env
+from server_helpers import REPO, ServerProcess, dev_questions, server_env
 
 import clients
 from clients import (
@@ -36,6 +36,7 @@ from clients import (
     XLNetQATimeoutError,
 )
 from clients.client import _Policy
+from server.metrics import sample_total
 from server.process import free_port
 
 
@@ -100,7 +101,7 @@ def test_async_client_typed_results(server: ServerProcess) -> None:
 
 
 def _count(url: str, status: str) -> float:
-    return metric_value(
+    return sample_total(
         httpx.get(url + "/metrics").text, "xlnetqa_requests_total", route="/answer", status=status
     )
 

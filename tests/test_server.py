@@ -28,11 +28,11 @@ from server_helpers import (
     check_answer,
     dev_questions,
     long_context,
-    metric_value,
     post,
     server_env,
 )
 
+from server.metrics import sample_total
 from server.process import free_port
 from train.squad import decode, featurize_one
 from train.tokenizer import XLNetTokenizer
@@ -143,8 +143,8 @@ def test_concurrent_requests_are_micro_batched(onnx_server: ServerProcess) -> No
     for r, (_, context) in zip(responses, pairs, strict=True):
         check_answer(r.json(), context)
     after = httpx.get(onnx_server.url + "/metrics").text
-    windows = metric_value(after, "xlnetqa_batch_size_sum") - metric_value(before, "xlnetqa_batch_size_sum")
-    calls = metric_value(after, "xlnetqa_batch_size_count") - metric_value(before, "xlnetqa_batch_size_count")
+    windows = sample_total(after, "xlnetqa_batch_size_sum") - sample_total(before, "xlnetqa_batch_size_sum")
+    calls = sample_total(after, "xlnetqa_batch_size_count") - sample_total(before, "xlnetqa_batch_size_count")
     assert windows == len(pairs) and calls < windows  # several requests per backend call
 
 
@@ -269,19 +269,19 @@ def test_metrics_count_requests_errors_latency_and_batches(onnx_server: ServerPr
     post(onnx_server.url + "/answer", OK)
     post(onnx_server.url + "/answer", {**OK, "question": ""})
     text = httpx.get(onnx_server.url + "/metrics").text
-    assert metric_value(text, "xlnetqa_requests_total", route="/answer", status="200") >= 1
-    assert metric_value(text, "xlnetqa_requests_total", route="/answer", status="422") >= 1
-    assert metric_value(text, "xlnetqa_errors_total", kind="validation_error") >= 1
-    assert metric_value(text, "xlnetqa_request_duration_seconds_count", route="/answer") >= 2
+    assert sample_total(text, "xlnetqa_requests_total", route="/answer", status="200") >= 1
+    assert sample_total(text, "xlnetqa_requests_total", route="/answer", status="422") >= 1
+    assert sample_total(text, "xlnetqa_errors_total", kind="validation_error") >= 1
+    assert sample_total(text, "xlnetqa_request_duration_seconds_count", route="/answer") >= 2
     assert 'xlnetqa_request_duration_seconds_bucket{le="0.005",route="/answer"}' in text
     for name in (
         "xlnetqa_batch_size_count",
         "xlnetqa_queue_time_seconds_count",
         "xlnetqa_inference_seconds_count",
     ):
-        assert metric_value(text, name) >= 1, name
-    assert metric_value(text, "xlnetqa_ready") == 1
-    assert metric_value(text, "xlnetqa_model_info", backend="onnx", head="shallow") == 1
+        assert sample_total(text, name) >= 1, name
+    assert sample_total(text, "xlnetqa_ready") == 1
+    assert sample_total(text, "xlnetqa_model_info", backend="onnx", head="shallow") == 1
 
 
 # ---- lifecycle ---------------------------------------------------------------------------------------
@@ -339,7 +339,7 @@ def test_full_queue_answers_503_with_retry_after(onnx_export: Path, tmp_path: Pa
                 assert r.headers["retry-after"] == "1" and r.json()["error"] == "overloaded"
         assert post(s.url + "/answer", OK).status_code == 200  # the server recovered
         text = httpx.get(s.url + "/metrics").text
-        assert metric_value(text, "xlnetqa_errors_total", kind="overloaded") == codes.count(503)
+        assert sample_total(text, "xlnetqa_errors_total", kind="overloaded") == codes.count(503)
     finally:
         s.stop()
 
@@ -366,7 +366,7 @@ def test_sigterm_finishes_in_flight_requests(onnx_export: Path, tmp_path: Path, 
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:  # all 8 admitted (+1: the /metrics request itself)
             if (
-                metric_value(httpx.get(s.url + "/metrics").text, "xlnetqa_inflight_requests")
+                sample_total(httpx.get(s.url + "/metrics").text, "xlnetqa_inflight_requests")
                 >= len(bodies) + 1
             ):
                 break

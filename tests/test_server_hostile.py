@@ -21,8 +21,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from server_helpers import OK, REPO, WINDOWS, ServerProcess, long_context, metric_value, post
+from server_helpers import OK, REPO, WINDOWS, ServerProcess, long_context, post
 
+from server.metrics import sample_total
 from server.process import LOOPBACK as HOST
 from server.process import free_port
 from train.squad import featurize_one
@@ -139,7 +140,7 @@ def test_expanding_unicode_is_refused_before_tokenizing(onnx_server: ServerProce
         "360005" in err["message"] and "65536" in err["message"] and "max_normalized_chars" in err["message"]
     )
     after = httpx.get(onnx_server.url + "/metrics").text
-    assert metric_value(after, "xlnetqa_batch_size_count") == metric_value(before, "xlnetqa_batch_size_count")
+    assert sample_total(after, "xlnetqa_batch_size_count") == sample_total(before, "xlnetqa_batch_size_count")
     # The same text sent raw, within the character limit, is fine: only the expansion is refused.
     assert (
         post(onnx_server.url + "/answer", {"question": "What?", "context": "\ufdfa" * 100}).status_code == 200
@@ -299,16 +300,16 @@ def test_windows_of_a_departed_client_are_dropped(onnx_export: Path, xlnet_tok) 
     question = "What did the ministers decide?"
     big = {"question": question, "context": long_context(xlnet_tok, question, 60)}
     with app_server(onnx_export, slow_backend(0.02), max_batch_size=1, max_batch_delay_ms=0) as (url, _):
-        calls_before = metric_value(httpx.get(url + "/metrics").text, "xlnetqa_batch_size_count")
+        calls_before = sample_total(httpx.get(url + "/metrics").text, "xlnetqa_batch_size_count")
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(url + "/answer", json=big, timeout=0.2)  # the client gives up and disconnects
         time.sleep(1.5)  # longer than its 60+ windows would have taken
         text = httpx.get(url + "/metrics").text
-        calls = metric_value(text, "xlnetqa_batch_size_count") - calls_before
-        assert metric_value(text, "xlnetqa_client_disconnects_total") == 1
-        assert metric_value(text, "xlnetqa_dropped_windows_total") >= 30
+        calls = sample_total(text, "xlnetqa_batch_size_count") - calls_before
+        assert sample_total(text, "xlnetqa_client_disconnects_total") == 1
+        assert sample_total(text, "xlnetqa_dropped_windows_total") >= 30
         assert calls < 30, calls
-        assert metric_value(text, "xlnetqa_queue_depth") == 0
+        assert sample_total(text, "xlnetqa_queue_depth") == 0
         assert post(url + "/answer", OK).status_code == 200
 
 
@@ -408,8 +409,8 @@ def test_a_hung_backend_call_makes_the_server_unhealthy_until_it_returns(onnx_ex
             assert r.status_code == 503 and r.json()["error"] == "unhealthy"
             text = httpx.get(url + "/metrics").text
             assert (
-                metric_value(text, "xlnetqa_backend_hangs_total") == 1
-                and metric_value(text, "xlnetqa_ready") == 0
+                sample_total(text, "xlnetqa_backend_hangs_total") == 1
+                and sample_total(text, "xlnetqa_ready") == 0
             )
         finally:
             release.set()
@@ -439,7 +440,7 @@ def test_backend_failure_fails_only_its_batch_and_logs_it_under_the_request_ids(
         assert all(b["request_id"] in logged[0].getMessage() for b in failed)
         assert post(url + "/answer", OK).status_code == 200  # later batches are unaffected
         assert httpx.get(url + "/readyz").status_code == 200
-        assert metric_value(httpx.get(url + "/metrics").text, "xlnetqa_batch_failures_total") == 1
+        assert sample_total(httpx.get(url + "/metrics").text, "xlnetqa_batch_failures_total") == 1
 
 
 def test_non_finite_outputs_are_a_500_never_a_null(onnx_export: Path) -> None:
@@ -453,7 +454,7 @@ def test_non_finite_outputs_are_a_500_never_a_null(onnx_export: Path) -> None:
         assert r.status_code == 500 and r.json()["error"] == "non_finite_output", r.text
         assert post(url + "/answer", OK).status_code == 200  # only that request failed
         text = httpx.get(url + "/metrics").text
-        assert metric_value(text, "xlnetqa_non_finite_outputs_total") == 1
+        assert sample_total(text, "xlnetqa_non_finite_outputs_total") == 1
         assert httpx.get(url + "/readyz").status_code == 200
 
 
@@ -525,7 +526,7 @@ def test_shutdown_takes_one_graceful_timeout_in_total(onnx_export: Path, tmp_pat
     try:
         thread.start()
         deadline = time.monotonic() + 30
-        while metric_value(httpx.get(s.url + "/metrics").text, "xlnetqa_inflight_requests") < 25:
+        while sample_total(httpx.get(s.url + "/metrics").text, "xlnetqa_inflight_requests") < 25:
             assert time.monotonic() < deadline, "requests never got in flight"
             time.sleep(0.01)
         assert s.proc is not None
@@ -551,7 +552,7 @@ def test_workers_share_one_metrics_view_and_a_failed_load_stops_them(
     s = ServerProcess(onnx_export, tmp_path, "--workers", "2").start()
     try:
         deadline = time.monotonic() + 60
-        while metric_value(httpx.get(s.url + "/metrics").text, "xlnetqa_ready") < 2:  # both workers, summed
+        while sample_total(httpx.get(s.url + "/metrics").text, "xlnetqa_ready") < 2:  # both workers, summed
             assert time.monotonic() < deadline, s.log()
             time.sleep(0.1)
         for _ in range(10):
@@ -560,7 +561,7 @@ def test_workers_share_one_metrics_view_and_a_failed_load_stops_them(
         for _ in range(4):  # whichever worker answers /metrics counts every worker's requests
             with httpx.Client(base_url=s.url) as c:
                 text = c.get("/metrics").text
-            assert metric_value(text, "xlnetqa_requests_total", route="/answer", status="200") == 10
+            assert sample_total(text, "xlnetqa_requests_total", route="/answer", status="200") == 10
     finally:
         s.stop()
     broken = tmp_path / "broken"
