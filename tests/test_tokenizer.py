@@ -87,6 +87,25 @@ def hf_from_dir(directory: Path):
     return transformers.XLNetTokenizer.from_pretrained(str(directory))
 
 
+def original_encode_ids(sp, text: str, lower: bool = False) -> list[int]:
+    """The original XLNet's ``preprocess_text`` + ``encode_ids`` (prepro_utils.py), restated here as an
+    oracle independent of train.tokenizer: piece strings from sentencepiece, ``<digits>,`` pieces
+    re-encoded without their comma, then looked up as ids."""
+    text = " ".join(text.strip().split()).replace("``", '"').replace("''", '"')
+    text = "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
+    text = text.lower() if lower else text
+    pieces: list[str] = []
+    for piece in sp.encode_as_pieces(text):
+        if len(piece) > 1 and piece[-1] == "," and piece[-2].isdigit():
+            sub = sp.encode_as_pieces(piece[:-1].replace("\u2581", ""))
+            if piece[0] != "\u2581" and sub[0][0] == "\u2581":
+                sub = sub[1:] if len(sub[0]) == 1 else [sub[0][1:], *sub[1:]]
+            pieces += [*sub, ","]
+        else:
+            pieces.append(piece)
+    return [sp.piece_to_id(p) for p in pieces]
+
+
 def check_spans(text: str, ids: list[int], spans: list[tuple[int, int]]) -> None:
     """Spans are in bounds, starts never decrease, ends of non-empty spans never decrease."""
     assert len(ids) == len(spans)
@@ -171,9 +190,18 @@ def test_word_start_table(xlnet_tok: XLNetTokenizer) -> None:
     assert table[ids].tolist() == [True] + [False] * (len(ids) - 1)
 
 
-def test_encode_batch(xlnet_tok: XLNetTokenizer) -> None:
-    texts = HARD_TEXTS + ["", "plain"]
-    assert xlnet_tok.encode_batch(texts) == [xlnet_tok.encode(t) for t in texts]
+@pytest.mark.parametrize("lower", [False, True], ids=["cased", "uncased"])
+def test_encode_follows_the_original_encode_ids(lower: bool, request: pytest.FixtureRequest) -> None:
+    """encode and encode_batch against the original algorithm restated in this module (not our code)."""
+    tok = request.getfixturevalue("xlnet_tok_lower" if lower else "xlnet_tok")
+    texts = [*HARD_TEXTS, *OFFSET_ONLY_TEXTS, "", "plain", "In 1997, 2,000 people; in 1998,3 more."]
+    texts += list(squad_texts(SAMPLE / "dev.json"))
+    expected = [original_encode_ids(tok.sp, t, lower) for t in texts]
+    assert [tok.encode(t) for t in texts] == expected
+    assert tok.encode_batch(texts) == expected
+
+
+def test_encode_batch_refuses_a_string(xlnet_tok: XLNetTokenizer) -> None:
     with pytest.raises(TypeError):
         xlnet_tok.encode_batch("not a list")
 
@@ -246,7 +274,7 @@ def test_known_divergences_from_hf_are_only_edge_cases(
     """Where HF v5 departs from the original XLNet preprocessing we follow the original.
 
     None of these occur in the SQuAD files (parity there is exact); the table is printed so that the
-    count is visible. Our ids are asserted to be sentencepiece-on-``preprocess_text`` either way.
+    count is visible. Our ids are asserted to be the original's ``encode_ids`` either way.
     """
     hf = hf_from_dir(spm_dir)
     cases = {
@@ -262,14 +290,14 @@ def test_known_divergences_from_hf_are_only_edge_cases(
     differ = 0
     for name, text in cases.items():
         ours = xlnet_tok.encode(text)
-        assert ours == xlnet_tok.sp.encode(preprocess_text(text))
+        assert ours == original_encode_ids(xlnet_tok.sp, text)
         same = ours == hf(text, add_special_tokens=False)["input_ids"]
         differ += not same
         print(f"  {'same' if same else 'DIFFERS'}: {name}")
     tok_lower, hf_lower = XLNetTokenizer.from_dir(spm_dir_lower), hf_from_dir(spm_dir_lower)
     for name, text in lower_cases.items():
         ours = tok_lower.encode(text)
-        assert ours == tok_lower.sp.encode(preprocess_text(text, lower=True))
+        assert ours == original_encode_ids(tok_lower.sp, text, lower=True)
         same = ours == hf_lower(text, add_special_tokens=False)["input_ids"]
         differ += not same
         print(f"  {'same' if same else 'DIFFERS'}: {name}")
