@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,8 @@ from train.model.inference import QAInference
 PER_TOKEN_OUTPUTS = ("start_logits", "end_logits")
 
 
-def load_qa_checkpoint(path: Path, head: str | None) -> ckpt_io.LoadedCheckpoint:
-    """The checkpoint as a QA model; a fresh head (with a loud warning) only when asked for with `head`."""
+def load_qa_checkpoint(path: Path, head: str | None, warn: Callable[[str], None]) -> ckpt_io.LoadedCheckpoint:
+    """The checkpoint as a QA model; a fresh head (with a loud `warn`) only when asked for with `head`."""
     if not path.exists():
         raise FileNotFoundError(f"--checkpoint {path}: no such directory")
     loaded = ckpt_io.load(path)
@@ -37,11 +37,10 @@ def load_qa_checkpoint(path: Path, head: str | None) -> ckpt_io.LoadedCheckpoint
     torch.manual_seed(0)
     loaded = ckpt_io.load(path, head=head)
     bar = "!" * 78
-    print(
+    warn(
         f"{bar}\nWARNING: {path} is a {source_kind!r} checkpoint without a trained {head!r} head: the\n"
         f"exported {head!r} head is RANDOMLY INITIALISED and its answers are meaningless until the model\n"
-        f"is fine-tuned (python -m train.finetune).\n{bar}",
-        file=sys.stderr,
+        f"is fine-tuned (python -m train.finetune).\n{bar}"
     )
     loaded.metadata = {**loaded.metadata, "untrained_head": True}
     return loaded

@@ -19,7 +19,8 @@ from fixtures_spm import SHARED_DEV_NAME, shared_squad_file
 
 from export import sidecar as sc
 from export.graph import FORBIDDEN_OPS, matmul_weights, op_counts
-from export.onnx import main
+from export.onnx import build_parser, main, options_from_args
+from export.onnx_pipeline import OnnxExportOptions, export_onnx
 from export.sessions import runner, session
 from export.testing import perturb, tiny_qa_checkpoint
 from export.torch_export import torch_runner
@@ -435,6 +436,53 @@ def test_lm_checkpoint_with_head_warns_loudly(tmp_path, spm_dir, capsys):
     side = sc.Sidecar.load(tmp_path / "o")
     assert side.head == "deep" and side.extra["untrained_head"] is True and side.verification["passed"]
     assert side.portable_model_file == "model.onnx" and not (tmp_path / "o" / "model.portable.onnx").exists()
+
+
+# --- the pipeline as a library ---------------------------------------------------------------------------
+def test_options_check_themselves_before_any_work(tmp_path):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "o"  # never read: the checks come first
+    with pytest.raises(ValueError, match="--threads must be >= 1"):
+        OnnxExportOptions(checkpoint=ckpt, out=out, threads=0)
+    with pytest.raises(FileNotFoundError, match="nope.json: no such file"):
+        OnnxExportOptions(checkpoint=ckpt, out=out, agreement_data=tmp_path / "nope.json")
+    with pytest.raises(ValueError, match="--precision must be one of"):
+        OnnxExportOptions(checkpoint=ckpt, out=out, precision="int4")
+    with pytest.raises(ValueError, match="--head must be one of"):
+        OnnxExportOptions(checkpoint=ckpt, out=out, head="huge")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="not empty and not an export directory"):
+        export_onnx(OnnxExportOptions(checkpoint=ckpt, out=tmp_path))
+    assert not out.exists()
+    # every flag reaches its option
+    argv = ["--checkpoint", str(ckpt), "--out", str(out), "--opset", "18", "--precision", "int8"]
+    argv += ["--head", "deep", "--tokenizer", "tok", "--no-verify", "--no-optimize", "--per-channel"]
+    argv += ["--quantize-heads", "--tolerance", "0.1", "--threads", "3", "--agreement-data", str(SAMPLE_DEV)]
+    argv += ["--agreement-max", "7", "--benchmark", "2"]
+    assert options_from_args(build_parser().parse_args(argv)) == OnnxExportOptions(
+        ckpt, out, 18, "int8", "deep", "tok", False, False, True, True, 0.1, 3, str(SAMPLE_DEV), 7, 2
+    )
+
+
+def test_pipeline_reports_through_callbacks_and_prints_nothing(tmp_path, spm_dir, capsys):
+    """Progress lines reach `report`; warnings are Python warnings by default; stdout and stderr stay empty."""
+    from train.tokenizer import XLNetTokenizer
+
+    torch.manual_seed(0)
+    lm = XLNetLMHeadModel(XLNetConfig(vocab_size=2000, **TINY_ARGS))
+    ckpt = checkpoint.save(lm, tmp_path / "lm", tokenizer=XLNetTokenizer.from_dir(spm_dir))
+    lines: list[str] = []
+    options = OnnxExportOptions(checkpoint=ckpt, out=tmp_path / "o", head="simple", optimize=False)
+    with pytest.warns(UserWarning, match="RANDOMLY INITIALISED"):
+        result = export_onnx(options, report=lines.append)
+    assert capsys.readouterr() == ("", "")
+    assert lines[0].startswith(f"python -m export.onnx: {ckpt} (qa:simple, d_model 32, 2 layers) -> ")
+    assert any(line.startswith("verify fp32 graph (onnxruntime) vs PyTorch") for line in lines)
+    assert "  -> passed" in lines and lines[-1].startswith(
+        f"wrote {tmp_path / 'o'}/: model.onnx, export.json"
+    )
+    assert result.out == tmp_path / "o" and result.model_path == tmp_path / "o" / "model.onnx"
+    assert result.portable_path == result.model_path and result.verification["passed"] is True
+    assert result.sidecar == sc.Sidecar.load(tmp_path / "o")
 
 
 def test_failed_verification_exits_1_and_writes_nothing(tmp_path, exports, capsys):
