@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 DEMO_DIR ?= runs/demo
 
-.PHONY: venv demo test lint format clean
+.PHONY: venv demo test lint format clean gpu-venv gpu-test gpu-check
 
 # torch is installed first and pinned, so pip never resolves a (multi-GB) CUDA build.
 $(VENV)/.installed: pyproject.toml
@@ -35,5 +35,30 @@ format: venv
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# ---- NVIDIA machines ------------------------------------------------------------------------------
+# A separate venv with onnxruntime-gpu only (never the CPU wheel, which would shadow its providers).
+# On a GPU machine `pip install torch==...` is the CUDA build, which the exporter may use; serving
+# (onnx GPU providers, TensorRT) does not need torch. The stack report fails on a broken install.
+GPU_VENV ?= .venv-gpu
+GPU_PY := $(GPU_VENV)/bin/python
+
+$(GPU_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_PY) -m pip install --quiet --upgrade pip
+	$(GPU_PY) -m pip install --quiet torch==$(TORCH_VERSION)
+	$(GPU_PY) -m pip install --quiet -e ".[gpu-dev]"
+	$(GPU_PY) -m export.stack_report --require-gpu
+	touch $@
+
+gpu-venv: $(GPU_VENV)/.installed
+
+# The GPU tests, failing (not skipping) when the GPU stack is missing or broken.
+gpu-test: gpu-venv
+	XLNETQA_REQUIRE_GPU=1 $(GPU_PY) -m pytest -m gpu tests
+
+# Export a tiny model, build an engine, serve it (TensorRT and onnxruntime GPU providers), ask once.
+gpu-check: gpu-venv
+	$(GPU_PY) -m bench.gpu_smoke
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(GPU_VENV) runs .pytest_cache .ruff_cache

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from export.ort_providers import ProviderEntry, provider_names
 from export.sidecar import ort_disabled_optimizers
 from export.verify import Feeds, Runner
 
@@ -33,11 +34,12 @@ def session(
     inter_op_threads: int = 1,
     level: str = "all",
     optimized_path: str | os.PathLike | None = None,
-    providers: Sequence[str] = ("CPUExecutionProvider",),
+    providers: Sequence[ProviderEntry] = ("CPUExecutionProvider",),
 ) -> ort.InferenceSession:
     """A session on `path` as every part of the product runs one (exporter, verification, benchmarks,
     the server): explicit threads, sequential execution, the rewrites that hurt on CPU switched off;
-    with `optimized_path`, onnxruntime also writes the graph it optimised there."""
+    with `optimized_path`, onnxruntime also writes the graph it optimised there. `providers` are names or
+    (name, options) pairs (`export.ort_providers.choose_providers`)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or default_threads()
     options.inter_op_num_threads = inter_op_threads
@@ -50,7 +52,7 @@ def session(
         str(Path(path)),
         options,
         providers=list(providers),
-        disabled_optimizers=ort_disabled_optimizers(providers),
+        disabled_optimizers=ort_disabled_optimizers(provider_names(providers)),
     )
 
 

@@ -1,7 +1,8 @@
 """Write a Triton Inference Server model repository entry for an ONNX or TensorRT export.
 
     python -m export.triton --onnx exports/onnx [--trt exports/trt] --out triton_repo [--name xlnet_qa] \\
-        [--max-batch-size 32] [--preferred-batch 4,8,16] [--max-queue-delay-us 500] [--instances 1]
+        [--max-batch-size 32] [--preferred-batch 4,8,16] [--max-queue-delay-us 500] [--instances 1] \\
+        [--triton-tensorrt 10.14.1]
 
 Layout::
 
@@ -14,6 +15,12 @@ Triton owns the batch dimension (`max_batch_size`), so `dims` leave it out: per-
 `[-1]`, top-k outputs have their fixed k, and the per-example `cls_logits` ([batch] in the model) is
 exposed as `[1]` with `reshape { shape: [] }`. The dynamic batcher only merges requests of equal
 sequence length: clients should pad to `max_seq_len` (or to a few fixed lengths). Torch-free.
+
+A TensorRT plan only loads on the TensorRT release that built it, so the plan's `trt.version` must match
+the TensorRT inside the Triton container (`--triton-tensorrt`, default the version this project pins,
+`export.gpu_versions`). Triton serves the plan's optimisation profile as it is: a request outside it is
+rejected, not padded, so a plan whose profile starts above batch 1 or above the shortest sequence the
+graph accepts is refused here.
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from export import pbtxt
+from export.gpu_versions import TENSORRT_VERSION, TRITON_GUIDANCE, tensorrt_release, tensorrt_version_problem
 from export.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
+from export.trt import min_sequence
 from train.atomic_dir import atomic_directory
 from train.cli import Parser, run
 from train.contract import INDEX_OUTPUTS, INPUT_NAMES
@@ -48,6 +57,14 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def tensorrt_version(text: str) -> str:
+    if tensorrt_release(text) is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a TensorRT version MAJOR.MINOR.PATCH like 10.14.1, got {text!r}"
+        )
+    return text
+
+
 def build_parser() -> Parser:
     p = Parser(prog=PROG, description="Write a Triton model repository entry for an export.")
     p.add_argument("--onnx", required=True, help="ONNX export directory (python -m export.onnx)")
@@ -61,6 +78,13 @@ def build_parser() -> Parser:
     p.add_argument("--max-queue-delay-us", type=int, default=500, help="dynamic batcher wait (microseconds)")
     p.add_argument("--instances", type=int, default=1, help="model instances (instance_group count)")
     p.add_argument("--instance-kind", choices=("gpu", "cpu"), default="gpu")
+    p.add_argument(
+        "--triton-tensorrt",
+        type=tensorrt_version,
+        default=TENSORRT_VERSION,
+        metavar="VERSION",
+        help="TensorRT version of the Triton container that serves a --trt plan (must match the plan's)",
+    )
     return p
 
 
@@ -135,6 +159,27 @@ def check_args(args: argparse.Namespace, sidecar: Sidecar) -> None:
                 f"--max-batch-size {args.max_batch_size} exceeds the engine's profile ({engine_max}); rebuild with "
                 f"a larger --max-shape or lower --max-batch-size"
             )
+        check_plan(args, sidecar)
+
+
+def check_plan(args: argparse.Namespace, sidecar: Sidecar) -> None:
+    """A TensorRT plan Triton can load (same TensorRT release) and serve at every size (profile from 1)."""
+    trt = sidecar.trt or {}
+    built = str(trt.get("version") or "")
+    if not built:
+        raise ValueError(
+            f"--trt {args.trt}: export.json records no trt.version, so the plan cannot be matched with Triton's "
+            "TensorRT; rebuild it with python -m export.trt"
+        )
+    problem = tensorrt_version_problem(built, args.triton_tensorrt, where="Triton (--triton-tensorrt)")
+    if problem:
+        raise ValueError(f"--trt {args.trt}: {problem}")
+    lo, need = trt["min_shape"], min_sequence(sidecar)
+    if lo[0] > 1 or lo[1] > need:
+        raise ValueError(
+            f"--trt {args.trt}: the engine's profile starts at {lo[0]}x{lo[1]} and Triton rejects (does not pad) "
+            f"smaller requests; rebuild it with python -m export.trt --min-shape 1x{need}"
+        )
 
 
 def write_repository(args: argparse.Namespace) -> int:
@@ -168,8 +213,12 @@ def write_repository(args: argparse.Namespace) -> int:
             "version": 1,
             "source_export": str(source.resolve()),
         }
+        if sidecar.backend == "tensorrt":
+            served.extra["triton"]["tensorrt"] = args.triton_tensorrt
         served.save(tmp)
     print(f"wrote {model_dir}/: {CONFIG_FILE} ({platform}), 1/{file_name}, {SIDECAR_FILE}, tokenizer")
+    if sidecar.backend == "tensorrt":
+        print(f"the plan was built with TensorRT {(sidecar.trt or {}).get('version')}: {TRITON_GUIDANCE}")
     return 0
 
 

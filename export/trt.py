@@ -1,21 +1,31 @@
 """Build a TensorRT engine from an ONNX export directory and write a TensorRT export directory.
 
-    python -m export.trt --onnx exports/onnx --out exports/trt --min-shape 1x16 --opt-shape 8x384 \\
+    python -m export.trt --onnx exports/onnx --out exports/trt [--min-shape 1x1] --opt-shape 8x384 \\
         --max-shape 32x512 [--fp16] [--timing-cache FILE] [--workspace-gb N] [--no-verify]
 
 The engine is built from the export's standard-ops graph (`portable_model_file`: TensorRT cannot parse
 onnxruntime's contrib ops), with one optimisation profile covering [min, max] batch x sequence for all
-three inputs. Precision paths (printed, and recorded as `trt.path` in export.json):
+three inputs. The profile is checked against the graph: its sequence range must hold the serving windows
+(max_seq_len) and stay within the relative-position tables the export precomputed (`position_limit`:
+512 positions, `QAInference`'s cache), and the beam head's in-graph top-k needs at least k tokens. The
+default minimum is the smallest shape the graph accepts (1x1, 1xk for the beam head), because Triton
+serves a plan's profile as it is and rejects, never pads, a shorter request.
+
+Precision paths (printed, and recorded as `trt.path` in export.json):
 
 - "fp32":           fp32 graph, no reduced precision (TF32 off unless --tf32, so fp32 means fp32).
-- "fp16-flag":      TensorRT 10.x with --fp16 on an fp32 graph: `BuilderFlag.FP16` (weak typing), with the
-                    sinusoid position-table layers constrained to fp32 (PREFER_PRECISION_CONSTRAINTS).
+- "fp16-flag":      TensorRT 10.x with --fp16 on an fp32 graph: `BuilderFlag.FP16` (weak typing). Sinusoid
+                    nodes, where a graph computes them, are constrained to fp32 (PREFER_PRECISION_CONSTRAINTS);
+                    exports of `QAInference` have none: their position tables were computed in fp32 at
+                    export and are constants (weights) like any other.
 - "strongly-typed": the graph is already fp16 (`export.onnx --precision fp16`), or TensorRT 11.x, which
                     has no FP16 flag: an fp32 graph is converted to fp16 on the fly (`export.precision`),
                     then built as a strongly typed network that keeps the graph's own types.
 
 Without the `tensorrt` module or a CUDA GPU the command prints one line saying which is missing and how
 to get it, and exits with code 2. The engine is checked against onnxruntime (CPU) on the source graph.
+A timing cache from another TensorRT version or GPU is refused by TensorRT; the build then starts from an
+empty cache (with a warning) and overwrites the file. Torch-free: the GPU's name comes from cuda-bindings.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from typing import Any
 from export.gpu import gpu_stack_problem
 from export.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from train.cli import Parser, run
-from train.contract import INPUT_NAMES
+from train.contract import INPUT_NAMES, shortest_sequence
 
 PROG = "python -m export.trt"
 ENGINE_FILE = "model.engine"
@@ -54,7 +64,11 @@ def build_parser() -> Parser:
     p = Parser(prog=PROG, description="Build a TensorRT engine from an ONNX export directory.")
     p.add_argument("--onnx", required=True, help="ONNX export directory (python -m export.onnx)")
     p.add_argument("--out", required=True, help="TensorRT export directory to write")
-    p.add_argument("--min-shape", type=parse_shape, default="1x16", help="smallest BATCHxSEQUENCE")
+    p.add_argument(
+        "--min-shape",
+        type=parse_shape,
+        help="smallest BATCHxSEQUENCE (default: the smallest the graph accepts, 1x1 or 1xk for the beam head)",
+    )
     p.add_argument("--opt-shape", type=parse_shape, default="8x384", help="BATCHxSEQUENCE to tune for")
     p.add_argument("--max-shape", type=parse_shape, default="32x512", help="largest BATCHxSEQUENCE")
     p.add_argument(
@@ -74,11 +88,73 @@ def build_parser() -> Parser:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    lo, opt, hi = args.min_shape, args.opt_shape, args.max_shape
+    lo, opt, hi = args.min_shape or [1, 1], args.opt_shape, args.max_shape
     if not all(a <= b <= c for a, b, c in zip(lo, opt, hi, strict=True)):
         raise ValueError(f"shapes must satisfy min <= opt <= max per dimension, got {lo}, {opt}, {hi}")
     if args.workspace_gb <= 0:
         raise ValueError("--workspace-gb must be positive")
+
+
+def min_sequence(sidecar: Sidecar) -> int:
+    """The shortest sequence the graph runs: the beam head takes top-k over the sequence inside the graph."""
+    return shortest_sequence(sidecar.head, sidecar.start_n_top, sidecar.end_n_top)
+
+
+def position_limit(model: Any, d_model: int) -> int | None:
+    """The longest sequence an exported graph can run, or None if it sets no limit.
+
+    `QAInference` precomputes each layer's projected relative positions for 512 tokens and the graph
+    slices the middle 2T rows of these [1, n_head, 2 x limit, d_head] constants; a longer input gets a
+    short slice and fails (onnxruntime: a Reshape error at 513 tokens). A graph that computes the
+    sinusoids itself (no tables) has no limit of its own.
+    """
+    inits = {init.name: init for init in model.graph.initializer}
+    producer = {out: node for node in model.graph.node for out in node.output}
+    limits = []
+    for node in model.graph.node:
+        if node.op_type != "Slice" or not node.input:
+            continue
+        source = node.input[0]
+        while source not in inits and source in producer and producer[source].op_type in ("Cast", "Identity"):
+            source = producer[source].input[0]
+        dims = list(inits[source].dims) if source in inits else []
+        if len(dims) == 4 and dims[0] == 1 and dims[1] * dims[3] == d_model and dims[2] % 2 == 0:
+            limits.append(dims[2] // 2)
+    return min(limits) if limits else None
+
+
+def graph_position_limit(graph: Path, sidecar: Sidecar) -> int | None:
+    """:func:`position_limit` of an ONNX file (initializer shapes only: external data is not loaded)."""
+    import onnx
+
+    try:
+        model = onnx.load(str(graph), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf decode errors have no common public type
+        raise ValueError(f"cannot read {graph} as an ONNX model ({type(exc).__name__}: {exc})") from None
+    return position_limit(model, sidecar.d_model)
+
+
+def check_profile_fits(args: argparse.Namespace, sidecar: Sidecar, limit: int | None) -> None:
+    """The profile against what the graph and the serving settings need (after --min-shape has its default)."""
+    lo, hi = args.min_shape, args.max_shape
+    if hi[1] < sidecar.max_seq_len:
+        raise ValueError(
+            f"--max-shape sequence {hi[1]} is shorter than the export's max_seq_len "
+            f"{sidecar.max_seq_len}: serving windows would not fit the engine"
+        )
+    if limit is not None and hi[1] > limit:
+        raise ValueError(
+            f"--max-shape sequence {hi[1]} exceeds the {limit} positions the exported graph holds (its "
+            f"relative-position tables were precomputed for {limit} tokens): use --max-shape {hi[0]}x{limit}"
+        )
+    need = min_sequence(sidecar)
+    if lo[1] < need:
+        raise ValueError(
+            f"--min-shape sequence {lo[1]} is shorter than the beam head's top-k ({need}): the graph needs "
+            f"at least {need} tokens; use --min-shape {lo[0]}x{need}"
+        )
+    if not all(a <= b for a, b in zip(lo, args.opt_shape, strict=True)):
+        raise ValueError(f"--min-shape {lo} exceeds --opt-shape {args.opt_shape}")
 
 
 def source_graph(onnx_dir: Path, sidecar: Sidecar) -> Path:
@@ -139,23 +215,63 @@ def build_engine(
         profile.set_shape(name, tuple(args.min_shape), tuple(args.opt_shape), tuple(args.max_shape))
     config.add_optimization_profile(profile)
     cache_file = Path(args.timing_cache) if args.timing_cache else None
-    cache_bytes = cache_file.read_bytes() if cache_file and cache_file.is_file() else b""
-    config.set_timing_cache(config.create_timing_cache(cache_bytes), ignore_mismatch=False)
+    cache_state = load_timing_cache(config, cache_file)
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise BuildFailed("TensorRT build_serialized_network failed (see the TensorRT log above)")
     if cache_file:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_name(f".{cache_file.name}.tmp")
-        tmp.write_bytes(bytes(memoryview(config.get_timing_cache().serialize())))
-        tmp.replace(cache_file)
-        print(f"timing cache {'updated' if cache_bytes else 'written'}: {cache_file}")
+        save_timing_cache(config, cache_file, cache_state)
     facts = {
         "source_onnx": graph.name,
         "fp32_constrained_layers": constrained,
         "timing_cache": str(cache_file or ""),
     }
     return bytes(memoryview(serialized)), facts
+
+
+def load_timing_cache(config: Any, cache_file: Path | None) -> str:
+    """Attach a timing cache to a builder config: the file's when TensorRT accepts it, else an empty one.
+
+    TensorRT checks a serialized cache's header against its own version and the GPU; `set_timing_cache`
+    returns False on a mismatch (and `create_timing_cache` may give None for bytes it cannot read), which
+    would otherwise go unnoticed. Returns "loaded", "empty" (no file) or "replaced" (a file it refused).
+    """
+    data = cache_file.read_bytes() if cache_file is not None and cache_file.is_file() else b""
+    if data:
+        try:
+            cache = config.create_timing_cache(data)
+        except Exception:  # noqa: BLE001 - TensorRT's binding errors have no common public type
+            cache = None
+        if cache is not None and config.set_timing_cache(cache, ignore_mismatch=False):
+            print(f"timing cache loaded: {cache_file} ({len(data)} bytes)")
+            return "loaded"
+        print(
+            f"WARNING: timing cache {cache_file} was made by another TensorRT/GPU; starting with an empty one "
+            "(the file is replaced after the build)",
+            file=sys.stderr,
+        )
+    empty = config.create_timing_cache(b"")
+    if empty is None or not config.set_timing_cache(empty, ignore_mismatch=False):
+        raise BuildFailed("TensorRT could not attach an empty timing cache to the builder config")
+    return "replaced" if data else "empty"
+
+
+def save_timing_cache(config: Any, cache_file: Path, state: str) -> bool:
+    """Write the builder config's timing cache atomically; False (with a warning) if TensorRT has none."""
+    cache = config.get_timing_cache()
+    serialized = cache.serialize() if cache is not None else None
+    if serialized is None:
+        print(
+            f"WARNING: TensorRT returned no timing cache after the build; {cache_file} is not written",
+            file=sys.stderr,
+        )
+        return False
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache_file.with_name(f".{cache_file.name}.tmp")
+    tmp.write_bytes(bytes(memoryview(serialized)))
+    tmp.replace(cache_file)
+    print(f"timing cache {'updated' if state == 'loaded' else 'written'}: {cache_file}")
+    return True
 
 
 def onnx_nodes_of(layer) -> set[str]:
@@ -166,8 +282,18 @@ def onnx_nodes_of(layer) -> set[str]:
     return names
 
 
-def keep_fp32(network, island: set[str], trt) -> int:
-    """Constrain the layers made from the position-table nodes to fp32 (weakly typed fp16 builds)."""
+def keep_fp32(network: Any, island: set[str], trt: Any) -> int:
+    """Constrain the layers made from the sinusoid nodes to fp32 (weakly typed fp16 builds).
+
+    An export of `QAInference` has no such nodes: its position tables are constants computed in fp32 at
+    export time, so there is nothing to constrain and no warning; one is printed only when the graph has
+    sinusoid nodes but no TensorRT layer came from them (TensorRT then picks their precision).
+    """
+    if not island:
+        print(
+            "fp16: no sinusoid nodes in the graph (its position tables are precomputed constants); no layer needs fp32"
+        )
+        return 0
     count = 0
     for i in range(network.num_layers):
         layer = network.get_layer(i)
@@ -180,9 +306,12 @@ def keep_fp32(network, island: set[str], trt) -> int:
         count += 1
     if not count:
         print(
-            "WARNING: no layer matched the position-table nodes; TensorRT picks their precision",
+            f"WARNING: none of the {len(island)} sinusoid nodes matched a TensorRT layer; TensorRT picks their "
+            "precision",
             file=sys.stderr,
         )
+    else:
+        print(f"fp16: {count} layers from the {len(island)} sinusoid nodes constrained to fp32")
     return count
 
 
@@ -226,7 +355,8 @@ def verify_engine(
 def engine_sidecar(sidecar: Sidecar, args: argparse.Namespace, path: str, precision: str, facts) -> Sidecar:
     """The ONNX export's sidecar, re-pointed at the engine, with the build recorded under `trt`."""
     import tensorrt as trt
-    import torch
+
+    from export.cuda_runtime import device_name
 
     data = sidecar.to_dict()
     for key in ("portable_model_file", "optimization", "quantization", "agreement"):
@@ -246,7 +376,7 @@ def engine_sidecar(sidecar: Sidecar, args: argparse.Namespace, path: str, precis
             "path": path,
             "tf32": bool(args.tf32),
             "workspace_gb": args.workspace_gb,
-            "device": torch.cuda.get_device_name(),
+            "device": device_name(),
             "source_export": str(Path(args.onnx).resolve()),
             **facts,
         },
@@ -259,40 +389,43 @@ def build(args: argparse.Namespace) -> int:
     onnx_dir, out = Path(args.onnx), Path(args.out)
     sidecar = Sidecar.load(onnx_dir)
     graph = source_graph(onnx_dir, sidecar)
-    if args.max_shape[1] < sidecar.max_seq_len:
-        raise ValueError(
-            f"--max-shape sequence {args.max_shape[1]} is shorter than the export's max_seq_len "
-            f"{sidecar.max_seq_len}: serving windows would not fit the engine"
-        )
+    if args.min_shape is None:
+        args.min_shape = [1, min_sequence(sidecar)]
+    limit = graph_position_limit(graph, sidecar)
+    check_profile_fits(args, sidecar, limit)
     problem = gpu_stack_problem()
     if problem:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2
     import tensorrt as trt
-    import torch
 
+    from export.cuda_runtime import device_name
     from export.trt_runtime import TRTRunner
     from train.atomic_dir import atomic_directory
 
     path, precision = choose_path(int(trt.__version__.split(".")[0]), args.fp16, sidecar.precision)
     print(
-        f"{PROG}: TensorRT {trt.__version__} on {torch.cuda.get_device_name()}: building a {precision} engine "
-        f"via the {path!r} path from {graph}"
+        f"{PROG}: TensorRT {trt.__version__} on {device_name()}: building a {precision} engine "
+        f"via the {path!r} path from {graph}, profile {args.min_shape} .. {args.max_shape}"
     )
     try:
         with atomic_directory(out) as tmp:
             with tempfile.TemporaryDirectory() as work:
                 engine, facts = build_engine(args, graph, path, sidecar.precision, Path(work))
+            facts["position_limit"] = limit
             (tmp / ENGINE_FILE).write_bytes(engine)
             for name in TOKENIZER_FILES:
                 shutil.copyfile(onnx_dir / name, tmp / name)
             built = engine_sidecar(sidecar, args, path, precision, facts)
             built.save(tmp)
             runner_ = TRTRunner(tmp)
-            assert built.trt is not None  # engine_sidecar always sets it
-            built.trt["io_dtypes"] = runner_.io_dtypes()  # Triton's config needs the engine's own I/O types
-            if args.verify:
-                built.verification = verify_engine(runner_, graph, built, args, precision)
+            try:
+                assert built.trt is not None  # engine_sidecar always sets it
+                built.trt["io_dtypes"] = runner_.io_dtypes()  # Triton's config needs the engine's I/O types
+                if args.verify:
+                    built.verification = verify_engine(runner_, graph, built, args, precision)
+            finally:
+                runner_.close()
             built.save(tmp)
             if not built.verification["passed"] and args.verify:
                 raise BuildFailed("the engine does not reproduce onnxruntime within the tolerance")

@@ -183,6 +183,8 @@ def compare(
                 continue
             if not np.all(np.isfinite(g)):
                 result.problems.append(f"{name}: non-finite values")
+            if not np.all(np.isfinite(r)):  # a broken reference must not make every comparison "pass"
+                result.problems.append(f"{name}: non-finite reference values")
             keep = rows & ~((r <= MASKED) & (g <= MASKED))
             if keep.any():
                 delta = np.abs(r[keep].astype(np.float64) - g[keep].astype(np.float64))

@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from server.model_spec import ModelSpecError, resolve_spec
 
     try:
-        preflight(settings.backend)
+        preflight(settings)
         spec = resolve_spec(settings.model, settings.backend)
     except (ModelSpecError, BackendUnavailable) as exc:
         return _fail(str(exc))

@@ -32,6 +32,7 @@ class ModelSpec:
     head: str
     kind: str  # "export" | "checkpoint"
     model_file: str | None = None
+    portable_model_file: str | None = None  # the standard-ops graph GPU providers load
     export_backend: str | None = None
     precision: str = "fp32"
     max_seq_len: int = DEFAULTS.max_seq_len
@@ -149,6 +150,7 @@ def load_export_spec(directory: str | Path, backend: str = "onnx") -> ModelSpec:
         head=sc.head,
         kind="export",
         model_file=sc.model_file,
+        portable_model_file=sc.portable_model_file,
         export_backend=sc.backend,
         precision=sc.precision,
         max_seq_len=sc.max_seq_len,

@@ -34,9 +34,17 @@ class ServerSettings(BaseSettings):
     inter_op_threads: int = Field(1, ge=1)
     providers: str = Field(
         "auto",
-        description="onnxruntime providers, comma-separated (e.g. 'CUDAExecutionProvider,CPUExecutionProvider'); "
-        "'auto' = CUDA when onnxruntime-gpu sees a GPU, else CPU",
+        description="onnxruntime providers, comma-separated (e.g. 'TensorrtExecutionProvider' or "
+        "'CUDAExecutionProvider,CPUExecutionProvider'); 'auto' = CUDA when onnxruntime-gpu sees a GPU, else CPU "
+        "(the TensorRT provider only when named)",
     )
+    device_id: int = Field(0, ge=0, description="CUDA device of the onnxruntime GPU providers")
+    trt_cache_dir: Path | None = Field(
+        None,
+        description="onnxruntime TensorRT provider: directory for its engine and timing caches (without it, "
+        "every start builds the engine again)",
+    )
+    trt_fp16: bool = Field(False, description="onnxruntime TensorRT provider: allow fp16 kernels")
     max_batch_size: int = Field(8, ge=1, description="Most windows (features) in one backend call")
     max_batch_delay_ms: float = Field(2.0, ge=0.0, description="Longest wait for a batch to fill")
     max_batch_padding: float = Field(

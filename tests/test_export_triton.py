@@ -1,5 +1,6 @@
 """Triton model repository: config.pbtxt parsed back and checked field by field against the sidecar, for
-an ONNX export and a TensorRT export (whose engine bytes are only copied, so no GPU is needed)."""
+an ONNX export and a TensorRT export (whose engine bytes are only copied, so no GPU is needed); plans
+that Triton could not load (another TensorRT release) or serve at every size (profile above 1) refused."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ import shutil
 import pytest
 
 from export import pbtxt
+from export.gpu_versions import TENSORRT_VERSION, TRITON_GUIDANCE
 from export.sessions import session
 from export.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.testing import tiny_onnx_export
 from export.triton import main
+from export.trt import min_sequence
 from train.contract import INPUT_NAMES
 
-SHAPES = {"min_shape": [1, 16], "opt_shape": [8, 384], "max_shape": [16, 512]}
+SHAPES = {"opt_shape": [8, 384], "max_shape": [16, 512]}
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +42,31 @@ def trt_export(onnx_export, tmp_path_factory):
         "end_top_index": "int32",
         "cls_logits": "float32",
     }
+    lowest = [1, min_sequence(Sidecar.load(onnx_export))]  # what export.trt builds by default
     data.update(
         backend="tensorrt",
         model_file="model.engine",
         precision="fp16",
         portable_model_file=None,
-        trt={**SHAPES, "version": "10.9.0", "path": "fp16-flag", "io_dtypes": dtypes},
+        trt={
+            **SHAPES,
+            "min_shape": lowest,
+            "version": TENSORRT_VERSION,
+            "path": "fp16-flag",
+            "io_dtypes": dtypes,
+        },
     )
     Sidecar.from_dict(data).save(out)
     return out
+
+
+def trt_variant(trt_export, directory, **trt) -> str:
+    """A copy of the TensorRT export with some `trt` facts changed (None removes one)."""
+    shutil.copytree(trt_export, directory)
+    data = json.loads((directory / SIDECAR_FILE).read_text())
+    data["trt"] = {k: v for k, v in (data["trt"] | trt).items() if v is not None}
+    (directory / SIDECAR_FILE).write_text(json.dumps(data))
+    return str(directory)
 
 
 def read_config(model_dir) -> dict:
@@ -101,9 +120,10 @@ def test_onnx_repository(onnx_export, tmp_path):
     assert pbtxt.loads(pbtxt.dumps(config)) == config
 
 
-def test_tensorrt_repository(onnx_export, trt_export, tmp_path):
+def test_tensorrt_repository(onnx_export, trt_export, tmp_path, capsys):
     args = ["--onnx", str(onnx_export), "--trt", str(trt_export), "--out", str(tmp_path / "repo")]
     assert main([*args, "--max-batch-size", "16"]) == 0
+    assert TRITON_GUIDANCE in capsys.readouterr().out
     model_dir = tmp_path / "repo" / "xlnet_qa"
     config = read_config(model_dir)
     sidecar = Sidecar.load(trt_export)
@@ -115,6 +135,41 @@ def test_tensorrt_repository(onnx_export, trt_export, tmp_path):
     served = json.loads((model_dir / SIDECAR_FILE).read_text())
     assert served["backend"] == "tensorrt" and served["model_file"] == "1/model.plan"
     assert served["trt"]["max_shape"] == SHAPES["max_shape"]
+    assert served["triton"]["tensorrt"] == TENSORRT_VERSION
+
+
+def test_tensorrt_plans_triton_cannot_load_or_serve_are_refused(onnx_export, trt_export, tmp_path, capsys):
+    def write(trt_dir: str, *extra: str) -> tuple[int, str]:
+        args = ["--onnx", str(onnx_export), "--trt", trt_dir, "--out", str(tmp_path / "repo")]
+        code = main([*args, "--max-batch-size", "16", *extra])
+        return code, capsys.readouterr().err.strip()
+
+    def refused(trt_dir: str, *extra: str) -> str:
+        code, err = write(trt_dir, *extra)
+        lines = err.splitlines()
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("python -m export.triton: error: "), err
+        return lines[0]
+
+    older = trt_variant(trt_export, tmp_path / "older", version="10.9.0.34")
+    line = refused(older)
+    assert (
+        "built with TensorRT 10.9.0.34 but Triton (--triton-tensorrt) has TensorRT " + TENSORRT_VERSION
+        in line
+    )
+    assert "python -m export.trt" in line
+    assert write(older, "--triton-tensorrt", "10.9.0")[0] == 0  # a container with that TensorRT
+    assert "built with TensorRT 10.14.1.48" in refused(str(trt_export), "--triton-tensorrt", "10.13.3")
+    other_build = trt_variant(trt_export, tmp_path / "build", version="10.14.1.7")
+    assert write(other_build)[0] == 0  # the build number does not change the plan format
+    assert "records no trt.version" in refused(trt_variant(trt_export, tmp_path / "none", version=None))
+    need = min_sequence(Sidecar.load(onnx_export))
+    for lowest in ([2, need], [1, 16]):
+        line = refused(trt_variant(trt_export, tmp_path / f"min{lowest[0]}x{lowest[1]}", min_shape=lowest))
+        assert f"profile starts at {lowest[0]}x{lowest[1]}" in line and "rejects (does not pad)" in line
+        assert f"--min-shape 1x{need}" in line
+    with pytest.raises(SystemExit) as exc:
+        main(["--onnx", str(onnx_export), "--out", str(tmp_path / "repo"), "--triton-tensorrt", "10.14"])
+    assert exc.value.code == 2 and "MAJOR.MINOR.PATCH" in capsys.readouterr().err
 
 
 def test_repository_errors(onnx_export, trt_export, tmp_path, capsys):

@@ -40,6 +40,12 @@ OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
 INDEX_OUTPUTS = ("start_top_index", "end_top_index")  # token positions: compared by equality, int64
 
 
+def shortest_sequence(head: str, start_n_top: int, end_n_top: int) -> int:
+    """The fewest tokens an exported graph runs on: the beam head takes top-k over the sequence inside
+    the graph, so an engine profile or a TensorRT provider profile must start at k tokens, not 1."""
+    return max(start_n_top, end_n_top) if head == "beam" else 1
+
+
 @dataclass(frozen=True)
 class InferenceSettings:
     """How questions are windowed and answers decoded (the original XLNet SQuAD 2.0 recipe)."""

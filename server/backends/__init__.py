@@ -11,12 +11,31 @@ BACKENDS = ("onnx", "trt", "torch")
 __all__ = ["BACKENDS", "Backend", "BackendUnavailable", "create_backend", "dummy_batch", "preflight"]
 
 
-def preflight(backend: str) -> None:
-    """Cheap checks before the server starts listening (missing packages/GPU -> BackendUnavailable)."""
+def preflight(settings: ServerSettings) -> None:
+    """Cheap checks before the server starts listening (missing packages, providers or GPU, an unusable
+    cache directory -> BackendUnavailable with one line saying what to do)."""
     import importlib.util
 
+    backend, providers = settings.backend, settings.provider_list()
     if backend == "onnx" and importlib.util.find_spec("onnxruntime") is None:
         raise BackendUnavailable("--backend onnx needs onnxruntime (pip install 'xlnet-qa[serve]')")
+    if backend == "onnx" and providers:
+        import onnxruntime
+
+        from export.ort_providers import install_problem, installed_onnxruntime_wheels
+
+        problem = install_problem(
+            providers, onnxruntime.get_available_providers(), installed_onnxruntime_wheels()
+        )
+        if problem:
+            raise BackendUnavailable(f"--providers: {problem}")
+    if backend == "onnx" and settings.trt_cache_dir is not None:
+        try:
+            settings.trt_cache_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BackendUnavailable(
+                f"--trt-cache-dir {settings.trt_cache_dir}: {exc.strerror or exc}"
+            ) from None
     if backend == "torch" and importlib.util.find_spec("torch") is None:
         raise BackendUnavailable("--backend torch needs torch (pip install 'xlnet-qa[train]')")
     if backend == "trt":
@@ -30,7 +49,7 @@ def create_backend(spec: ModelSpec, settings: ServerSettings) -> Backend:
     if settings.backend == "onnx":
         from server.backends.onnx import OnnxBackend
 
-        return OnnxBackend(spec, settings.threads, settings.inter_op_threads, settings.provider_list())
+        return OnnxBackend.from_settings(spec, settings)
     if settings.backend == "trt":
         from server.backends.trt import TrtBackend
 

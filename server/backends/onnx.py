@@ -1,37 +1,28 @@
-"""onnxruntime backend: CPU with explicit thread counts, or CUDA/TensorRT providers when available.
+"""onnxruntime backend: CPU with explicit thread counts, or the CUDA / TensorRT providers on a GPU.
 
 Thread counts are always set explicitly: onnxruntime's default (one thread per core) oversubscribes a
-machine that runs several workers or shares its cores. Which providers a session really got is read
-back with ``get_providers()`` and logged, because onnxruntime silently falls back to CPU.
+machine that runs several workers or shares its cores. Provider choice, options and the graph file
+come from ``export.ort_providers`` (auto = CUDA if available; TensorRT with caches and a profile
+covering the server's batches; GPU providers load the portable graph). Which providers a session
+really got is read back with ``get_providers()`` and logged, because onnxruntime silently falls back.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from server.backends.base import Backend, BackendUnavailable, check_outputs
 from server.model_spec import ModelSpec
+from server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
 _NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
-
-
-def choose_providers(available: list[str], requested: list[str] | None) -> list[str]:
-    """Requested providers (all must be available), or the best available: TensorRT > CUDA > CPU."""
-    if requested:
-        missing = [p for p in requested if p not in available]
-        if missing:
-            raise BackendUnavailable(
-                f"onnxruntime providers {missing} are not available here (have {available})"
-            )
-        return requested
-    order = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
-    return [p for p in order if p in available] or ["CPUExecutionProvider"]
 
 
 class OnnxBackend(Backend):
@@ -44,28 +35,61 @@ class OnnxBackend(Backend):
         spec: ModelSpec,
         threads: int = 1,
         inter_op_threads: int = 1,
-        providers: list[str] | None = None,
+        providers: Sequence[str] | None = None,
+        *,
+        max_batch_size: int = 8,
+        trt_cache_dir: Path | None = None,
+        trt_fp16: bool = False,
+        device_id: int = 0,
     ) -> None:
         super().__init__(spec)
         try:
             import onnxruntime as ort
         except ImportError as exc:
             raise BackendUnavailable(f"--backend onnx needs onnxruntime ({exc})") from None
-        model_path = spec.directory / (spec.model_file or "model.onnx")
+        from export.ort_providers import ProfileShapes, choose_providers, graph_for, provider_names
+        from export.sessions import session
+        from train.contract import shortest_sequence
+
+        if trt_cache_dir is not None:
+            try:
+                Path(trt_cache_dir).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise BackendUnavailable(f"--trt-cache-dir {trt_cache_dir}: {exc.strerror or exc}") from None
+        try:
+            wanted = choose_providers(
+                ort.get_available_providers(),
+                providers,
+                profile=ProfileShapes(
+                    max_batch=max_batch_size,
+                    max_seq_len=spec.max_seq_len,
+                    min_seq_len=shortest_sequence(spec.head, spec.start_n_top, spec.end_n_top),
+                ),
+                trt_cache_dir=trt_cache_dir,
+                trt_fp16=trt_fp16,
+                device_id=device_id,
+                precision=spec.precision,
+            )
+        except ValueError as exc:
+            raise BackendUnavailable(str(exc)) from None
+        model_file = graph_for(wanted, spec.model_file or "model.onnx", spec.portable_model_file)
+        model_path = spec.directory / model_file
         if not model_path.is_file():
             raise BackendUnavailable(f"{model_path}: ONNX model file not found")
-        from export.sessions import session
-
-        wanted = choose_providers(ort.get_available_providers(), providers)
         self.session = session(
             model_path, threads=threads, inter_op_threads=inter_op_threads, providers=wanted
         )
         self.providers: list[str] = list(self.session.get_providers())
+        self.model_file = model_file
         self.threads = threads
-        if wanted[0] != self.providers[0]:
-            logger.warning("onnxruntime: asked for %s, got %s", wanted, self.providers)
+        if provider_names(wanted)[0] != self.providers[0]:
+            logger.warning("onnxruntime: asked for %s, got %s", provider_names(wanted), self.providers)
         logger.info(
-            "onnxruntime %s: providers %s, intra-op threads %d", ort.__version__, self.providers, threads
+            "onnxruntime %s: providers %s on %s, intra-op threads %d",
+            ort.__version__,
+            self.providers,
+            model_file,
+            threads,
         )
         session_inputs = {i.name: i.type for i in self.session.get_inputs()}
         unknown = [n for n in session_inputs if n not in self.input_names]
@@ -80,6 +104,19 @@ class OnnxBackend(Backend):
         if missing:
             raise BackendUnavailable(f"{model_path}: model has no outputs {missing} (has {session_outputs})")
 
+    @classmethod
+    def from_settings(cls, spec: ModelSpec, settings: ServerSettings) -> OnnxBackend:
+        return cls(
+            spec,
+            settings.threads,
+            settings.inter_op_threads,
+            settings.provider_list(),
+            max_batch_size=min(settings.max_batch_size, spec.max_batch_size or settings.max_batch_size),
+            trt_cache_dir=settings.trt_cache_dir,
+            trt_fp16=settings.trt_fp16,
+            device_id=settings.device_id,
+        )
+
     def run(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         feeds = {n: np.ascontiguousarray(batch[n], dtype=dt) for n, dt in self._feeds.items()}
         values = self.session.run(list(self.output_names), feeds)
@@ -88,4 +125,9 @@ class OnnxBackend(Backend):
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.name, "providers": self.providers, "intra_op_threads": self.threads}
+        return {
+            "backend": self.name,
+            "providers": self.providers,
+            "model_file": self.model_file,
+            "intra_op_threads": self.threads,
+        }

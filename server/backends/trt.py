@@ -1,10 +1,10 @@
 """TensorRT backend: runs a serialized engine through ``export.trt_runtime.TRTRunner``.
 
-TensorRT needs an NVIDIA GPU and the ``tensorrt`` package; without either the server refuses to
-start with one line (exit 2) instead of a traceback. The engine's optimisation profile (sidecar
-``trt.min_shape``/``max_shape``) caps the micro-batcher's batch size and sets the shortest padding.
-``TRTRunner`` keeps its buffers in torch CUDA tensors, so this backend (only) loads torch, never
-``train.model``.
+TensorRT needs an NVIDIA GPU, the ``tensorrt`` package and NVIDIA's ``cuda-bindings`` (the runner's
+device buffers and stream); without any of them the server refuses to start with one line (exit 2)
+instead of a traceback, and so it does for an engine built by another TensorRT release. The engine's
+optimisation profile (sidecar ``trt.min_shape``/``max_shape``) caps the micro-batcher's batch size and
+sets the shortest padding. Torch-free: neither this backend nor the runner imports torch.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 
 def _check_available() -> None:
-    """Fail fast with one clear reason: the tensorrt package, then a CUDA device (export.gpu checks both)."""
+    """Fail fast with one clear reason: the tensorrt package, cuda-bindings, then a CUDA device."""
     if importlib.util.find_spec("tensorrt") is None:
         raise BackendUnavailable(
             "--backend trt needs the 'tensorrt' package and an NVIDIA GPU (pip install \".[gpu]\" on a GPU machine)"
@@ -51,7 +51,7 @@ class TrtBackend(Backend):
             raise BackendUnavailable(
                 f"--backend trt: cannot load the engine in {spec.directory}: {exc}"
             ) from None
-        logger.info("TensorRT engine loaded from %s", spec.directory)
+        logger.info("TensorRT engine loaded from %s on %s", spec.directory, self.runner.device_name)
 
     def run(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         raw = self.runner.run(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
@@ -63,6 +63,11 @@ class TrtBackend(Backend):
         return {
             "backend": self.name,
             "device": "cuda",
+            "gpu": self.runner.device_name,
+            "tensorrt": (self.runner.sidecar.trt or {}).get("version"),
             "engine_min_shape": list(self.runner.min_shape),
             "engine_max_shape": list(self.runner.max_shape),
         }
+
+    def close(self) -> None:
+        self.runner.close()

@@ -1,0 +1,104 @@
+"""``python -m export.stack_report [--require-gpu] [--json]``: what this environment can run on.
+
+Prints the onnxruntime wheels installed and the providers they offer, TensorRT and CUDA devices, next to
+the versions this project pins, and one line per problem. With ``--require-gpu`` any problem is exit 1:
+``make gpu-venv`` ends with it, so a broken GPU install fails where it is made, not later as skipped
+tests. Torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from export.gpu import cuda_device_count
+from export.gpu_versions import ONNXRUNTIME_GPU_VERSION, TENSORRT_VERSION, tensorrt_version_problem
+from export.ort_providers import CUDA, GPU_WHEEL, TENSORRT, install_problem, installed_onnxruntime_wheels
+
+PROG = "python -m export.stack_report"
+
+
+def _tensorrt_version() -> str | None:
+    try:
+        import tensorrt
+    except (ImportError, OSError):
+        return None
+    return str(tensorrt.__version__)
+
+
+def _onnxruntime() -> tuple[str | None, list[str]]:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None, []
+    return str(ort.__version__), list(ort.get_available_providers())
+
+
+def collect() -> dict[str, Any]:
+    """The facts, as JSON-ready values."""
+    ort_version, providers = _onnxruntime()
+    return {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "onnxruntime_wheels": installed_onnxruntime_wheels(),
+        "onnxruntime": ort_version,
+        "providers": providers,
+        "tensorrt": _tensorrt_version(),
+        "cuda_devices": cuda_device_count(),
+        "pinned": {"onnxruntime-gpu": ONNXRUNTIME_GPU_VERSION, "tensorrt": TENSORRT_VERSION},
+    }
+
+
+def problems(report: dict[str, Any], require_gpu: bool) -> list[str]:
+    """One line per thing that would break a GPU deployment (only the wheel clash without --require-gpu)."""
+    wheels: dict[str, str] = report["onnxruntime_wheels"]
+    found: list[str] = []
+    if len(wheels) > 1:
+        found.append(
+            f"both {', '.join(sorted(wheels))} are installed; they share the onnxruntime import package: "
+            f"pip uninstall -y onnxruntime onnxruntime-gpu && pip install {GPU_WHEEL}"
+        )
+    if not require_gpu:
+        return found
+    if report["cuda_devices"] == 0:
+        found.append("no CUDA GPU is visible (cuda-bindings / nvidia-smi / /proc list none)")
+    line = install_problem([CUDA, TENSORRT], report["providers"], wheels)
+    if line and line not in found:
+        found.append(line)
+    pinned = report["pinned"]
+    if report["tensorrt"] is None:
+        found.append(f"TensorRT is not importable (pinned: tensorrt-cu12 {pinned['tensorrt']})")
+    elif tensorrt_version_problem(pinned["tensorrt"], report["tensorrt"]):
+        found.append(f"TensorRT {report['tensorrt']} is not the pinned {pinned['tensorrt']}")
+    if wheels.get(GPU_WHEEL) not in (None, pinned["onnxruntime-gpu"]):
+        found.append(f"{GPU_WHEEL} {wheels[GPU_WHEEL]} is not the pinned {pinned['onnxruntime-gpu']}")
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog=PROG, description="Report the onnxruntime / TensorRT / CUDA stack here.")
+    p.add_argument("--require-gpu", action="store_true", help="exit 1 unless the GPU stack is complete")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = p.parse_args(argv)
+    report = collect()
+    found = problems(report, args.require_gpu)
+    if args.json:
+        print(json.dumps({**report, "problems": found}, indent=2))
+    else:
+        wheels = ", ".join(f"{k} {v}" for k, v in sorted(report["onnxruntime_wheels"].items())) or "none"
+        print(f"python {report['python']} ({report['machine']})")
+        print(f"onnxruntime wheels: {wheels}; providers: {', '.join(report['providers']) or 'none'}")
+        print(f"tensorrt: {report['tensorrt'] or 'not installed'}; CUDA devices: {report['cuda_devices']}")
+        pinned = report["pinned"]
+        print(f"pinned for GPUs: onnxruntime-gpu {pinned['onnxruntime-gpu']}, tensorrt {pinned['tensorrt']}")
+        for line in found:
+            print(f"PROBLEM: {line}", file=sys.stderr)
+    return 1 if found and (args.require_gpu or len(report["onnxruntime_wheels"]) > 1) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

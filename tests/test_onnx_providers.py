@@ -1,0 +1,293 @@
+"""onnxruntime providers: install-path checks, provider choice and options, the graph each provider loads,
+the GPU test mode; and, on an NVIDIA machine (`-m gpu`), every node on the GPU with CPU-equal outputs."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tomllib
+from gpu_mode import REQUIRE_ENV, require_provider
+from server_helpers import ServerProcess, server_env
+
+from export.ort_providers import (
+    CPU,
+    CUDA,
+    TENSORRT,
+    ProfileShapes,
+    choose_providers,
+    graph_for,
+    install_problem,
+    installed_onnxruntime_wheels,
+    provider_names,
+    tensorrt_options,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILE = ProfileShapes(max_batch=8, max_seq_len=384)
+
+
+def fake_site(tmp_path: Path, wheels: dict[str, str]) -> Path:
+    """A site-packages directory holding only the given wheels' metadata, as pip lays it out."""
+    site = tmp_path / "site"
+    for name, version in wheels.items():
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return site
+
+
+# ---- the install path -----------------------------------------------------------------------------
+
+
+def test_both_wheels_installed_is_named_with_the_fix(tmp_path: Path) -> None:
+    site = fake_site(tmp_path, {"onnxruntime": "1.31.1", "onnxruntime-gpu": "1.24.4", "numpy": "2.0.0"})
+    wheels = installed_onnxruntime_wheels(importlib.metadata.distributions(path=[str(site)]))
+    assert wheels == {"onnxruntime": "1.31.1", "onnxruntime-gpu": "1.24.4"}
+    line = install_problem([CUDA], [CPU], wheels)
+    assert line is not None and "both onnxruntime 1.31.1, onnxruntime-gpu 1.24.4" in line
+    assert "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu" in line
+    only_cpu = install_problem([TENSORRT], [CPU], {"onnxruntime": "1.31.1"})
+    assert only_cpu is not None and "need the onnxruntime-gpu wheel" in only_cpu
+    gpu_wheel_no_driver = install_problem([CUDA], [CPU], {"onnxruntime-gpu": "1.24.4"})
+    assert gpu_wheel_no_driver is not None and "NVIDIA driver" in gpu_wheel_no_driver
+    assert install_problem([CPU], [CPU], wheels) is None
+
+
+def test_this_environment_has_one_onnxruntime_wheel() -> None:
+    """What `make venv` installs: the CPU wheel alone (a second one would make providers a coin toss)."""
+    assert list(installed_onnxruntime_wheels()) == ["onnxruntime"]
+
+
+def _extras() -> dict[str, list[str]]:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
+def _resolve(extra: str, extras: dict[str, list[str]]) -> set[str]:
+    """Requirement names an extra installs, following `xlnet-qa[...]` self-references."""
+    names: set[str] = set()
+    for req in extras[extra]:
+        if req.startswith("xlnet-qa["):
+            for inner in req[len("xlnet-qa[") : -1].split(","):
+                names |= _resolve(inner.strip(), extras)
+        else:
+            names.add(req.split(";")[0].split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip())
+    return names
+
+
+def test_no_extra_installs_both_onnxruntime_wheels_and_gpu_pins_agree() -> None:
+    from export.gpu_versions import CUDA_BINDINGS_REQUIREMENT, ONNXRUNTIME_GPU_VERSION, TENSORRT_WHEEL
+
+    extras = _extras()
+    for extra in extras:
+        names = _resolve(extra, extras)
+        assert not {"onnxruntime", "onnxruntime-gpu"} <= names, extra
+    gpu = _resolve("gpu", extras)
+    assert {"onnxruntime-gpu", "tensorrt-cu12", "cuda-bindings"} <= gpu and "torch" not in gpu
+    assert "onnxruntime-gpu" in _resolve("gpu-dev", extras) and "pytest" in _resolve("gpu-dev", extras)
+    assert f"onnxruntime-gpu=={ONNXRUNTIME_GPU_VERSION}" in extras["gpu"]  # one home: export/gpu_versions.py
+    assert TENSORRT_WHEEL in extras["gpu"] and CUDA_BINDINGS_REQUIREMENT in extras["gpu"]
+
+
+def test_stack_report_runs_and_fails_when_a_gpu_is_required() -> None:
+    cmd = [sys.executable, "-m", "export.stack_report"]
+    plain = subprocess.run([*cmd, "--json"], cwd=REPO, env=server_env(), capture_output=True, text=True)
+    assert plain.returncode == 0, plain.stderr
+    report = json.loads(plain.stdout)
+    assert (
+        report["onnxruntime_wheels"] == {"onnxruntime": report["onnxruntime"]} and CPU in report["providers"]
+    )
+    strict = subprocess.run(
+        [*cmd, "--require-gpu"], cwd=REPO, env=server_env(), capture_output=True, text=True
+    )
+    if report["cuda_devices"] == 0:
+        assert strict.returncode == 1 and "Traceback" not in strict.stderr
+        assert "PROBLEM: no CUDA GPU is visible" in strict.stderr
+        assert (
+            "need the onnxruntime-gpu wheel" in strict.stderr
+            and "TensorRT is not importable" in strict.stderr
+        )
+
+
+def test_server_refuses_missing_providers_before_listening(onnx_export: Path) -> None:
+    """`--providers CUDAExecutionProvider` with the CPU wheel: exit 2 and one line with the fix."""
+    import onnxruntime
+
+    if CUDA in onnxruntime.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider: nothing is missing")
+    cmd = [sys.executable, "-m", "server", "--model", str(onnx_export), "--providers", CUDA, "--port", "1"]
+    proc = subprocess.run(cmd, cwd=REPO, env=server_env(), capture_output=True, text=True, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "need the onnxruntime-gpu wheel" in lines[0] and "make gpu-venv" in lines[0]
+
+
+# ---- provider choice, options and graph -----------------------------------------------------------
+
+
+def test_auto_is_cuda_when_there_and_never_tensorrt_unasked() -> None:
+    gpu = [TENSORRT, CUDA, CPU]
+    assert choose_providers(gpu, None, profile=PROFILE) == [(CUDA, {"device_id": "0"}), CPU]
+    assert choose_providers([CPU], None, profile=PROFILE) == [CPU]
+    assert choose_providers(gpu, None, profile=PROFILE, precision="int8") == [CPU]
+    with pytest.raises(ValueError, match="int8 export runs on the CPU provider only"):
+        choose_providers(gpu, [CUDA], profile=PROFILE, precision="int8")
+    with pytest.raises(ValueError, match="need the onnxruntime-gpu wheel"):
+        choose_providers([CPU], [TENSORRT], profile=PROFILE, wheels={"onnxruntime": "1.31.1"})
+
+
+def test_tensorrt_provider_gets_caches_a_profile_and_fallbacks(tmp_path: Path) -> None:
+    profile = ProfileShapes(max_batch=8, max_seq_len=384, opt_batch=4)
+    entries = choose_providers(
+        [TENSORRT, CUDA, CPU], [TENSORRT], profile=profile, trt_cache_dir=tmp_path, trt_fp16=True, device_id=1
+    )
+    assert provider_names(entries) == [TENSORRT, CUDA, CPU]  # nodes TensorRT does not take still run
+    name, options = entries[0]
+    assert name == TENSORRT and options["device_id"] == "1" and options["trt_fp16_enable"] == "True"
+    assert options["trt_profile_min_shapes"] == "input_ids:1x1,attention_mask:1x1,token_type_ids:1x1"
+    assert options["trt_profile_opt_shapes"] == "input_ids:4x384,attention_mask:4x384,token_type_ids:4x384"
+    assert options["trt_profile_max_shapes"] == "input_ids:8x384,attention_mask:8x384,token_type_ids:8x384"
+    assert options["trt_engine_cache_enable"] == options["trt_timing_cache_enable"] == "True"
+    assert options["trt_engine_cache_path"] == options["trt_timing_cache_path"] == str(tmp_path.resolve())
+    no_cache = choose_providers([TENSORRT, CPU], [TENSORRT], profile=profile)[0][1]
+    assert "trt_engine_cache_enable" not in no_cache and no_cache["trt_fp16_enable"] == "False"
+    beam = tensorrt_options(ProfileShapes(max_batch=2, max_seq_len=64, min_seq_len=5), None, False)
+    assert beam["trt_profile_min_shapes"] == "input_ids:1x5,attention_mask:1x5,token_type_ids:1x5"
+    bad_profiles = (
+        dict(max_batch=0, max_seq_len=8),
+        dict(max_batch=2, max_seq_len=8, opt_batch=3),
+        dict(max_batch=2, max_seq_len=8, min_seq_len=9),
+    )
+    for bad in bad_profiles:
+        with pytest.raises(ValueError, match="profile"):
+            ProfileShapes(**bad)
+
+
+def test_gpu_providers_load_the_portable_graph(onnx_export: Path) -> None:
+    side = json.loads((onnx_export / "export.json").read_text())
+    model, portable = side["model_file"], side["portable_model_file"]
+    assert portable and portable != model  # the fp32 export ships both graphs
+    assert graph_for([(CUDA, {}), CPU], model, portable) == portable
+    assert graph_for([(TENSORRT, {}), (CUDA, {}), CPU], model, portable) == portable
+    assert graph_for([CPU], model, portable) == model
+    assert graph_for([(CUDA, {})], "model.onnx", None) == "model.onnx"  # fp16/int8: one graph
+    import onnx
+
+    ops = {(n.domain or "ai.onnx") for n in onnx.load(str(onnx_export / portable)).graph.node}
+    assert ops == {"ai.onnx"}, ops  # standard ops only: nothing for a GPU provider to hand back to the CPU
+
+
+def test_a_cache_dir_that_cannot_be_made_is_one_line(onnx_export: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cmd = [sys.executable, "-m", "server", "--model", str(onnx_export), "--trt-cache-dir", str(blocker / "c")]
+    proc = subprocess.run(
+        [*cmd, "--port", "0"],
+        cwd=REPO,
+        env=server_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith(f"error: --trt-cache-dir {blocker / 'c'}: ")
+
+
+# ---- the GPU test mode ----------------------------------------------------------------------------
+
+
+def test_gpu_mode_fails_instead_of_skipping_when_required(tmp_path: Path) -> None:
+    """`XLNETQA_REQUIRE_GPU=1 pytest -m gpu`: a missing provider is a failure, not a skip."""
+    if CUDA in __import__("onnxruntime").get_available_providers():
+        pytest.skip("the CUDA provider is here: the required mode would pass")
+    test = f"{Path(__file__).name}::test_gpu_provider_runs_every_node_on_the_gpu_and_matches_the_cpu"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", test]
+    run = lambda env: subprocess.run(  # noqa: E731
+        cmd, cwd=REPO / "tests", env=server_env(env), capture_output=True, text=True, timeout=300
+    )
+    relaxed, strict = run({}), run({REQUIRE_ENV: "1"})
+    assert relaxed.returncode == 0 and "2 skipped" in relaxed.stdout, relaxed.stdout[-2000:]
+    assert strict.returncode == 1 and "2 failed" in strict.stdout, strict.stdout[-2000:]
+    assert f"{REQUIRE_ENV}=1 but" in strict.stdout
+
+
+# ---- on an NVIDIA machine --------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("provider", [CUDA, TENSORRT])
+def test_gpu_provider_runs_every_node_on_the_gpu_and_matches_the_cpu(
+    provider: str, onnx_export: Path, tmp_path: Path
+) -> None:
+    """CPU fallback disabled, so a node the GPU providers cannot run fails the session instead of
+    silently running on the CPU; outputs equal a CPU session's within a relative tolerance."""
+    require_provider(provider)
+    import onnxruntime as ort
+
+    from export.sessions import runner, session
+    from export.sidecar import Sidecar
+    from export.verify import compare, run_all, sample_batches
+    from train.tokenizer import XLNetTokenizer
+
+    side = Sidecar.load(onnx_export)
+    cache = tmp_path / "trt-cache"
+    entries = choose_providers(
+        ort.get_available_providers(),
+        [provider],
+        profile=ProfileShapes(4, side.max_seq_len),
+        trt_cache_dir=cache,
+    )
+    gpu_only = [e for e in entries if provider_names([e])[0] != CPU]
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    graph = onnx_export / graph_for(entries, side.model_file, side.portable_model_file)
+    sess = ort.InferenceSession(str(graph), options, providers=gpu_only)
+    assert sess.get_providers()[0] == provider, sess.get_providers()
+    batches = sample_batches(XLNetTokenizer.from_dir(onnx_export), [(1, 16), (3, 100), (4, 128)], seed=7)
+    reference = run_all(runner(session(onnx_export / side.model_file), side.outputs), batches)
+    got = run_all(runner(sess, side.outputs), batches)
+    for outputs in got:
+        assert all(np.isfinite(o).all() for o in outputs if o.dtype.kind == "f")
+    result = compare(side.outputs, reference, got, 1e-3, exact_indices=True, relative=True)  # TF32 matmuls
+    assert result.passed and not result.problems, result.problems
+    if provider == TENSORRT:
+        assert any(cache.iterdir()), "the TensorRT provider wrote no engine/timing cache"
+
+
+@pytest.mark.gpu
+def test_server_on_the_tensorrt_provider_reuses_its_engine_cache(onnx_export: Path, tmp_path: Path) -> None:
+    require_provider(TENSORRT)
+    import httpx
+
+    cache = tmp_path / "cache"
+    flags = ("--providers", TENSORRT, "--trt-cache-dir", str(cache), "--max-batch-size", "4")
+    with ServerProcess(onnx_export, tmp_path, *flags) as server:
+        info = httpx.get(server.url + "/v1/model").json()["runtime"]
+        assert info["providers"][0] == TENSORRT and info["model_file"] == "model.portable.onnx"
+        r = httpx.post(
+            server.url + "/answer", json={"question": "Who?", "context": "Ada wrote it."}, timeout=60
+        )
+        assert r.status_code == 200, r.text
+    built = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+    assert built
+    with ServerProcess(onnx_export, tmp_path, *flags):
+        pass
+    assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir() if p.name in built} == built  # reused
+
+
+def test_gpu_smoke_script_says_what_is_missing_in_one_line() -> None:
+    cmd = [sys.executable, "-m", "bench.gpu_smoke", "--requests", "1"]
+    proc = subprocess.run(cmd, cwd=REPO, env=server_env(), capture_output=True, text=True, timeout=120)
+    report = json.loads(proc.stdout[: proc.stdout.rindex("}") + 1])  # the stack report comes first
+    if report["cuda_devices"]:
+        pytest.skip("a GPU is here: the smoke script runs for real (make gpu-check)")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("python -m bench.gpu_smoke: error: the GPU stack is incomplete: ")
+    assert "no CUDA GPU is visible" in lines[0] and report["pinned"]["tensorrt"]
