@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 DEMO_DIR ?= runs/demo
 
-.PHONY: venv demo test lint format clean gpu-venv gpu-test gpu-check
+.PHONY: venv browser demo test lint format clean gpu-venv gpu-test gpu-check
 
 # torch is installed first and pinned, so pip never resolves a (multi-GB) CUDA build.
 $(VENV)/.installed: pyproject.toml
@@ -21,7 +21,17 @@ venv: $(VENV)/.installed
 demo: venv
 	$(PY) demo.py --out $(DEMO_DIR)
 
-test: venv
+# The playground tests drive Debian's chromium + chromium-driver (installed here when root, as in CI).
+browser:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+		if [ "$$(id -u)" != 0 ]; then \
+			echo "make: chromium and chromium-driver are missing: sudo apt-get install chromium chromium-driver" >&2; \
+			exit 1; \
+		fi; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	fi
+
+test: venv browser
 	$(PY) -m pytest tests
 
 # Quality gates (CI runs them before the tests): formatting, lint, types, import layering.

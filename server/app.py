@@ -19,6 +19,7 @@ from server.backends import create_backend
 from server.errors import BodyLimitMiddleware, install_error_handlers
 from server.metrics import Metrics, MetricsMiddleware
 from server.model_spec import ModelSpec, resolve_spec
+from server.playground import playground_router
 from server.request_ids import RequestIdMiddleware, configure_logging
 from server.routes import answer_router, batch_router, ops_router
 from server.runtime import BackendFactory, Runtime
@@ -72,6 +73,8 @@ def create_app(
     app.include_router(answer_router)
     app.include_router(batch_router(settings.max_batch_items))
     app.include_router(ops_router)
+    if settings.playground:
+        app.include_router(playground_router)
     return app
 
 

@@ -96,6 +96,7 @@ class ServerSettings(BaseSettings):
     graceful_timeout_s: float = Field(
         30.0, gt=0.0, description="How long SIGTERM waits for in-flight requests"
     )
+    playground: bool = Field(True, description="Serve the browser playground at GET / (false: 404)")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
     @model_validator(mode="after")

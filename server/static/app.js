@@ -1,0 +1,204 @@
+// The playground: asks POST /answer (or /answer/batch) and shows the answer in its context.
+// Text from the user or the server is only ever put into the page as textContent (never HTML).
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { model: null, samples: [], results: [], context: "" };
+
+function setText(el, text) { el.textContent = text; return el; }
+
+function showError(message) {
+  const box = $("error");
+  box.hidden = !message;
+  setText(box, message || "");
+}
+
+async function getJSON(url) {
+  const r = await fetch(url, { headers: { accept: "application/json" } });
+  if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
+  return r.json();
+}
+
+async function loadModel() {
+  try {
+    const m = await getJSON("/v1/model");
+    state.model = m;
+    setText($("model-line"),
+      `Model ${m.name} (${m.head} head, ${m.precision}, ${m.backend}); no-answer threshold ` +
+      `${m.no_answer_threshold}; windows of ${m.max_seq_len} tokens; ${m.ready ? "ready" : "loading"}.`);
+    $("threshold").placeholder = `model's: ${m.no_answer_threshold}`;
+  } catch (e) {
+    setText($("model-line"), `Could not read /v1/model: ${e.message}`);
+  }
+}
+
+async function loadSamples() {
+  try {
+    state.samples = await getJSON("/playground/samples.json");
+  } catch (e) {
+    state.samples = [];
+  }
+  const select = $("sample");
+  state.samples.forEach((s, i) => {
+    const opt = document.createElement("option");
+    opt.value = String(i);
+    opt.textContent = s.title;
+    select.appendChild(opt);
+  });
+}
+
+function pickSample() {
+  const s = state.samples[Number($("sample").value)];
+  if (!s || $("sample").value === "") return;
+  $("context").value = s.context;
+  $("question").value = s.questions.join("\n");
+}
+
+function requestBody(question, context) {
+  const body = { question, context, top_k: Number($("top-k").value) || 1 };
+  const t = $("threshold").value.trim();
+  if (t !== "") body.threshold = Number(t);
+  return body;
+}
+
+async function post(url, body) {
+  const r = await fetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/json", accept: "application/json" },
+    body: JSON.stringify(body),
+  });
+  let data = null;
+  try { data = await r.json(); } catch (e) { data = null; }
+  if (!r.ok) {
+    const what = data && data.message ? `${data.error}: ${data.message}` : r.statusText;
+    throw new Error(`HTTP ${r.status} ${what}`);
+  }
+  return data;
+}
+
+function renderContext(context, res) {
+  const view = $("context-view");
+  view.replaceChildren();
+  if (!res || res.is_impossible || res.start < 0) {
+    view.appendChild(document.createTextNode(context));
+    return;
+  }
+  const mark = document.createElement("mark");
+  mark.dataset.start = String(res.start);
+  mark.dataset.end = String(res.end);
+  mark.textContent = context.slice(res.start, res.end);
+  view.append(document.createTextNode(context.slice(0, res.start)), mark,
+    document.createTextNode(context.slice(res.end)));
+}
+
+function fact(dl, name, value, id) {
+  const dt = document.createElement("dt");
+  const dd = document.createElement("dd");
+  dt.textContent = name;
+  dd.textContent = value;
+  if (id) dd.id = id;
+  dl.append(dt, dd);
+}
+
+function threshold() {
+  const t = $("threshold").value.trim();
+  if (t !== "") return Number(t);
+  return state.model ? state.model.no_answer_threshold : NaN;
+}
+
+function renderOne(res) {
+  const line = $("answer-line");
+  line.replaceChildren();
+  if (res.is_impossible) {
+    line.appendChild(setText(document.createElement("strong"), "No answer"));
+    line.appendChild(document.createTextNode(" (the model judges the question unanswerable from this text)"));
+  } else {
+    line.appendChild(setText(document.createElement("strong"), res.answer));
+  }
+  line.dataset.impossible = String(res.is_impossible);
+  const facts = $("facts");
+  facts.replaceChildren();
+  fact(facts, "p(no answer)", res.no_answer_prob.toFixed(4), "no-answer-prob");
+  fact(facts, "threshold", String(threshold()), "threshold-used");
+  fact(facts, "span score", res.score === null ? "–" : res.score.toFixed(3));
+  fact(facts, "characters", res.start < 0 ? "–" : `${res.start}–${res.end}`);
+  const t = res.timing_ms;
+  fact(facts, "timing (ms)", `featurize ${t.featurize.toFixed(1)}, queue ${t.queue.toFixed(1)}, ` +
+    `inference ${t.inference.toFixed(1)}, decode ${t.decode.toFixed(1)}, total ${t.total.toFixed(1)}`, "timing");
+  renderContext(state.context, res);
+  const rows = (res.n_best || []).map((e) => {
+    const tr = document.createElement("tr");
+    for (const v of [e.text, `${e.start}–${e.end}`, e.score.toFixed(3), e.probability.toFixed(4)]) {
+      tr.appendChild(setText(document.createElement("td"), v));
+    }
+    return tr;
+  });
+  $("nbest").tBodies[0].replaceChildren(...rows);
+  $("nbest-box").hidden = rows.length === 0;
+}
+
+function select(index) {
+  state.results.forEach((_, i) => {
+    $("batch-table").tBodies[0].rows[i].classList.toggle("selected", i === index);
+  });
+  renderOne(state.results[index].res);
+}
+
+function renderBatch(questions, results) {
+  state.results = results.map((res, i) => ({ question: questions[i], res }));
+  const rows = state.results.map(({ question, res }, i) => {
+    const tr = document.createElement("tr");
+    tr.tabIndex = 0;
+    tr.append(setText(document.createElement("td"), question),
+      setText(document.createElement("td"), res.is_impossible ? "(no answer)" : res.answer),
+      setText(document.createElement("td"), res.no_answer_prob.toFixed(4)));
+    tr.addEventListener("click", () => select(i));
+    tr.addEventListener("keydown", (ev) => { if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); select(i); } });
+    return tr;
+  });
+  $("batch-table").tBodies[0].replaceChildren(...rows);
+  $("batch-results").hidden = false;
+  select(0);
+}
+
+async function ask(ev) {
+  if (ev) ev.preventDefault();
+  showError("");
+  const context = $("context").value;
+  const lines = $("question").value.split("\n").map((q) => q.trim()).filter((q) => q);
+  if (!context.trim() || lines.length === 0) {
+    showError("Enter a context and a question.");
+    return;
+  }
+  const batch = $("batch").checked;
+  const button = $("ask");
+  button.disabled = true;
+  try {
+    state.context = context;
+    if (batch) {
+      const data = await post("/answer/batch", { items: lines.map((q) => requestBody(q, context)) });
+      renderBatch(lines, data.results);
+    } else {
+      $("batch-results").hidden = true;
+      state.results = [];
+      renderOne(await post("/answer", requestBody(lines.join(" "), context)));
+    }
+    $("result").hidden = false;
+    $("result").dataset.done = String(Date.now());
+  } catch (e) {
+    $("result").hidden = true;
+    showError(e.message);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("ask-form").addEventListener("submit", ask);
+  $("sample").addEventListener("change", pickSample);
+  document.addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) ask(ev);
+  });
+  loadModel();
+  loadSamples();
+});

@@ -1,0 +1,159 @@
+"""The browser playground (``GET /``) in a real headless Chromium against a real server on 127.0.0.1:
+an answerable and an unanswerable question, the rendered highlight checked against the API's offsets,
+batch mode, the server's error message shown, content types and CSP, and the switch that turns it off."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from server_helpers import ServerProcess
+
+from bench.browser import CHROMIUM, headless_chromium
+from server.playground import CONTENT_SECURITY_POLICY, FILES
+
+
+@pytest.fixture(scope="module")
+def playground_server(onnx_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    s = ServerProcess(onnx_export, tmp_path_factory.mktemp("logs")).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    """Debian's chromium + chromium-driver (.ci/run installs them): a missing browser is a failure."""
+    with headless_chromium() as driver:
+        yield driver
+
+
+def _ask(driver, url: str, context: str, question: str, threshold: str = "", batch: bool = False) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(url + "/")
+    wait = WebDriverWait(driver, 30)
+    wait.until(ec.text_to_be_present_in_element((By.ID, "model-line"), "threshold"))
+    for element_id, value in (("context", context), ("question", question), ("threshold", threshold)):
+        field = driver.find_element(By.ID, element_id)
+        field.clear()
+        if value:
+            field.send_keys(value)
+    if batch != driver.find_element(By.ID, "batch").is_selected():
+        driver.find_element(By.CSS_SELECTOR, "label[for=batch]").click()
+    driver.find_element(By.ID, "ask").click()
+    wait.until(
+        lambda d: (
+            d.find_element(By.ID, "result").get_attribute("data-done")
+            or d.find_element(By.ID, "error").is_displayed()
+        )
+    )
+
+
+def _api(url: str, body: dict) -> dict:
+    r = httpx.post(url + "/answer", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+CONTEXT = (
+    "The Normans were the people who in the 10th and 11th centuries gave their name to Normandy, a region "
+    "in France. They were descended from Norse raiders and pirates from Denmark, Iceland and Norway."
+)
+
+
+def test_answerable_question_is_highlighted_at_the_api_offsets(
+    playground_server, browser, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    question = "Who gave their name to Normandy?"
+    _ask(browser, playground_server.url, CONTEXT, question, threshold="1")  # 1: the best span, always
+    expected = _api(
+        playground_server.url, {"question": question, "context": CONTEXT, "top_k": 5, "threshold": 1.0}
+    )
+    assert not expected["is_impossible"] and expected["start"] >= 0
+    mark = browser.find_element(By.CSS_SELECTOR, "#context-view mark")
+    assert (int(mark.get_attribute("data-start")), int(mark.get_attribute("data-end"))) == (
+        expected["start"],
+        expected["end"],
+    )
+    assert (
+        mark.text == CONTEXT[expected["start"] : expected["end"]] == expected["answer"].strip() or mark.text
+    )
+    view = browser.find_element(By.ID, "context-view").text
+    assert view.replace("\n", " ") == CONTEXT  # the whole context, the answer inside it
+    assert browser.find_element(By.ID, "answer-line").get_attribute("data-impossible") == "false"
+    assert browser.find_element(By.ID, "threshold-used").text == "1"
+    assert f"{expected['no_answer_prob']:.4f}" == browser.find_element(By.ID, "no-answer-prob").text
+    rows = browser.find_elements(By.CSS_SELECTOR, "#nbest tbody tr")
+    assert (
+        len(rows) == len(expected["n_best"])
+        and rows[0].find_elements(By.TAG_NAME, "td")[0].text == (expected["n_best"][0]["text"])
+    )
+    assert "total" in browser.find_element(By.ID, "timing").text
+    shot = tmp_path / "playground.png"
+    assert browser.save_screenshot(str(shot)) and shot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_unanswerable_question_has_no_highlight(playground_server, browser) -> None:
+    from selenium.webdriver.common.by import By
+
+    question = "What is the capital of Mars?"
+    _ask(browser, playground_server.url, CONTEXT, question, threshold="0")  # 0: any p(no answer) wins
+    expected = _api(playground_server.url, {"question": question, "context": CONTEXT, "threshold": 0.0})
+    assert expected["is_impossible"] and expected["start"] == -1
+    assert browser.find_elements(By.CSS_SELECTOR, "#context-view mark") == []
+    assert browser.find_element(By.ID, "answer-line").get_attribute("data-impossible") == "true"
+    assert browser.find_element(By.ID, "answer-line").text.startswith("No answer")
+
+
+def test_batch_mode_and_the_servers_error_message(playground_server, browser) -> None:
+    from selenium.webdriver.common.by import By
+
+    _ask(browser, playground_server.url, CONTEXT, "Who?\nWhen?\nWhere?", threshold="1", batch=True)
+    rows = browser.find_elements(By.CSS_SELECTOR, "#batch-table tbody tr")
+    assert [r.find_elements(By.TAG_NAME, "td")[0].text for r in rows] == ["Who?", "When?", "Where?"]
+    rows[2].click()
+    assert "selected" in rows[2].get_attribute("class")
+    expected = _api(playground_server.url, {"question": "Where?", "context": CONTEXT, "threshold": 1.0})
+    mark = browser.find_element(By.CSS_SELECTOR, "#context-view mark")
+    assert int(mark.get_attribute("data-start")) == expected["start"]
+    _ask(browser, playground_server.url, "x" * 20001, "Why?")  # over max_context_chars: 413 from the server
+    error = browser.find_element(By.ID, "error")
+    assert (
+        error.is_displayed() and "HTTP 413 context_too_large" in error.text and "limit is 20000" in error.text
+    )
+    severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE" and "413" not in e["message"]]
+    assert severe == [], severe  # no script errors, no CSP violations
+
+
+def test_static_files_types_and_security_headers(playground_server) -> None:
+    for path, name in [("/", "index.html"), *((f"/playground/{n}", n) for n in FILES if n != "index.html")]:
+        r = httpx.get(playground_server.url + path)
+        assert r.status_code == 200 and r.headers["content-type"] == FILES[name], path
+        assert r.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+        assert r.headers["x-content-type-options"] == "nosniff"
+    for bad in ("/playground/../settings.py", "/playground/index.html", "/playground/%2e%2e%2fapp.py"):
+        assert httpx.get(playground_server.url + bad).status_code == 404, bad
+    page = httpx.get(playground_server.url + "/").text
+    assert "http://" not in page and "https://" not in page  # nothing loaded from elsewhere
+    for asset in ("app.js", "style.css"):
+        text = httpx.get(f"{playground_server.url}/playground/{asset}").text
+        assert "http://" not in text and "https://" not in text, asset
+
+
+def test_the_playground_can_be_switched_off(onnx_export: Path, tmp_path: Path) -> None:
+    with ServerProcess(onnx_export, tmp_path, "--playground", "false") as s:
+        assert httpx.get(s.url + "/").status_code == 404
+        assert httpx.get(s.url + "/playground/app.js").status_code == 404
+        assert httpx.get(s.url + "/healthz").status_code == 200
+
+
+def test_chromium_is_the_debian_build() -> None:
+    out = subprocess.run([CHROMIUM, "--version"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "Chromium" in out.stdout
