@@ -95,7 +95,9 @@ def ask(model: Path, flags: Sequence[str], work: Path, requests: int) -> dict[st
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description="Export, build an engine, serve and ask on an NVIDIA GPU.")
+    p = argparse.ArgumentParser(
+        prog=PROG, description="Export, build an engine, serve and ask on an NVIDIA GPU."
+    )
     p.add_argument("--checkpoint", type=Path, help="a fine-tuned checkpoint (default: a tiny random model)")
     p.add_argument("--work", type=Path, help="working directory (default: a temporary one)")
     p.add_argument("--requests", type=int, default=50, help="requests per server")
