@@ -19,7 +19,7 @@ to callbacks, so a caller chooses where they land. Intermediate files live in a 
    |value|): trained logits reach tens and float32 rounding grows with them).
 4. fp32: optimise offline at ORT_ENABLE_EXTENDED (`export.optimize` says why not ENABLE_ALL) and ship it as
    `model.onnx` only if it verifies too; the portable graph stays beside it as `model.portable.onnx`.
-   fp16 / int8 (`export.precision`: fp32 position table in fp16; int8 leaves the QA heads in float unless
+   fp16 / int8 (`export.precision`: position tables computed in fp32, stored in fp16; int8 leaves the QA heads in float unless
    `quantize_heads`): convert the verified fp32 graph and verify it with a tolerance relative to each
    output's magnitude; `agreement_data` decodes SQuAD questions with it and with
    PyTorch fp32 and reports how often the answers are identical.
@@ -245,7 +245,8 @@ class _Export:
         path = self.work / "fp16.onnx"
         onnx.save(to_fp16(onnx.load(str(portable))), str(path))
         self.report(
-            "fp16: float16 weights and compute; float32 position table and TopK; int64 in, float32 out"
+            "fp16: float16 weights and compute (position tables computed in float32, stored in float16); "
+            "float32 TopK; int64 in, float32 out"
         )
         if self.options.optimize:
             self.report(

@@ -1,9 +1,10 @@
 """Reduced-precision graphs: float16 (for GPUs / TensorRT 11) and dynamic int8 (for CPUs).
 
 - fp16: onnxruntime's copy of onnxconverter-common's `convert_float_to_float16` (no extra dependency),
-  `keep_io_types=True` so callers still feed int64 and read float32. The sinusoid position table stays
-  float32 (:func:`export.graph.fp32_island`), exactly as the PyTorch model builds it before `.to(dtype)`;
-  TopK stays float32 (the converter's default block list). Constants beyond fp16 range (the -1e30 mask
+  `keep_io_types=True` so callers still feed int64 and read float32. An export of `QAInference` carries
+  its relative-position tables as constants, computed (sinusoids and projection) in float32 at export
+  time and stored in float16 here; a graph that computes the sinusoids itself keeps those nodes float32
+  (:func:`export.graph.fp32_island`), as the PyTorch model builds the table before `.to(dtype)`. TopK stays float32 (the converter's default block list). Constants beyond fp16 range (the -1e30 mask
   values) are clipped to -65504, which the model's own fp16 path uses too.
 - int8: `quantize_dynamic` with signed int8 weights on every backbone MatMul whose weight is a constant
   (q/k/v/o projections (r is a precomputed table), the segment term, the feed-forward layers); activation x activation MatMuls
@@ -28,7 +29,7 @@ from export.graph import constant_weight_matmuls, fp32_island, matmul_weights
 
 
 def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A float16 copy of a float32 graph with float32 inputs/outputs and a float32 position table."""
+    """A float16 copy of a float32 graph with float32 inputs/outputs (sinusoid nodes, if any, float32)."""
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
     converted = convert_float_to_float16(
