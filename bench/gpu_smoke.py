@@ -62,7 +62,7 @@ def build_engine(onnx_dir: Path, work: Path) -> Path:
 
     out = work / "trt"
     args = ["--onnx", str(onnx_dir), "--out", str(out), "--timing-cache", str(work / "timing.cache")]
-    if trt_main([*args, "--min-shape", "1x1", "--opt-shape", "4x384", "--max-shape", "8x512"]) != 0:
+    if trt_main([*args, "--opt-shape", "4x384", "--max-shape", "8x512"]) != 0:  # min: the graph's shortest
         raise RuntimeError("python -m export.trt failed (see above)")
     return out
 
@@ -113,9 +113,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"stack": report}
     failed = False
-    onnx_dir = make_export(work, args.checkpoint)
-    engine = None
+    onnx_dir = engine = None
     try:
+        onnx_dir = make_export(work, args.checkpoint)
+    except Exception as exc:  # noqa: BLE001 - report every stage, then fail
+        results["onnx export"] = {"error": f"{type(exc).__name__}: {exc}"}
+        failed = True
+    try:
+        if onnx_dir is None:
+            raise RuntimeError("no ONNX export to build from")
         engine = build_engine(onnx_dir, work)
     except Exception as exc:  # noqa: BLE001 - report every stage, then fail
         results["trt build"] = {"error": str(exc)}

@@ -13,7 +13,7 @@ from bench.browser import headless_chromium
 from server.process import ServerProcess
 
 
-def take(model: Path, out: Path, backend: str = "onnx") -> None:
+def take(model: Path, out: Path, backend: str = "onnx", threshold: str = "") -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -32,6 +32,8 @@ def take(model: Path, out: Path, backend: str = "onnx") -> None:
         first = question.get_attribute("value").splitlines()[0]
         question.clear()
         question.send_keys(first)
+        if threshold:
+            driver.find_element(By.ID, "threshold").send_keys(threshold)
         driver.find_element(By.ID, "ask").click()
         wait.until(lambda d: d.find_element(By.ID, "result").get_attribute("data-done"))
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -43,8 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--model", type=Path, required=True, help="export directory to serve")
     p.add_argument("--backend", default="onnx")
     p.add_argument("--out", type=Path, default=Path("docs/playground.png"))
+    p.add_argument(
+        "--threshold", default="", help="no-answer threshold typed into the page (default: the model's)"
+    )
     args = p.parse_args(argv)
-    take(args.model, args.out, args.backend)
+    take(args.model, args.out, args.backend, args.threshold)
     print(f"wrote {args.out}")
     return 0
 

@@ -169,6 +169,7 @@ class MicroBatcher:
         workers: int = 1,
         pad_multiple_of: int | None = None,
         min_length: int | None = None,
+        max_length: int | None = None,
         lookahead: int | None = None,
         max_padding: float = 0.25,
         aging_s: float = 1.0,
@@ -185,6 +186,7 @@ class MicroBatcher:
         self.max_queue = max_queue
         self.pad_multiple_of = pad_multiple_of
         self.min_length = min_length  # e.g. a TensorRT profile's shortest sequence
+        self.max_length = max_length  # pad_multiple_of never rounds past it (the model's max_seq_len)
         self.lookahead = lookahead if lookahead is not None else 4 * max_batch_size
         self.max_padding = max_padding  # padded tokens / real tokens - 1, at most
         self.aging_s = aging_s
@@ -519,7 +521,9 @@ class MicroBatcher:
         try:
             features = [job.features[i] for job, i in chosen]
             pad_to = max(self.min_length, max(len(f) for f in features)) if self.min_length else None
-            batch = pad_batch(features, pad_to=pad_to, multiple_of=self.pad_multiple_of)
+            batch = pad_batch(
+                features, pad_to=pad_to, multiple_of=self.pad_multiple_of, max_length=self.max_length
+            )
             inputs = {k: batch[k] for k in MODEL_INPUTS}
             call = _Call(chosen, start, self._expected_seconds(int(inputs["input_ids"].size)))
             self._calls.add(call)

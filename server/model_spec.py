@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from export.sidecar import DEFAULT_SETTINGS, Sidecar, SidecarError
-from train.contract import DEFAULTS, INPUT_NAMES
+from train.contract import DEFAULTS, INPUT_NAMES, shortest_sequence
 from train.contract import OUTPUT_NAMES as OUTPUTS_BY_HEAD
 
 
@@ -162,7 +162,10 @@ def load_export_spec(directory: str | Path, backend: str = "onnx") -> ModelSpec:
         end_n_top=sc.end_n_top,
         max_batch_size=sc.max_batch_size,
         max_engine_seq_len=sc.max_sequence_length,
-        min_engine_seq_len=sc.trt["min_shape"][1] if sc.trt else None,
+        # an engine's profile minimum, else the graph's own (the beam head's in-graph top-k needs k tokens)
+        min_engine_seq_len=sc.trt["min_shape"][1]
+        if sc.trt
+        else shortest_sequence(sc.head, sc.start_n_top, sc.end_n_top),
         input_names=tuple(sc.inputs),
         output_names=tuple(sc.outputs),
         raw=sc.to_dict(),

@@ -132,7 +132,11 @@ class ServerProcess:
         return self.proc.returncode
 
     def __enter__(self) -> ServerProcess:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # not ready in time, or exited: never leave the child running
+            self.stop()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -125,6 +125,7 @@ class Runtime:
             max_padding=s.max_batch_padding,
             aging_s=s.queue_aging_s,
             min_length=self.spec.min_engine_seq_len,
+            max_length=self.spec.max_seq_len,
             watchdog_factor=s.watchdog_factor,
             watchdog_min_s=s.watchdog_min_s,
             on_batch=self._on_batch,

@@ -124,3 +124,29 @@ def test_batcher_caps_padding_and_does_not_wait_twice(xlnet_tok) -> None:
     shapes = []
     asyncio.run(scenario(10.0))
     assert shapes == [(2, len(long_[0]))]
+
+
+def test_pad_multiple_never_rounds_past_the_models_longest_input(xlnet_tok) -> None:
+    """pad_multiple_of rounds a batch up, but never beyond max_length (a TensorRT profile's or the position
+    tables' end): 100 tokens with multiple 96 and max 128 pad to 128, not 192; the minimum still applies."""
+    from server.batching import MicroBatcher
+
+    shapes: list[tuple[int, int]] = []
+
+    def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        shapes.append(batch["input_ids"].shape)
+        return {"n": batch["attention_mask"].sum(axis=1)}
+
+    long_, short = (windows[:1] for windows in _features(xlnet_tok, [80, 1]))
+    assert 96 < len(long_[0]) <= 128 and len(short[0]) < 100, (len(long_[0]), len(short[0]))
+
+    async def scenario(features: list, **limits: int) -> None:
+        b = MicroBatcher(run, max_batch_size=1, max_delay_s=0.0, pad_multiple_of=96, **limits)
+        b.start()
+        await b.submit(features)
+        await b.drain()
+
+    asyncio.run(scenario(long_, max_length=128))
+    asyncio.run(scenario(long_))  # no cap: rounded to the multiple
+    asyncio.run(scenario(short, min_length=100, max_length=128))
+    assert shapes == [(1, 128), (1, 192), (1, 128)]

@@ -30,6 +30,19 @@ from export.ort_providers import (
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = ProfileShapes(max_batch=8, max_seq_len=384)
+# ops that carry the model's arithmetic: on a GPU provider none may run on the CPU
+COMPUTE_OPS = {
+    "MatMul",
+    "Gemm",
+    "Softmax",
+    "Erf",
+    "Tanh",
+    "Relu",
+    "LayerNormalization",
+    "ReduceMean",
+    "Pow",
+    "Sqrt",
+}
 
 
 def fake_site(tmp_path: Path, wheels: dict[str, str]) -> Path:
@@ -186,6 +199,7 @@ def test_a_cache_dir_that_cannot_be_made_is_one_line(onnx_export: Path, tmp_path
     blocker = tmp_path / "file"
     blocker.write_text("x")
     cmd = [sys.executable, "-m", "server", "--model", str(onnx_export), "--trt-cache-dir", str(blocker / "c")]
+    cmd += ["--providers", TENSORRT]  # the directory only matters to the TensorRT provider
     proc = subprocess.run(
         [*cmd, "--port", "0"],
         cwd=REPO,
@@ -225,8 +239,9 @@ def test_gpu_mode_fails_instead_of_skipping_when_required(tmp_path: Path) -> Non
 def test_gpu_provider_runs_every_node_on_the_gpu_and_matches_the_cpu(
     provider: str, onnx_export: Path, tmp_path: Path
 ) -> None:
-    """CPU fallback disabled, so a node the GPU providers cannot run fails the session instead of
-    silently running on the CPU; outputs equal a CPU session's within a relative tolerance."""
+    """Where every node ran, from onnxruntime's own profile: no compute op (MatMul, Softmax, ...) on the CPU
+    provider (only the shape arithmetic onnxruntime keeps there on purpose); outputs equal a CPU session's
+    within a relative tolerance."""
     require_provider(provider)
     import onnxruntime as ort
 
@@ -243,11 +258,11 @@ def test_gpu_provider_runs_every_node_on_the_gpu_and_matches_the_cpu(
         profile=ProfileShapes(4, side.max_seq_len),
         trt_cache_dir=cache,
     )
-    gpu_only = [e for e in entries if provider_names([e])[0] != CPU]
     options = ort.SessionOptions()
-    options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    options.enable_profiling = True
+    options.profile_file_prefix = str(tmp_path / "ort-profile")
     graph = onnx_export / graph_for(entries, side.model_file, side.portable_model_file)
-    sess = ort.InferenceSession(str(graph), options, providers=gpu_only)
+    sess = ort.InferenceSession(str(graph), options, providers=entries)
     assert sess.get_providers()[0] == provider, sess.get_providers()
     batches = sample_batches(XLNetTokenizer.from_dir(onnx_export), [(1, 16), (3, 100), (4, 128)], seed=7)
     reference = run_all(runner(session(onnx_export / side.model_file), side.outputs), batches)
@@ -256,6 +271,11 @@ def test_gpu_provider_runs_every_node_on_the_gpu_and_matches_the_cpu(
         assert all(np.isfinite(o).all() for o in outputs if o.dtype.kind == "f")
     result = compare(side.outputs, reference, got, 1e-3, exact_indices=True, relative=True)  # TF32 matmuls
     assert result.passed and not result.problems, result.problems
+    events = json.loads(Path(sess.end_profiling()).read_text())
+    ran = [e["args"] for e in events if e.get("cat") == "Node" and "provider" in e.get("args", {})]
+    compute_on_cpu = {a["op_name"] for a in ran if a["provider"] == CPU} & COMPUTE_OPS
+    assert not compute_on_cpu, f"compute ops ran on the CPU provider: {sorted(compute_on_cpu)}"
+    assert any(a["provider"] == provider for a in ran), sorted({a["provider"] for a in ran})
     if provider == TENSORRT:
         assert any(cache.iterdir()), "the TensorRT provider wrote no engine/timing cache"
 

@@ -100,6 +100,21 @@ def test_answerable_question_is_highlighted_at_the_api_offsets(
     assert browser.save_screenshot(str(shot)) and shot.read_bytes().startswith(b"\x89PNG")
 
 
+def test_the_highlight_counts_characters_as_the_api_does(playground_server, browser) -> None:
+    """Offsets are code points; an emoji is two UTF-16 units in JavaScript: the highlight must not shift."""
+    from selenium.webdriver.common.by import By
+
+    context = "\U0001f600\U0001f30d Emoji first. " + CONTEXT
+    question = "Where is Normandy?"
+    _ask(browser, playground_server.url, context, question, threshold="1")
+    expected = _api(playground_server.url, {"question": question, "context": context, "threshold": 1.0})
+    mark = browser.find_element(By.CSS_SELECTOR, "#context-view mark")
+    assert (
+        mark.text == expected["answer"].strip()
+        and expected["answer"] == context[expected["start"] : expected["end"]]
+    )
+
+
 def test_unanswerable_question_has_no_highlight(playground_server, browser) -> None:
     from selenium.webdriver.common.by import By
 

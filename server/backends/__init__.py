@@ -19,6 +19,14 @@ def preflight(settings: ServerSettings) -> None:
     backend, providers = settings.backend, settings.provider_list()
     if backend == "onnx" and importlib.util.find_spec("onnxruntime") is None:
         raise BackendUnavailable("--backend onnx needs onnxruntime (pip install 'xlnet-qa[serve]')")
+    trt_provider = "TensorrtExecutionProvider" in (providers or [])
+    if backend == "onnx" and settings.trt_cache_dir is not None and trt_provider:  # settings before installs
+        try:
+            settings.trt_cache_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BackendUnavailable(
+                f"--trt-cache-dir {settings.trt_cache_dir}: {exc.strerror or exc}"
+            ) from None
     if backend == "onnx" and providers:
         import onnxruntime
 
@@ -29,13 +37,6 @@ def preflight(settings: ServerSettings) -> None:
         )
         if problem:
             raise BackendUnavailable(f"--providers: {problem}")
-    if backend == "onnx" and settings.trt_cache_dir is not None:
-        try:
-            settings.trt_cache_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise BackendUnavailable(
-                f"--trt-cache-dir {settings.trt_cache_dir}: {exc.strerror or exc}"
-            ) from None
     if backend == "torch" and importlib.util.find_spec("torch") is None:
         raise BackendUnavailable("--backend torch needs torch (pip install 'xlnet-qa[train]')")
     if backend == "trt":

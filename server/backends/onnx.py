@@ -51,7 +51,7 @@ class OnnxBackend(Backend):
         from export.sessions import session
         from train.contract import shortest_sequence
 
-        if trt_cache_dir is not None:
+        if trt_cache_dir is not None and "TensorrtExecutionProvider" in (providers or []):
             try:
                 Path(trt_cache_dir).mkdir(parents=True, exist_ok=True)
             except OSError as exc:

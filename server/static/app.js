@@ -70,9 +70,10 @@ async function post(url, body) {
   let data = null;
   try { data = await r.json(); } catch (e) { data = null; }
   if (!r.ok) {
-    const what = data && data.message ? `${data.error}: ${data.message}` : r.statusText;
+    const what = data && data.message ? `${data.error}: ${data.message}` : r.statusText || "error";
     throw new Error(`HTTP ${r.status} ${what}`);
   }
+  if (data === null) throw new Error(`HTTP ${r.status}: the server's answer is not JSON`);
   return data;
 }
 
@@ -83,12 +84,14 @@ function renderContext(context, res) {
     view.appendChild(document.createTextNode(context));
     return;
   }
+  // The API's offsets count code points (Python str); JS strings index UTF-16 units, so slice code points.
+  const chars = Array.from(context);
   const mark = document.createElement("mark");
   mark.dataset.start = String(res.start);
   mark.dataset.end = String(res.end);
-  mark.textContent = context.slice(res.start, res.end);
-  view.append(document.createTextNode(context.slice(0, res.start)), mark,
-    document.createTextNode(context.slice(res.end)));
+  mark.textContent = chars.slice(res.start, res.end).join("");
+  view.append(document.createTextNode(chars.slice(0, res.start).join("")), mark,
+    document.createTextNode(chars.slice(res.end).join("")));
 }
 
 function fact(dl, name, value, id) {
@@ -102,11 +105,11 @@ function fact(dl, name, value, id) {
 
 function threshold() {
   const t = $("threshold").value.trim();
-  if (t !== "") return Number(t);
-  return state.model ? state.model.no_answer_threshold : NaN;
+  if (t !== "") return String(Number(t));
+  return state.model ? String(state.model.no_answer_threshold) : "the model's";
 }
 
-function renderOne(res) {
+function renderOne(res, thresholdUsed) {
   const line = $("answer-line");
   line.replaceChildren();
   if (res.is_impossible) {
@@ -119,7 +122,7 @@ function renderOne(res) {
   const facts = $("facts");
   facts.replaceChildren();
   fact(facts, "p(no answer)", res.no_answer_prob.toFixed(4), "no-answer-prob");
-  fact(facts, "threshold", String(threshold()), "threshold-used");
+  fact(facts, "threshold", thresholdUsed, "threshold-used");
   fact(facts, "span score", res.score === null ? "–" : res.score.toFixed(3));
   fact(facts, "characters", res.start < 0 ? "–" : `${res.start}–${res.end}`);
   const t = res.timing_ms;
@@ -141,11 +144,11 @@ function select(index) {
   state.results.forEach((_, i) => {
     $("batch-table").tBodies[0].rows[i].classList.toggle("selected", i === index);
   });
-  renderOne(state.results[index].res);
+  renderOne(state.results[index].res, state.results[index].threshold);
 }
 
-function renderBatch(questions, results) {
-  state.results = results.map((res, i) => ({ question: questions[i], res }));
+function renderBatch(questions, results, thresholdUsed) {
+  state.results = results.map((res, i) => ({ question: questions[i], res, threshold: thresholdUsed }));
   const rows = state.results.map(({ question, res }, i) => {
     const tr = document.createElement("tr");
     tr.tabIndex = 0;
@@ -163,6 +166,7 @@ function renderBatch(questions, results) {
 
 async function ask(ev) {
   if (ev) ev.preventDefault();
+  if ($("ask").disabled) return;  // one request at a time: answers render in the order asked
   showError("");
   const context = $("context").value;
   const lines = $("question").value.split("\n").map((q) => q.trim()).filter((q) => q);
@@ -175,13 +179,14 @@ async function ask(ev) {
   button.disabled = true;
   try {
     state.context = context;
+    const used = threshold();
     if (batch) {
       const data = await post("/answer/batch", { items: lines.map((q) => requestBody(q, context)) });
-      renderBatch(lines, data.results);
+      renderBatch(lines, data.results, used);
     } else {
       $("batch-results").hidden = true;
       state.results = [];
-      renderOne(await post("/answer", requestBody(lines.join(" "), context)));
+      renderOne(await post("/answer", requestBody(lines.join(" "), context)), used);
     }
     $("result").hidden = false;
     $("result").dataset.done = String(Date.now());

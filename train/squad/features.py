@@ -370,12 +370,13 @@ def pad_batch(
     pad_to: int | None = None,
     multiple_of: int | None = None,
     include_labels: bool = False,
+    max_length: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Right-pad features into int64 arrays ``[B, T]``: input_ids, attention_mask, token_type_ids, p_mask.
 
     T is the longest feature, or ``pad_to`` (which must fit them all), rounded up to a multiple of
     ``multiple_of`` (e.g. 8 for tensor cores, or to limit the number of distinct shapes an engine
-    sees). Padding is PAD_ID / 0 / SEG_ID_PAD / 1. ``include_labels`` adds ``[B]`` arrays cls_index,
+    sees) but never past ``max_length`` (the longest input the model or engine takes). Padding is PAD_ID / 0 / SEG_ID_PAD / 1. ``include_labels`` adds ``[B]`` arrays cls_index,
     start_positions, end_positions and is_impossible for training (labelled features only).
     """
     if not features:
@@ -385,7 +386,8 @@ def pad_batch(
     if length < longest:
         raise ValueError(f"pad_batch: pad_to={pad_to} is shorter than the longest feature ({longest})")
     if multiple_of:
-        length = -(-length // multiple_of) * multiple_of
+        rounded = -(-length // multiple_of) * multiple_of
+        length = rounded if max_length is None else max(length, min(rounded, max_length))
     n = len(features)
     batch = {
         "input_ids": np.full((n, length), PAD_ID, dtype=np.int64),
