@@ -235,6 +235,8 @@ class QAPipeline:
 
         async def featurize_and_infer() -> tuple[list[list[Feature]], list[float], list[JobResult]]:
             groups, feat_ms = await self._featurize(items, normalized, inline)
+            if time.perf_counter() >= t0 + self.timeout_s:  # spent while tokenizing: a timeout, not overload
+                raise asyncio.TimeoutError
             futures.extend(self.batcher.submit_many(groups, tag=tag, deadline=t0 + self.timeout_s))
             return groups, feat_ms, list(await asyncio.gather(*futures))
 
