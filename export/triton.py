@@ -150,6 +150,7 @@ def check_args(args: argparse.Namespace, sidecar: Sidecar) -> None:
     too_big = [b for b in args.preferred_batch if b > args.max_batch_size]
     if too_big:
         raise ValueError(f"--preferred-batch {too_big} exceed --max-batch-size {args.max_batch_size}")
+    graph_file(sidecar, args)  # an int8 export on GPU instances is refused before anything is written
     if sidecar.backend == "tensorrt":
         if args.instance_kind != "gpu":
             raise ValueError("a TensorRT engine runs on the GPU: --instance-kind must be gpu")
@@ -182,6 +183,19 @@ def check_plan(args: argparse.Namespace, sidecar: Sidecar) -> None:
         )
 
 
+def graph_file(sidecar: Sidecar, args: argparse.Namespace) -> str:
+    """The file Triton loads: on GPU instances an ONNX export's portable (standard-ops) graph, because the
+    offline-optimised one holds onnxruntime CPU contrib ops that would run on the CPU there."""
+    if sidecar.backend != "onnx" or args.instance_kind != "gpu":
+        return sidecar.model_file
+    if sidecar.precision == "int8":
+        raise ValueError(
+            "an int8 export runs on onnxruntime's CPU provider only (its quantized MatMuls have no GPU "
+            "kernels): use --instance-kind cpu, or export fp16/fp32 for GPU instances"
+        )
+    return sidecar.portable_model_file or sidecar.model_file
+
+
 def write_repository(args: argparse.Namespace) -> int:
     onnx_sidecar = Sidecar.load(args.onnx)
     if onnx_sidecar.backend != "onnx":
@@ -200,7 +214,7 @@ def write_repository(args: argparse.Namespace) -> int:
     model_dir = Path(args.out) / args.name
     with atomic_directory(model_dir) as tmp:
         (tmp / "1").mkdir()
-        shutil.copyfile(sidecar.model_path(source), tmp / "1" / file_name)
+        shutil.copyfile(source / graph_file(sidecar, args), tmp / "1" / file_name)
         for name in TOKENIZER_FILES:
             shutil.copyfile(source / name, tmp / name)
         (tmp / CONFIG_FILE).write_text(pbtxt.dumps(model_config(sidecar, args)), encoding="utf-8")
@@ -212,6 +226,7 @@ def write_repository(args: argparse.Namespace) -> int:
             "platform": platform,
             "version": 1,
             "source_export": str(source.resolve()),
+            "source_graph": graph_file(sidecar, args),
         }
         if sidecar.backend == "tensorrt":
             served.extra["triton"]["tensorrt"] = args.triton_tensorrt

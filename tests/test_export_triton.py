@@ -191,6 +191,32 @@ def test_repository_errors(onnx_export, trt_export, tmp_path, capsys):
     assert not (tmp_path / "repo" / "xlnet_qa").exists()
 
 
+def test_gpu_instances_get_the_portable_graph(spm_dir, tmp_path, capsys):
+    """GPU instances load the standard-ops graph (the optimised model.onnx has onnxruntime CPU contrib ops),
+    CPU instances the optimised one; an int8 export on GPU instances is refused."""
+    import onnx
+
+    export = tiny_onnx_export(tmp_path / "onnx", spm_dir, "shallow")  # optimised: both graphs
+    side = Sidecar.load(export)
+    assert side.portable_model_file and side.portable_model_file != side.model_file
+
+    def domains(repo):
+        return {
+            n.domain or "ai.onnx" for n in onnx.load(str(repo / "xlnet_qa" / "1" / "model.onnx")).graph.node
+        }
+
+    assert main(["--onnx", str(export), "--out", str(tmp_path / "gpu")]) == 0
+    assert domains(tmp_path / "gpu") == {"ai.onnx"}
+    served = json.loads((tmp_path / "gpu" / "xlnet_qa" / SIDECAR_FILE).read_text())
+    assert served["triton"]["source_graph"] == side.portable_model_file
+    assert main(["--onnx", str(export), "--out", str(tmp_path / "cpu"), "--instance-kind", "cpu"]) == 0
+    assert "com.microsoft" in domains(tmp_path / "cpu")
+    int8 = tiny_onnx_export(tmp_path / "int8", spm_dir, "shallow", "--precision", "int8", "--no-verify")
+    capsys.readouterr()
+    assert main(["--onnx", str(int8), "--out", str(tmp_path / "int8-gpu")]) == 2
+    assert "--instance-kind cpu" in capsys.readouterr().err and not (tmp_path / "int8-gpu").exists()
+
+
 def test_pbtxt_subset():
     text = """
     # comment
