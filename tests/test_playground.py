@@ -172,3 +172,29 @@ def test_the_playground_can_be_switched_off(onnx_export: Path, tmp_path: Path) -
 def test_chromium_is_the_debian_build() -> None:
     out = subprocess.run([CHROMIUM, "--version"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and "Chromium" in out.stdout
+
+
+def test_keyboard_only_and_a_narrow_screen(playground_server, browser) -> None:
+    """Ctrl+Enter asks without the mouse; at 400 px wide nothing scrolls sideways; every field has a label."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.set_window_size(400, 900)
+    try:
+        browser.get(playground_server.url + "/")
+        WebDriverWait(browser, 30).until(lambda d: "threshold" in d.find_element(By.ID, "model-line").text)
+        browser.find_element(By.ID, "context").send_keys(CONTEXT)
+        question = browser.find_element(By.ID, "question")
+        question.send_keys("Who were the Normans?")
+        question.send_keys(Keys.CONTROL, Keys.ENTER)
+        WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "result").get_attribute("data-done"))
+        overflow = browser.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"the page is {overflow} px wider than a 400 px screen"
+        unlabelled = browser.execute_script(
+            "return [...document.querySelectorAll('input, textarea, select')]"
+            ".filter(e => !document.querySelector(`label[for='${e.id}']`)).map(e => e.id)"
+        )
+        assert unlabelled == []
+    finally:
+        browser.set_window_size(1100, 1400)
