@@ -30,6 +30,10 @@ ONNXRUNTIME_WHEELS = ("onnxruntime", "onnxruntime-gpu")
 GPU_WHEEL = "onnxruntime-gpu"
 
 ProviderEntry = str | tuple[str, dict[str, str]]
+REINSTALL_GPU_WHEEL = (
+    f"pip uninstall -y onnxruntime onnxruntime-gpu && pip install {GPU_WHEEL} (or: make gpu-venv)"
+)
+INT8_CPU_ONLY = "an int8 export runs on the CPU provider only (its quantized MatMuls have no GPU kernels)"
 
 
 def installed_onnxruntime_wheels(distributions: Iterable[Any] | None = None) -> dict[str, str]:
@@ -42,23 +46,31 @@ def installed_onnxruntime_wheels(distributions: Iterable[Any] | None = None) -> 
     return found
 
 
+def wheel_clash(wheels: Mapping[str, str]) -> str | None:
+    """One line when both onnxruntime wheels are installed (whichever came last owns the package)."""
+    if len(wheels) < 2:
+        return None
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(wheels.items()))
+    return (
+        f"both {versions} are installed and share one import package, so the one installed last decides "
+        f"which providers exist; {REINSTALL_GPU_WHEEL}"
+    )
+
+
 def install_problem(wanted: Sequence[str], available: Sequence[str], wheels: Mapping[str, str]) -> str | None:
     """One line on why the providers in ``wanted`` are not ``available``, naming the fix; None if all are."""
     missing = [p for p in wanted if p not in available]
     if not missing:
         return None
     gpu_missing = [p for p in missing if p in GPU_PROVIDERS]
-    fix = f"pip uninstall -y onnxruntime onnxruntime-gpu && pip install {GPU_WHEEL} (or: make gpu-venv)"
-    if gpu_missing and len(wheels) > 1:
-        versions = ", ".join(f"{k} {v}" for k, v in sorted(wheels.items()))
-        return (
-            f"onnxruntime providers {missing} are missing: both {versions} are installed and share one "
-            f"import package, so the one installed last decides (here: providers {list(available)}); {fix}"
-        )
+    clash = wheel_clash(wheels)
+    if gpu_missing and clash:
+        return f"onnxruntime providers {missing} are missing (here: providers {list(available)}): {clash}"
     if gpu_missing and GPU_WHEEL not in wheels:
         return (
             f"onnxruntime providers {missing} need the {GPU_WHEEL} wheel, but this environment has "
-            f"{', '.join(sorted(wheels)) or 'no onnxruntime wheel'} (providers {list(available)}); {fix}"
+            f"{', '.join(sorted(wheels)) or 'no onnxruntime wheel'} (providers {list(available)}); "
+            f"{REINSTALL_GPU_WHEEL}"
         )
     return (
         f"onnxruntime providers {missing} are not available (have {list(available)}); for CUDA/TensorRT the "
@@ -132,10 +144,8 @@ def choose_providers(
     int8 = precision == "int8"
     if requested:
         if int8 and any(p in GPU_PROVIDERS for p in requested):
-            raise ValueError(
-                f"an int8 export runs on the CPU provider only (its quantized MatMuls have no GPU kernels); "
-                f"export fp16 or fp32 for {[p for p in requested if p in GPU_PROVIDERS]}"
-            )
+            gpu = [p for p in requested if p in GPU_PROVIDERS]
+            raise ValueError(f"{INT8_CPU_ONLY}; export fp16 or fp32 for {gpu}")
         if wheels is None:
             wheels = installed_onnxruntime_wheels()
         problem = install_problem(requested, available, wheels)
@@ -161,9 +171,22 @@ def provider_names(entries: Sequence[ProviderEntry]) -> list[str]:
     return [e if isinstance(e, str) else e[0] for e in entries]
 
 
-def graph_for(entries: Sequence[ProviderEntry], model_file: str, portable_model_file: str | None) -> str:
-    """The graph file to load: the portable (standard-ops) one when a GPU provider leads."""
+def gpu_graph(model_file: str, portable_model_file: str | None, precision: str) -> str:
+    """The graph a GPU runtime (onnxruntime's GPU providers, Triton GPU instances) loads: the portable
+    (standard-ops) one where the export has it; ValueError for an int8 export."""
+    if precision == "int8":
+        raise ValueError(INT8_CPU_ONLY)
+    return portable_model_file or model_file
+
+
+def graph_for(
+    entries: Sequence[ProviderEntry],
+    model_file: str,
+    portable_model_file: str | None,
+    precision: str = "fp32",
+) -> str:
+    """The graph file to load: :func:`gpu_graph` when a GPU provider leads, else ``model_file``."""
     names = provider_names(entries)
-    if names and names[0] in GPU_PROVIDERS and portable_model_file:
-        return portable_model_file
+    if names and names[0] in GPU_PROVIDERS:
+        return gpu_graph(model_file, portable_model_file, precision)
     return model_file

@@ -17,7 +17,14 @@ from typing import Any
 
 from export.gpu import cuda_device_count
 from export.gpu_versions import ONNXRUNTIME_GPU_VERSION, TENSORRT_VERSION, tensorrt_version_problem
-from export.ort_providers import CUDA, GPU_WHEEL, TENSORRT, install_problem, installed_onnxruntime_wheels
+from export.ort_providers import (
+    CUDA,
+    GPU_WHEEL,
+    TENSORRT,
+    install_problem,
+    installed_onnxruntime_wheels,
+    wheel_clash,
+)
 
 PROG = "python -m export.stack_report"
 
@@ -56,18 +63,14 @@ def collect() -> dict[str, Any]:
 def problems(report: dict[str, Any], require_gpu: bool) -> list[str]:
     """One line per thing that would break a GPU deployment (only the wheel clash without --require-gpu)."""
     wheels: dict[str, str] = report["onnxruntime_wheels"]
-    found: list[str] = []
-    if len(wheels) > 1:
-        found.append(
-            f"both {', '.join(sorted(wheels))} are installed; they share the onnxruntime import package: "
-            f"pip uninstall -y onnxruntime onnxruntime-gpu && pip install {GPU_WHEEL}"
-        )
+    clash = wheel_clash(wheels)
+    found: list[str] = [clash] if clash else []
     if not require_gpu:
         return found
     if report["cuda_devices"] == 0:
         found.append("no CUDA GPU is visible (cuda-bindings / nvidia-smi / /proc list none)")
     line = install_problem([CUDA, TENSORRT], report["providers"], wheels)
-    if line and line not in found:
+    if line and not clash:  # with a clash, that line already says what install_problem would
         found.append(line)
     pinned = report["pinned"]
     if report["tensorrt"] is None:

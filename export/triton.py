@@ -34,6 +34,7 @@ from typing import Any
 
 from export import pbtxt
 from export.gpu_versions import TENSORRT_VERSION, TRITON_GUIDANCE, tensorrt_release, tensorrt_version_problem
+from export.ort_providers import gpu_graph
 from export.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.trt import min_sequence
 from train.atomic_dir import atomic_directory
@@ -188,12 +189,10 @@ def graph_file(sidecar: Sidecar, args: argparse.Namespace) -> str:
     offline-optimised one holds onnxruntime CPU contrib ops that would run on the CPU there."""
     if sidecar.backend != "onnx" or args.instance_kind != "gpu":
         return sidecar.model_file
-    if sidecar.precision == "int8":
-        raise ValueError(
-            "an int8 export runs on onnxruntime's CPU provider only (its quantized MatMuls have no GPU "
-            "kernels): use --instance-kind cpu, or export fp16/fp32 for GPU instances"
-        )
-    return sidecar.portable_model_file or sidecar.model_file
+    try:
+        return gpu_graph(sidecar.model_file, sidecar.portable_model_file, sidecar.precision)
+    except ValueError as exc:
+        raise ValueError(f"{exc}: use --instance-kind cpu, or export fp16/fp32 for GPU instances") from None
 
 
 def write_repository(args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ from typing import Any
 
 from export.gpu import gpu_stack_problem
 from export.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
+from train.atomic_dir import atomic_write_bytes
 from train.cli import Parser, run
 from train.contract import INPUT_NAMES, shortest_sequence
 
@@ -267,9 +268,7 @@ def save_timing_cache(config: Any, cache_file: Path, state: str) -> bool:
         )
         return False
     cache_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache_file.with_name(f".{cache_file.name}.tmp")
-    tmp.write_bytes(bytes(memoryview(serialized)))
-    tmp.replace(cache_file)
+    atomic_write_bytes(cache_file, bytes(memoryview(serialized)))
     print(f"timing cache {'updated' if state == 'loaded' else 'written'}: {cache_file}")
     return True
 

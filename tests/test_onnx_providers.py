@@ -127,6 +127,27 @@ def test_stack_report_runs_and_fails_when_a_gpu_is_required() -> None:
         )
 
 
+def test_stack_report_names_a_wheel_clash_once() -> None:
+    from export.stack_report import problems
+
+    report = {
+        "onnxruntime_wheels": {"onnxruntime": "1.31.1", "onnxruntime-gpu": "1.24.4"},
+        "providers": [CPU],
+        "cuda_devices": 1,
+        "tensorrt": "10.14.1.48",
+        "pinned": {"onnxruntime-gpu": "1.24.4", "tensorrt": "10.14.1.48"},
+    }
+    for require_gpu in (False, True):
+        found = problems(report, require_gpu)
+        assert len(found) == 1 and "both onnxruntime 1.31.1, onnxruntime-gpu 1.24.4" in found[0], found
+    clean = {
+        **report,
+        "onnxruntime_wheels": {"onnxruntime-gpu": "1.24.4"},
+        "providers": [TENSORRT, CUDA, CPU],
+    }
+    assert problems(clean, require_gpu=True) == []
+
+
 def test_server_refuses_missing_providers_before_listening(onnx_export: Path) -> None:
     """`--providers CUDAExecutionProvider` with the CPU wheel: exit 2 and one line with the fix."""
     import onnxruntime
@@ -189,6 +210,9 @@ def test_gpu_providers_load_the_portable_graph(onnx_export: Path) -> None:
     assert graph_for([(TENSORRT, {}), (CUDA, {}), CPU], model, portable) == portable
     assert graph_for([CPU], model, portable) == model
     assert graph_for([(CUDA, {})], "model.onnx", None) == "model.onnx"  # fp16/int8: one graph
+    with pytest.raises(ValueError, match="int8 export runs on the CPU provider only"):
+        graph_for([(CUDA, {})], "model.onnx", None, "int8")
+    assert graph_for([CPU], "model.onnx", None, "int8") == "model.onnx"
     import onnx
 
     ops = {(n.domain or "ai.onnx") for n in onnx.load(str(onnx_export / portable)).graph.node}

@@ -57,16 +57,21 @@ def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Replace the file ``path`` with ``text`` durably: a temporary sibling, fsynced, renamed over it."""
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Replace the file ``path`` with ``data`` durably: a temporary sibling, fsynced, renamed over it."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(text)
+    with open(tmp, "wb") as fh:
+        fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     fsync_directory(path.parent)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """:func:`atomic_write_bytes` of ``text`` in UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def recover_interrupted(folder: str | os.PathLike) -> list[Path]:

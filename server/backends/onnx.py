@@ -72,7 +72,9 @@ class OnnxBackend(Backend):
             )
         except ValueError as exc:
             raise BackendUnavailable(str(exc)) from None
-        model_file = graph_for(wanted, spec.model_file or "model.onnx", spec.portable_model_file)
+        model_file = graph_for(
+            wanted, spec.model_file or "model.onnx", spec.portable_model_file, spec.precision
+        )
         model_path = spec.directory / model_file
         if not model_path.is_file():
             raise BackendUnavailable(f"{model_path}: ONNX model file not found")

@@ -9,7 +9,6 @@ sets the shortest padding. Torch-free: neither this backend nor the runner impor
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -24,10 +23,6 @@ logger = logging.getLogger(__name__)
 
 def _check_available() -> None:
     """Fail fast with one clear reason: the tensorrt package, cuda-bindings, then a CUDA device."""
-    if importlib.util.find_spec("tensorrt") is None:
-        raise BackendUnavailable(
-            "--backend trt needs the 'tensorrt' package and an NVIDIA GPU (pip install \".[gpu]\" on a GPU machine)"
-        )
     from export.gpu import gpu_stack_problem
 
     problem = gpu_stack_problem()
