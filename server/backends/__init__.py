@@ -19,14 +19,10 @@ def preflight(settings: ServerSettings) -> None:
     backend, providers = settings.backend, settings.provider_list()
     if backend == "onnx" and importlib.util.find_spec("onnxruntime") is None:
         raise BackendUnavailable("--backend onnx needs onnxruntime (pip install 'xlnet-qa[serve]')")
-    trt_provider = "TensorrtExecutionProvider" in (providers or [])
-    if backend == "onnx" and settings.trt_cache_dir is not None and trt_provider:  # settings before installs
-        try:
-            settings.trt_cache_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise BackendUnavailable(
-                f"--trt-cache-dir {settings.trt_cache_dir}: {exc.strerror or exc}"
-            ) from None
+    if backend == "onnx":  # settings before installs
+        from server.backends.onnx import prepare_trt_cache_dir
+
+        prepare_trt_cache_dir(settings.trt_cache_dir, providers)
     if backend == "onnx" and providers:
         import onnxruntime
 

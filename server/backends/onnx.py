@@ -25,6 +25,17 @@ logger = logging.getLogger(__name__)
 _NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 
 
+def prepare_trt_cache_dir(cache_dir: Path | None, providers: Sequence[str] | None) -> None:
+    """Create the TensorRT provider's engine/timing cache directory (no other provider uses it);
+    BackendUnavailable naming the flag if it cannot be made."""
+    if cache_dir is None or "TensorrtExecutionProvider" not in (providers or []):
+        return
+    try:
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BackendUnavailable(f"--trt-cache-dir {cache_dir}: {exc.strerror or exc}") from None
+
+
 class OnnxBackend(Backend):
     """One ``InferenceSession`` shared by the inference threads (``run`` is thread-safe in onnxruntime)."""
 
@@ -51,11 +62,7 @@ class OnnxBackend(Backend):
         from export.sessions import session
         from train.contract import shortest_sequence
 
-        if trt_cache_dir is not None and "TensorrtExecutionProvider" in (providers or []):
-            try:
-                Path(trt_cache_dir).mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise BackendUnavailable(f"--trt-cache-dir {trt_cache_dir}: {exc.strerror or exc}") from None
+        prepare_trt_cache_dir(trt_cache_dir, providers)
         try:
             wanted = choose_providers(
                 ort.get_available_providers(),
