@@ -72,9 +72,10 @@ def ask(model: Path, flags: Sequence[str], work: Path, requests: int) -> dict[st
     question, context = first_question()
     log = work / f"server-{len(list(work.glob('server-*.log')))}.log"
     extra = ("--trt-cache-dir", str(work / "ort-trt-cache")) if "TensorrtExecutionProvider" in flags else ()
-    server = ServerProcess(model, *flags[2:], *extra, backend=flags[1], log_path=log).launch()
-    try:
-        server.wait(timeout=900)  # an engine build at the first start takes minutes
+    # an engine build at the first start takes minutes
+    with ServerProcess(
+        model, *flags[2:], *extra, backend=flags[1], log_path=log, ready_timeout_s=900
+    ) as server:
         runtime = httpx.get(server.url + "/v1/model").json()["runtime"]
         latencies, answer = [], None
         with httpx.Client(base_url=server.url, timeout=60) as client:
@@ -84,8 +85,6 @@ def ask(model: Path, flags: Sequence[str], work: Path, requests: int) -> dict[st
                 latencies.append(time.perf_counter() - t)
                 r.raise_for_status()
                 answer = r.json()["answer"]
-    finally:
-        server.stop()
     return {
         "runtime": runtime,
         "answer": answer,

@@ -54,9 +54,12 @@ class ServerProcess:
         env: Mapping[str, str] | None = None,
         port: int | None = None,
         log_level: str = "warning",
+        ready_timeout_s: float = 120.0,
+        stop_grace_s: float = 30.0,
     ) -> None:
         self.model, self.flags, self.backend = Path(model), list(flags), backend
         self.log_path, self.log_level = log_path, log_level
+        self.ready_timeout_s, self.stop_grace_s = ready_timeout_s, stop_grace_s
         self.env = child_env(env)
         self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
@@ -99,8 +102,10 @@ class ServerProcess:
         )
         return self
 
-    def wait(self, path: str = "/readyz", timeout: float = 120.0) -> ServerProcess:
-        """Poll ``path`` until it answers 200; raise with the server's log if it exits or time runs out."""
+    def wait(self, path: str = "/readyz", timeout: float | None = None) -> ServerProcess:
+        """Poll ``path`` until it answers 200 (within ``timeout``, default ``ready_timeout_s``); raise with
+        the server's log if it exits or time runs out."""
+        timeout = self.ready_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
@@ -113,11 +118,13 @@ class ServerProcess:
             time.sleep(0.05)
         raise TimeoutError(f"server not ready after {timeout} s{self._where()}")
 
-    def start(self, path: str = "/readyz", timeout: float = 120.0) -> ServerProcess:
+    def start(self, path: str = "/readyz", timeout: float | None = None) -> ServerProcess:
         return self.launch().wait(path, timeout)
 
-    def stop(self, grace_s: float = 30.0) -> int | None:
-        """SIGTERM (uvicorn drains in-flight requests), SIGKILL after ``grace_s``; returns the exit code."""
+    def stop(self, grace_s: float | None = None) -> int | None:
+        """SIGTERM (uvicorn drains in-flight requests), SIGKILL after ``grace_s`` (default
+        ``stop_grace_s``); returns the exit code."""
+        grace_s = self.stop_grace_s if grace_s is None else grace_s
         if self.proc is None:
             return None
         if self.proc.poll() is None:

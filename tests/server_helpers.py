@@ -65,14 +65,16 @@ class ServerProcess(server.process.ServerProcess):
         port: int | None = None,
     ) -> None:
         log_path = log_dir / f"server-{backend}-{time.monotonic_ns()}.log"
-        super().__init__(model, *flags, backend=backend, log_path=log_path, env=server_env(env), port=port)
-
-    def wait(self, path: str = "/readyz", timeout: float = 60.0) -> ServerProcess:
-        super().wait(path, timeout)
-        return self
-
-    def stop(self, grace_s: float = 15.0) -> int | None:
-        return super().stop(grace_s)
+        super().__init__(
+            model,
+            *flags,
+            backend=backend,
+            log_path=log_path,
+            env=server_env(env),
+            port=port,
+            ready_timeout_s=60.0,
+            stop_grace_s=15.0,
+        )
 
 
 def dev_contexts() -> list[str]:
