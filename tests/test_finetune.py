@@ -17,7 +17,7 @@ from train import checkpoint
 from train.evaluate import main as evaluate_main
 from train.finetune import main as finetune_main
 from train.model import XLNetConfig, XLNetForQuestionAnswering
-from train.squad import read_squad, split_by_article, write_squad
+from train.squad import Answerability, read_squad, split_by_article, write_squad
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
@@ -168,8 +168,20 @@ def test_each_head_trains_and_evaluates(head, small_split, spm_dir, tmp_path):
     assert set(preds) == set(na) == set(nbest) == ids
     assert all(0.0 <= p <= 1.0 for p in na.values())
     assert metrics["total"] == len(ids)
-    # evaluation with the stored threshold reproduces what fine-tuning measured on the same file
-    assert metrics["best_f1"] == pytest.approx(meta["dev_metrics"]["best_f1"])
+    # the fitted answerability is stored with its cross-validated report, and evaluation applies it
+    answerability = Answerability.from_dict(meta["answerability"])
+    assert answerability.report["fitted_on"]["questions"] == len(ids)
+    decisions = json.loads((ev / "decisions.json").read_text())
+    assert all(d["is_impossible"] == (preds[q] == "") for q, d in decisions.items())
+    # with the cls rule, evaluation reproduces what fine-tuning measured on the same file (dev_metrics:
+    # sigmoid(cls) at the threshold searched there, as the original reports)
+    cls_dir = tmp_path / f"eval-cls-{head}"
+    argv = ["--checkpoint", str(out), "--data", str(dev_file), "--out", str(cls_dir), "--no-progress"]
+    assert evaluate_main([*argv, "--answerability", "cls"]) == 0
+    cls_metrics = json.loads((cls_dir / "metrics.json").read_text())
+    for key in ("f1", "exact", "best_f1"):
+        assert cls_metrics[key] == pytest.approx(meta["dev_metrics"][key])
+    assert cls_metrics["threshold"] == pytest.approx(meta["no_answer_threshold"])
     # ... and the official SQuAD 2.0 rules, written out here independently, give the same EM/F1 for the
     # written predictions (what a user would feed to the official evaluate-v2.0.py).
     exact, f1 = official_squad2_scores(dev_file, preds)

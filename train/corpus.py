@@ -14,10 +14,11 @@ A document is a ``list[str]`` of non-empty, whitespace-stripped lines.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from train.text import split_sentences
 
 __all__ = [
     "iter_documents",
@@ -29,43 +30,6 @@ __all__ = [
 ]
 
 PathLike = str | Path
-
-# Candidate boundary: sentence-final punctuation, optional closing quotes/brackets, whitespace, then
-# something that can open a sentence (capital letter, digit, opening quote/bracket).
-_BOUNDARY = re.compile(r"""[.!?]+["'\u201d\u2019)\]]*(\s+)(?=["'\u201c\u2018(\[]?[A-Z0-9\u00c0-\u00de])""")
-# Abbreviations that end in a period but rarely end a sentence (compared case-insensitively).
-_ABBREVIATIONS = frozenset(
-    {"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "mt", "ft", "vs", "etc", "e.g", "i.e", "cf", "al"}
-    | {"approx", "gen", "lt", "sgt", "capt", "gov", "rev", "jan", "feb", "apr", "jun", "jul", "aug", "sept"}
-    | {"oct", "nov", "dec", "fig", "figs", "vol", "eq", "inc", "ltd", "corp", "dept", "pp"}
-)
-_INITIALS = re.compile(r"^(?:[A-Za-z]\.)*[A-Za-z]$")  # "J", "U.S", "e.g" (before the final period)
-
-
-def split_sentences(text: str) -> list[str]:
-    """Split a paragraph into sentences with a small regex splitter.
-
-    Deliberately simple and predictable: splits after ``.``, ``!`` or ``?`` (plus closing quotes) when
-    whitespace and a capital letter, digit or opening quote follow, except after common abbreviations
-    and initials ("Mr. Smith", "U.S. state", "J. R. R. Tolkien"). Joining the result with single
-    spaces gives back the paragraph with its whitespace runs collapsed.
-    """
-    sentences: list[str] = []
-    start = 0
-    for m in _BOUNDARY.finditer(text):
-        end = m.start(1)  # sentence ends before the whitespace
-        word = text[start:end].rsplit(None, 1)[-1] if text[start:end].strip() else ""
-        word = word.rstrip("\"'\u201d\u2019)]").rstrip(".!?").lstrip("\"'\u201c\u2018([")
-        if text[m.start()] == "." and (word.lower() in _ABBREVIATIONS or _INITIALS.match(word)):
-            continue
-        sentence = " ".join(text[start:end].split())
-        if sentence:
-            sentences.append(sentence)
-        start = m.end(1)
-    tail = " ".join(text[start:].split())
-    if tail:
-        sentences.append(tail)
-    return sentences
 
 
 def _check_path(path: PathLike) -> Path:

@@ -1,8 +1,10 @@
 """`python -m train.evaluate --checkpoint DIR --data FILE --out DIR`: official SQuAD 2.0 scores.
 
-Writes predictions.json (id -> text, "" = no answer), na_probs.json, nbest.json and metrics.json
-(exact, f1, HasAns_*, NoAns_*, best_exact/best_f1 and their thresholds). Window sizes and the
-no-answer threshold default to what the checkpoint's metadata says (set by fine-tuning).
+Writes predictions.json (id -> text, "" = no answer), na_probs.json, decisions.json (calibrated
+P(answerable), the threshold each question was decided at, the best span), nbest.json and
+metrics.json (exact, f1, HasAns_*, NoAns_*, best_exact/best_f1 and their thresholds). Window sizes
+and the answerability model (verifier, calibration and decision rule, or a plain no-answer
+threshold) default to what the checkpoint's metadata says (set by fine-tuning or `train.calibrate`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from train.cli import Parser, run
 from train.contract import DEFAULTS
 from train.qa import run_evaluation, write_prediction_files
 from train.squad import featurize, read_squad
+from train.squad.answerability import from_metadata as answerability_from_metadata
 
 
 def build_parser() -> Parser:
@@ -29,7 +32,17 @@ def build_parser() -> Parser:
         "--out", required=True, help="directory for predictions.json, na_probs.json, nbest.json, metrics.json"
     )
     p.add_argument(
-        "--threshold", type=float, default=None, help="no-answer probability threshold (default: metadata)"
+        "--threshold",
+        type=float,
+        default=None,
+        help="no-answer probability threshold, replacing the stored decision rule (default: metadata)",
+    )
+    p.add_argument(
+        "--answerability",
+        choices=("stored", "cls"),
+        default="stored",
+        help="stored: the checkpoint's fitted answerability model (if any); cls: sigmoid(cls_logit) against "
+        "the stored no_answer_threshold, ignoring a fitted model",
     )
     p.add_argument("--max-seq-len", type=int, default=None)
     p.add_argument("--doc-stride", type=int, default=None)
@@ -44,6 +57,8 @@ def build_parser() -> Parser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.threshold is not None and not 0.0 <= args.threshold <= 1.0:
+        raise ValueError(f"--threshold must be a probability in [0, 1], got {args.threshold}")
     loaded = checkpoint.load(args.checkpoint)
     if not loaded.kind.startswith("qa:"):
         raise ValueError(
@@ -60,7 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "doc_stride": pick(args.doc_stride, "doc_stride", 128),
         "max_query_len": pick(args.max_query_len, "max_query_len", 64),
     }
-    threshold = pick(args.threshold, "no_answer_threshold", 0.5)
+    stored = (
+        meta if args.answerability == "stored" else {k: v for k, v in meta.items() if k != "answerability"}
+    )
+    answerability = answerability_from_metadata(stored)
     examples = read_squad(args.data)
     features = featurize(examples, loaded.tokenizer, **fkw)
     model = loaded.model.to(torch.device(args.device))
@@ -68,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         model,
         examples,
         features,
-        threshold=threshold,
+        threshold=args.threshold,
+        answerability=answerability,
         batch_size=args.batch_size,
         device=args.device,
         n_best=args.n_best,

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from train import checkpoint
+from train.answerability_fit import ANSWERABILITY_CHOICES, CALIBRATION_METHODS, fit_for
 from train.cli import Parser, run
 from train.contract import DEFAULTS
 from train.loop import LoopPlan, StepReport, run_loop
@@ -36,12 +37,18 @@ from train.optim import (
     make_optimizer,
     make_scheduler,
 )
-from train.qa import evaluate_predictions, run_evaluation, write_prediction_files
+from train.qa import evaluate_predictions, redecide, run_evaluation, write_prediction_files
 from train.recipes import RECIPES, recipe_defaults
 from train.run_record import add_run_flags, explicit_flags, open_run
 from train.runlog import MetricsLog
 from train.runtime import init_distributed, seed_everything
-from train.squad import featurize, pad_batch, read_squad, subsample_out_of_window
+from train.squad import (
+    Answerability,
+    featurize,
+    pad_batch,
+    read_squad,
+    subsample_out_of_window,
+)
 from train.step import TrainStep
 from train.tokenizer import XLNetTokenizer, train_spm
 from train.train_state import latest_checkpoint, load_training_state, save_training_state
@@ -78,6 +85,12 @@ def build_parser() -> Parser:
         default=1.0,
         help="share of training windows kept whose answerable question's answer is outside the window "
         "(1 = all, as the original)",
+    )
+    g.add_argument(
+        "--plausible-spans",
+        action="store_true",
+        help="train the span head on unanswerable questions' plausible answers too (their answerability "
+        "label stays unanswerable; Read+Verify's auxiliary span targets)",
     )
     g.add_argument(
         "--max-dev-examples", type=int, default=None, help="evaluate on the first N dev questions only"
@@ -164,6 +177,21 @@ def build_parser() -> Parser:
     )
     g.add_argument("--eval-every", type=int, default=500, help="evaluate on the dev file every N steps")
     g.add_argument("--eval-batch-size", type=int, default=32)
+    g.add_argument(
+        "--answerability",
+        choices=ANSWERABILITY_CHOICES,
+        default="auto",
+        help="how the final model decides to answer: a question verifier fitted on the training questions, "
+        "alone (verifier-only) or combined with the model's scores (verifier), calibrated and given a decision "
+        "rule by cross-fitting over the dev file's articles; auto keeps whichever cross-validates better; "
+        "model-scores; or cls (a threshold on sigmoid(cls_logit), as before)",
+    )
+    g.add_argument(
+        "--calibration",
+        choices=CALIBRATION_METHODS,
+        default="platt",
+        help="calibration of P(answerable) for verifier / model-scores",
+    )
     g.add_argument("--n-best", type=int, default=DEFAULTS.n_best, help="candidate spans kept per question")
     g.add_argument(
         "--max-answer-len", type=int, default=DEFAULTS.max_answer_len, help="longest answer in tokens"
@@ -298,7 +326,9 @@ def finetune(args) -> dict:
         "doc_stride": args.doc_stride,
         "max_query_len": args.max_query_len,
     }
-    train_features = featurize(train_examples, tokenizer, is_training=True, **fkw)
+    train_features = featurize(
+        train_examples, tokenizer, is_training=True, plausible_spans=args.plausible_spans, **fkw
+    )
     train_features = subsample_out_of_window(
         train_features, train_examples, args.keep_out_of_window, args.seed
     )
@@ -354,7 +384,9 @@ def finetune(args) -> dict:
     bar = tqdm(total=total_steps, initial=step, disable=not d.is_main or args.no_progress, dynamic_ncols=True)
     last_loss, t0, seen = float("nan"), time.time(), 0
 
-    def run_info(metrics: dict, threshold: float, at_step: int) -> dict:
+    def run_info(
+        metrics: dict, threshold: float, at_step: int, answerability: Answerability | None = None
+    ) -> dict:
         return {
             "stage": "finetune",
             "step": at_step,
@@ -362,6 +394,7 @@ def finetune(args) -> dict:
             "recipe": args.recipe,
             "no_answer_threshold": threshold,
             "threshold_selected_on": str(args.dev_file),
+            "answerability": answerability.to_dict() if answerability is not None else None,
             "max_seq_len": args.max_seq_len,
             "doc_stride": args.doc_stride,
             "max_query_len": args.max_query_len,
@@ -385,9 +418,10 @@ def finetune(args) -> dict:
             n_best=args.n_best,
             max_answer_len=args.max_answer_len,
         )
-        # The serving threshold: where dev best_f1 is reached (as the original's threshold search); re-score at it.
+        # The cls-only threshold: where dev best_f1 is reached (as the original's threshold search); re-score at it.
         thr = min(max(float(result.metrics.get("best_f1_thresh", 0.5)), 0.0), 1.0)
-        m = evaluate_predictions(dev_examples, result.predictions, thr)
+        result.predictions = redecide(dev_examples, result.predictions, Answerability.cls_only(thr))
+        m = evaluate_predictions(dev_examples, result.predictions)
         result.metrics = m
         log.log(at_step, dev_exact=m["exact"], dev_f1=m["f1"], dev_best_f1=m["best_f1"], dev_threshold=thr)
         log.plot()
@@ -401,7 +435,9 @@ def finetune(args) -> dict:
                 checkpoint.save(model, out / "best", tokenizer=tokenizer, metadata=meta)
                 write_prediction_files(out / "best" / "dev_predictions", result)
         if final:
-            checkpoint.save_into(model, out, tokenizer=tokenizer, metadata=run_info(m, thr, at_step))
+            answerability = fit_final_answerability(args, train_examples, dev_examples, result.predictions)
+            meta = run_info(m, thr, at_step, answerability)
+            checkpoint.save_into(model, out, tokenizer=tokenizer, metadata=meta)
             write_prediction_files(out / "dev_predictions", result)
         return m
 
@@ -488,6 +524,22 @@ def finetune(args) -> dict:
         "best_step": best_step,
         "trainable_params": trainable,
     }
+
+
+def fit_final_answerability(args, train_examples, dev_examples, predictions) -> Answerability | None:
+    """The final model's answerability (None: cls only): the question verifier fitted on the
+    fine-tuning questions (it reads no model output), the rest cross-fitted on the dev file's articles."""
+    if args.answerability == "cls":
+        return None
+    try:
+        a = fit_for(args.answerability, train_examples, dev_examples, predictions, args.calibration)
+    except ValueError as exc:  # one paragraph's worth of questions, or a single class: nothing to fit
+        print(f"answerability: not fitted ({exc}); the final model decides by sigmoid(cls_logit)", flush=True)
+        return None
+    print(
+        f"answerability ({args.answerability}, fitted on {args.dev_file}): {a.report['decision']}", flush=True
+    )
+    return a
 
 
 def micro_batch_size(args, world_size: int) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,9 @@ from tqdm import tqdm
 
 from train.contract import DEFAULTS
 from train.squad import (
+    Answerability,
+    ContextIndex,
+    Deciding,
     Feature,
     Prediction,
     SquadExample,
@@ -29,8 +32,6 @@ from train.squad import (
     pad_batch,
     simple_null_logit,
 )
-
-DEFAULT_THRESHOLD = DEFAULTS.no_answer_threshold
 
 
 @dataclass
@@ -119,6 +120,7 @@ def decode_outputs(
     n_best: int = DEFAULTS.n_best,
     max_answer_len: int = DEFAULTS.max_answer_len,
     threshold: float | None = None,
+    answerability: Answerability | None = None,
 ) -> dict[str, Prediction]:
     named: dict[str, Sequence[Any]] = {"cls_logits": outputs.cls_logits}
     if outputs.head == "beam":
@@ -131,6 +133,7 @@ def decode_outputs(
     else:
         named |= {"start_logits": outputs.start_logits, "end_logits": outputs.end_logits}
     kw: dict[str, Any] = {"n_best": n_best, "max_answer_len": max_answer_len, "threshold": threshold}
+    kw["answerability"] = answerability
     return decode_all_head_outputs(outputs.head, examples, features, named, **kw)
 
 
@@ -138,18 +141,42 @@ def decode_outputs(
 class EvalResult:
     metrics: dict[str, float]
     predictions: dict[str, Prediction]
-    threshold: float
 
 
-def evaluate_predictions(
-    examples: Sequence[SquadExample], predictions: dict[str, Prediction], threshold: float
-) -> dict[str, float]:
-    """Official SQuAD 2.0 numbers at `threshold` (exact/f1), plus best_exact/best_f1 from the na_probs."""
-    best_spans, na_probs = answers_and_na_probs(predictions)
+def evaluate_predictions(examples: Sequence[SquadExample], predictions: Mapping[str, Prediction]) -> dict:
+    """Official SQuAD 2.0 numbers of the decided answers (exact, f1, HasAns_*, NoAns_*), plus
+    best_exact / best_f1 with the no-answer threshold searched on these very questions (an upper
+    bound, as the original XLNet reports) and ``threshold``: the one the decisions used, when it was
+    the same for every question (None under the expected-gain rule)."""
     scored = [ex for ex in examples if ex.qas_id in predictions]
-    metrics = evaluate(scored, best_spans, na_probs, na_prob_thresh=threshold)
-    metrics["threshold"] = threshold
+    metrics: dict[str, Any] = evaluate(scored, {q: p.text for q, p in predictions.items()})
+    best_spans, na_probs = answers_and_na_probs(predictions)
+    searched = evaluate(scored, best_spans, na_probs)
+    metrics |= {k: searched[k] for k in ("best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh")}
+    used = {p.threshold for p in predictions.values()}
+    metrics["threshold"] = used.pop() if len(used) == 1 else None
     return metrics
+
+
+def redecide(
+    examples: Sequence[SquadExample],
+    predictions: Mapping[str, Prediction],
+    answerability: Answerability | None,
+    threshold: float | None = None,
+) -> dict[str, Prediction]:
+    """The same spans decided under another answerability model or threshold (no model run)."""
+    by_id = {ex.qas_id: ex for ex in examples}
+    indexes: dict[str, ContextIndex] = {}
+    out = {}
+    for q, p in predictions.items():
+        ex = by_id[q]
+        index = None
+        if answerability is not None and answerability.uses_lexical:
+            if ex.context not in indexes:
+                indexes[ex.context] = ContextIndex(ex.context)
+            index = indexes[ex.context]
+        out[q] = p.redecided(Deciding(answerability, ex.question, threshold, index), ex.context)
+    return out
 
 
 def run_evaluation(
@@ -158,18 +185,25 @@ def run_evaluation(
     features: Sequence[Feature],
     *,
     threshold: float | None = None,
+    answerability: Answerability | None = None,
     batch_size: int = 32,
     device="cpu",
     n_best: int = DEFAULTS.n_best,
     max_answer_len: int = DEFAULTS.max_answer_len,
     progress: bool = False,
 ) -> EvalResult:
+    """Predict, decode (``answerability`` decides; ``threshold`` overrides its rule) and score."""
     outputs = predict_features(model, features, batch_size=batch_size, device=device, progress=progress)
-    thr = DEFAULT_THRESHOLD if threshold is None else threshold
     preds = decode_outputs(
-        examples, features, outputs, n_best=n_best, max_answer_len=max_answer_len, threshold=thr
+        examples,
+        features,
+        outputs,
+        n_best=n_best,
+        max_answer_len=max_answer_len,
+        threshold=threshold,
+        answerability=answerability,
     )
-    return EvalResult(metrics=evaluate_predictions(examples, preds, thr), predictions=preds, threshold=thr)
+    return EvalResult(metrics=evaluate_predictions(examples, preds), predictions=preds)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -186,6 +220,18 @@ def write_prediction_files(out_dir: Path, result: EvalResult) -> None:
     preds = result.predictions
     write_json_atomic(out_dir / "predictions.json", {q: p.text for q, p in preds.items()})
     write_json_atomic(out_dir / "na_probs.json", {q: p.no_answer_prob for q, p in preds.items()})
+    decisions = {
+        q: {
+            "answerable_prob": p.answerable_prob,
+            "threshold": p.threshold,
+            "is_impossible": p.is_impossible,
+            "best_span": p.best_span_text,
+            "cls_logit": p.null_logit,
+            "null_log_prob": p.null_log_prob,
+        }
+        for q, p in preds.items()
+    }
+    write_json_atomic(out_dir / "decisions.json", decisions)
     nbest = {
         q: [
             {"text": e.text, "start": e.start, "end": e.end, "probability": e.probability, "score": e.score}

@@ -12,3 +12,4 @@ SAMPLE_DIR = Path(__file__).resolve().parents[1] / "data" / "sample"
 SAMPLE_CORPUS = SAMPLE_DIR / "corpus.json"  # unlabelled text for pretraining and tokenizers
 SAMPLE_TRAIN = SAMPLE_DIR / "train.json"
 SAMPLE_DEV = SAMPLE_DIR / "dev.json"
+SAMPLE_CALIBRATION = SAMPLE_DIR / "calibration.json"  # held out of fine-tuning, to fit answerability on

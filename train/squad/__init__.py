@@ -4,6 +4,7 @@ Shared by training/evaluation and by the HTTP server, so it imports only numpy, 
 library and :mod:`train.tokenizer` (never torch).
 """
 
+from .answerability import VERIFIER_LOGIT, Answerability, AnswerabilityError, ContextIndex, SpanScores
 from .data import (
     Answer,
     Dataset,
@@ -18,6 +19,7 @@ from .data import (
     write_squad,
 )
 from .decode import (
+    Deciding,
     NBestEntry,
     Prediction,
     answers_and_na_probs,
@@ -52,12 +54,20 @@ from .metrics import (
     evaluate,
     find_best_thresh,
     normalize_answer,
+    paired_bootstrap,
+    per_question_f1,
     raw_scores,
 )
 
 __all__ = [
     "AlignmentFailure",
     "Answer",
+    "Answerability",
+    "AnswerabilityError",
+    "ContextIndex",
+    "Deciding",
+    "SpanScores",
+    "VERIFIER_LOGIT",
     "Dataset",
     "Feature",
     "NBestEntry",
@@ -89,6 +99,8 @@ __all__ = [
     "load_dataset",
     "normalize_answer",
     "pad_batch",
+    "paired_bootstrap",
+    "per_question_f1",
     "raw_scores",
     "read_squad",
     "select_articles",

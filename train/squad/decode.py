@@ -12,24 +12,27 @@ max-context window is the current one (so each start is decoded once, in the win
 the most context), end at or after the start, stay within ``max_answer_len`` tokens and lie in the
 paragraph. Offsets are characters of the original context: ``context[start:end] == text``.
 
-The no-answer probability is ``sigmoid(min over windows of cls_logit)``, ``cls_logit`` being the
-logit that the question is unanswerable. The minimum is what the original does, and it is right: a
-window that does not hold the answer *should* call the question unanswerable from what it sees, so
-only the most confident "answerable" window carries evidence. ``is_impossible`` is
-``no_answer_prob > threshold`` (0.5 by default); the answer text is then "" but the n-best list
-keeps the spans, so the threshold can be tuned later (see :func:`answers_and_na_probs`).
+Whether to answer is decided by :mod:`train.squad.answerability` from the model's scores (the
+minimum over windows of ``cls_logit``, the logit that the question is unanswerable: a window that
+does not hold the answer *should* call the question unanswerable from what it sees, so only the most
+confident "answerable" window carries evidence; the null span's log-probability; the best span's)
+and, when the model carries a fitted verifier, lexical evidence about the question and the best
+span's sentence. Without one, the no-answer probability is ``sigmoid(min cls_logit)`` against the
+threshold (0.5 by default), as in the original. A question judged unanswerable gets text "" but its
+n-best list keeps the spans, so the decision can be revisited later (:func:`answers_and_na_probs`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from ..contract import DEFAULTS, OUTPUT_NAMES
+from .answerability import Answerability, ContextIndex, SpanScores, decide
+from .answerability import sigmoid as sigmoid
 from .data import SquadExample
 from .features import Feature, span_text
 
@@ -71,23 +74,52 @@ class Prediction:
     null_logit: float
     is_impossible: bool
     n_best: list[NBestEntry] = field(default_factory=list)
+    answerable_prob: float = 0.5  # calibrated when the model carries a fitted answerability model
+    threshold: float = DEFAULTS.no_answer_threshold  # the threshold on no_answer_prob it was decided at
+    null_log_prob: float | None = None  # best window's log P(start = end = <cls>); None for the beam head
 
     @property
     def best_span_text(self) -> str:
         """The best non-null span's text, whatever the threshold decided ("" if there is none)."""
         return self.n_best[0].text if self.n_best else ""
 
+    def span_scores(self) -> SpanScores:
+        """The decoder's numbers for this question: what an answerability model reads."""
+        best = self.n_best[0] if self.n_best else None
+        return SpanScores(
+            cls_logit=self.null_logit,
+            null_log_prob=self.null_log_prob,
+            best_log_prob=best.score if best is not None else None,
+            best_probability=best.probability if best is not None else 0.0,
+            best_start=best.start if best is not None else -1,
+            best_end=best.end if best is not None else -1,
+        )
+
+    def redecided(self, deciding: Deciding, context: str) -> Prediction:
+        """This prediction decided again under another answerability model or threshold (the spans
+        and scores are kept: no model run is needed to compare decision rules)."""
+        d = decide(
+            deciding.rule(),
+            deciding.question,
+            deciding.index or context,
+            self.span_scores(),
+            deciding.threshold,
+        )
+        best = None if d.is_impossible or not self.n_best else self.n_best[0]
+        return replace(
+            self,
+            text=best.text if best is not None else "",
+            start=best.start if best is not None else -1,
+            end=best.end if best is not None else -1,
+            no_answer_prob=d.no_answer_prob,
+            is_impossible=d.is_impossible,
+            answerable_prob=d.answerable_prob,
+            threshold=d.threshold,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (plain Python numbers)."""
         return asdict(self)
-
-
-def sigmoid(x: float) -> float:
-    """Numerically stable logistic function."""
-    if x >= 0:
-        return 1.0 / (1.0 + math.exp(-x))
-    z = math.exp(x)
-    return z / (1.0 + z)
 
 
 def _masked_log_softmax(logits: np.ndarray, p_mask: np.ndarray) -> np.ndarray:
@@ -119,6 +151,25 @@ def _context_and_id(example_or_context: SquadExample | str) -> tuple[str, str]:
     return example_or_context, ""
 
 
+@dataclass(frozen=True)
+class Deciding:
+    """How a decoded question is decided: the model's answerability (None: sigmoid(cls) against
+    ``threshold``), the question's text (for a verifier's lexical features), and the caller's own
+    threshold on the no-answer probability, which replaces the stored rule."""
+
+    answerability: Answerability | None = None
+    question: str = ""
+    threshold: float | None = None
+    index: ContextIndex | None = None  # the context's stems and sentences, shared by its questions
+
+    def rule(self) -> Answerability:
+        if self.answerability is not None:
+            return self.answerability
+        return Answerability.cls_only(
+            DEFAULTS.no_answer_threshold if self.threshold is None else self.threshold
+        )
+
+
 class _Candidates:
     """Valid spans of all windows as parallel arrays (ranked once, turned into text lazily)."""
 
@@ -146,10 +197,11 @@ def _finish(
     features: Sequence[Feature],
     candidates: _Candidates,
     null_logit: float,
+    null_log_prob: float | None,
     n_best: int,
-    threshold: float | None,
+    deciding: Deciding,
 ) -> Prediction:
-    """Rank the candidates into a Prediction (n-best, probabilities, no-answer decision)."""
+    """Rank the candidates into a Prediction (n-best, probabilities), then decide answerability."""
     entries: list[NBestEntry] = []
     seen: set[tuple[int, int]] = set()
     for score, slp, elp, w, s, e in candidates.ranked():
@@ -166,21 +218,19 @@ def _finish(
         probs /= probs.sum()
         for x, p in zip(entries, probs, strict=True):
             x.probability = float(p)
-    no_answer_prob = sigmoid(null_logit)
-    thresh = 0.5 if threshold is None else threshold
-    impossible = no_answer_prob > thresh or not entries
-    best = entries[0] if entries else None
-    return Prediction(
+    undecided = Prediction(
         qas_id=qas_id,
-        text="" if impossible or best is None else best.text,
-        start=-1 if impossible or best is None else best.start,
-        end=-1 if impossible or best is None else best.end,
-        score=best.score if best is not None else float("-inf"),
-        no_answer_prob=no_answer_prob,
+        text="",
+        start=-1,
+        end=-1,
+        score=entries[0].score if entries else float("-inf"),
+        no_answer_prob=1.0,
         null_logit=null_logit,
-        is_impossible=impossible,
+        is_impossible=True,
         n_best=entries,
+        null_log_prob=null_log_prob,
     )
+    return undecided.redecided(deciding, context)
 
 
 def decode(
@@ -193,6 +243,9 @@ def decode(
     n_best: int = DEFAULTS.n_best,
     max_answer_len: int = DEFAULTS.max_answer_len,
     threshold: float | None = None,
+    answerability: Answerability | None = None,
+    question: str | None = None,
+    context_index: ContextIndex | None = None,
 ) -> Prediction:
     """Decode one question from the outputs of its windows (shallow head).
 
@@ -200,6 +253,8 @@ def decode(
     each window's length, e.g. a padded batch) or a list of W per-window arrays; ``cls_logits`` is
     ``[W]``. Per window, log-softmax over the positions with p_mask 0, keep the ``n_best`` best
     starts (paragraph tokens in their max-context window) and ends (paragraph tokens), and pair them.
+    ``answerability`` (with the ``question``'s text) decides whether to answer; ``threshold`` (on the
+    no-answer probability) overrides its rule.
     """
     context, qas_id = _context_and_id(example_or_context)
     if not features:
@@ -208,17 +263,20 @@ def decode(
     if cls.shape[0] != len(features):
         raise ValueError(f"decode: {cls.shape[0]} cls_logits for {len(features)} features")
     candidates = _Candidates()
+    null_log_prob = -np.inf
     for w, f in enumerate(features):
         length = len(f.input_ids)
         slp = _masked_log_softmax(_row(start_logits, w, length), f.p_mask)
         elp = _masked_log_softmax(_row(end_logits, w, length), f.p_mask)
+        null_log_prob = max(null_log_prob, float(slp[f.cls_index] + elp[f.cls_index]))
         starts = _top(np.flatnonzero(f.token_is_max_context[: f.paragraph_len]), slp, n_best)
         ends = _top(np.arange(f.paragraph_len), elp, n_best)
         s, e = starts[:, None], ends[None, :]
         ok = (e >= s) & (e - s < max_answer_len)
         s, e = np.broadcast_to(s, ok.shape)[ok], np.broadcast_to(e, ok.shape)[ok]
         candidates.add(w, slp[s], elp[e], s, e)
-    return _finish(context, qas_id, features, candidates, float(cls.min()), n_best, threshold)
+    deciding = _deciding(example_or_context, question, threshold, answerability, context_index)
+    return _finish(context, qas_id, features, candidates, float(cls.min()), null_log_prob, n_best, deciding)
 
 
 def decode_beam(
@@ -233,6 +291,9 @@ def decode_beam(
     n_best: int = DEFAULTS.n_best,
     max_answer_len: int = DEFAULTS.max_answer_len,
     threshold: float | None = None,
+    answerability: Answerability | None = None,
+    question: str | None = None,
+    context_index: ContextIndex | None = None,
 ) -> Prediction:
     """Decode one question from the XLNet beam head's outputs (the original ``write_predictions``).
 
@@ -261,7 +322,20 @@ def decode_beam(
         ok = in_para & (e_ix >= s) & (e_ix - s + 1 <= max_answer_len)
         ok[ok] = f.token_is_max_context[s[ok]]
         candidates.add(w, slp[ok], e_lp[ok], s[ok], e_ix[ok])
-    return _finish(context, qas_id, features, candidates, float(cls.min()), n_best, threshold)
+    deciding = _deciding(example_or_context, question, threshold, answerability, context_index)
+    return _finish(context, qas_id, features, candidates, float(cls.min()), None, n_best, deciding)
+
+
+def _deciding(
+    example_or_context: SquadExample | str,
+    question: str | None,
+    threshold: float | None,
+    answerability: Answerability | None,
+    index: ContextIndex | None,
+) -> Deciding:
+    if question is None:
+        question = example_or_context.question if isinstance(example_or_context, SquadExample) else ""
+    return Deciding(answerability, question, threshold, index)
 
 
 def group_features(features: Sequence[Feature]) -> dict[int, list[int]]:
@@ -348,6 +422,9 @@ def decode_head_outputs(
     n_best: int = DEFAULTS.n_best,
     max_answer_len: int = DEFAULTS.max_answer_len,
     threshold: float | None = None,
+    answerability: Answerability | None = None,
+    question: str | None = None,
+    context_index: ContextIndex | None = None,
 ) -> Prediction:
     """Decode one question from its windows' named model outputs (``rows[w][name]``, the names of
     ``train.contract.OUTPUT_NAMES[head]``), whatever the head: the one switch from a head's outputs to
@@ -355,6 +432,7 @@ def decode_head_outputs(
     if head not in OUTPUT_NAMES:
         raise ValueError(f"unknown head {head!r}; expected one of {sorted(OUTPUT_NAMES)}")
     kw: dict[str, Any] = {"n_best": n_best, "max_answer_len": max_answer_len, "threshold": threshold}
+    kw |= {"answerability": answerability, "question": question, "context_index": context_index}
     if head == "beam":
         cls = np.array([float(r["cls_logits"]) for r in rows])
         return decode_beam(
@@ -384,11 +462,17 @@ def decode_all_head_outputs(
     **kwargs: Any,
 ) -> dict[str, Prediction]:
     """:func:`decode_head_outputs` for every example, from flat per-feature outputs by name
-    (``outputs[name][i]`` belongs to ``features[i]``). Returns qas_id -> Prediction."""
+    (``outputs[name][i]`` belongs to ``features[i]``). Returns qas_id -> Prediction. Questions about
+    one context share its :class:`ContextIndex` when a verifier needs one."""
     out: dict[str, Prediction] = {}
+    answerability: Answerability | None = kwargs.get("answerability")
+    indexes: dict[str, ContextIndex] = {}
     for ex_i, idx in group_features(features).items():
+        ex = examples[ex_i]
         rows = [{name: values[i] for name, values in outputs.items()} for i in idx]
-        out[examples[ex_i].qas_id] = decode_head_outputs(
-            head, examples[ex_i], [features[i] for i in idx], rows, **kwargs
-        )
+        if answerability is not None and answerability.uses_lexical:
+            if ex.context not in indexes:
+                indexes[ex.context] = ContextIndex(ex.context)
+            kwargs["context_index"] = indexes[ex.context]
+        out[ex.qas_id] = decode_head_outputs(head, ex, [features[i] for i in idx], rows, **kwargs)
     return out

@@ -197,9 +197,12 @@ def _featurize_example(
     doc_stride: int,
     max_query_len: int,
     label: tuple[int, int] | None | Literal[False],
+    label_is_plausible: bool = False,
 ) -> list[Feature]:
     """Windows of one question/paragraph. ``label``: False = no labels, None = unanswerable,
-    else the answer's inclusive token span in the whole paragraph."""
+    else the answer's inclusive token span in the whole paragraph; with ``label_is_plausible`` that
+    span is an unanswerable question's plausible answer: windows holding it point at it, but every
+    window stays labelled unanswerable."""
     q_ids = tokenizer.encode(question)[:max_query_len]
     n_q = len(q_ids)
     room = max_seq_len - n_q - 3
@@ -245,7 +248,7 @@ def _featurize_example(
             else:
                 feature.start_position = label[0] - start
                 feature.end_position = label[1] - start
-                feature.is_impossible = False
+                feature.is_impossible = label_is_plausible
         features.append(feature)
     return features
 
@@ -257,6 +260,7 @@ def featurize(
     doc_stride: int = DEFAULTS.doc_stride,
     max_query_len: int = DEFAULTS.max_query_len,
     is_training: bool = False,
+    plausible_spans: bool = False,
 ) -> list[Feature]:
     """All windows of all examples, in order; ``Feature.example_index`` indexes ``examples``.
 
@@ -264,6 +268,11 @@ def featurize(
     no token overlaps (whitespace only) cannot be labelled, and its example is skipped with a
     warning, as the original skipped answers it could not find. Without it, ``is_impossible`` is the
     example's own flag and the positions are None.
+
+    ``plausible_spans`` (training only; Read+Verify's auxiliary span targets): an unanswerable
+    question with ``plausible_answers`` gets its first plausible answer as the span target of the
+    windows that hold it, while its answerability label stays "unanswerable", so the span head learns
+    where the question points and the answerability head learns that it is not answered there.
     """
     _check_lengths(max_seq_len, doc_stride, max_query_len)
     encoder = _Encoder(tokenizer)
@@ -272,9 +281,14 @@ def featurize(
     for i, ex in enumerate(examples):
         ctx_ids, offsets = encoder.context(ex.context)
         label: tuple[int, int] | None | Literal[False] = False
+        plausible = False
         if is_training:
             answer = ex.first_answer
-            if ex.is_impossible or answer is None:
+            if (ex.is_impossible or answer is None) and plausible_spans and ex.plausible_answers:
+                text, at = ex.plausible_answers[0]
+                label = align_answer(offsets, at, text)  # None (plain unanswerable) if it cannot align
+                plausible = label is not None
+            elif ex.is_impossible or answer is None:
                 label = None
             else:
                 label = align_answer(offsets, answer[1], answer[0])
@@ -292,6 +306,7 @@ def featurize(
             doc_stride,
             max_query_len,
             label,
+            plausible,
         )
         if not is_training:
             for f in feats:

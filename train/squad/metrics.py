@@ -21,8 +21,10 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from os import PathLike
+
+import numpy as np
 
 from .data import Dataset, SquadExample, examples_from_dataset, load_dataset
 
@@ -190,3 +192,29 @@ def evaluate(
         )
         out["best_f1"], out["best_f1_thresh"] = find_best_thresh(predictions, f1_raw, probs, has_answer)
     return out
+
+
+def per_question_f1(examples: Iterable[SquadExample], predictions: Mapping[str, str]) -> dict[str, float]:
+    """Official F1 of each question's decided answer ("" = no answer), in [0, 1]."""
+    return raw_scores(examples, predictions)[1]
+
+
+def paired_bootstrap(
+    a: Sequence[float] | np.ndarray,
+    b: Sequence[float] | np.ndarray,
+    *,
+    samples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float, float]:
+    """``(mean(a - b), low, high)``: the difference of two systems' per-question scores on the same
+    questions, with a percentile bootstrap interval (questions resampled with replacement, the pair
+    kept together). Scores in [0, 1] give a difference in F1 points when multiplied by 100."""
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    if d.ndim != 1 or d.size == 0:
+        raise ValueError("paired_bootstrap: two equally long, non-empty score lists are needed")
+    rng = np.random.default_rng(seed)
+    means = d[rng.integers(0, d.size, size=(samples, d.size))].mean(axis=1)
+    tail = (1.0 - level) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return float(d.mean()), float(low), float(high)
