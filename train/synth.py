@@ -29,126 +29,19 @@ from pathlib import Path
 import numpy as np
 
 from train.cli import Parser, run
-from train.corpus import read_articles, split_sentences
+from train.corpus import read_articles
+from train.hard_negatives import hard_negative
 from train.squad import write_squad
+from train.text import DATE, NUMBER, STOPWORDS, split_sentences
 
 ANSWER_TYPES = ("date", "number", "capitalised", "recurring")
 STYLES = ("cloze", "wh", "mix")
-MONTHS = [
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-]
-STOPWORDS = frozenset(
-    [
-        "a",
-        "an",
-        "the",
-        "of",
-        "in",
-        "on",
-        "at",
-        "to",
-        "for",
-        "from",
-        "by",
-        "with",
-        "and",
-        "or",
-        "but",
-        "as",
-        "is",
-        "was",
-        "were",
-        "are",
-        "be",
-        "been",
-        "being",
-        "it",
-        "its",
-        "this",
-        "that",
-        "these",
-        "those",
-        "he",
-        "she",
-        "they",
-        "we",
-        "you",
-        "i",
-        "his",
-        "her",
-        "their",
-        "our",
-        "your",
-        "which",
-        "who",
-        "whom",
-        "what",
-        "when",
-        "where",
-        "why",
-        "how",
-        "not",
-        "no",
-        "than",
-        "then",
-        "there",
-        "here",
-        "also",
-        "into",
-        "over",
-        "after",
-        "before",
-        "during",
-        "about",
-        "under",
-        "between",
-        "while",
-        "such",
-        "can",
-        "could",
-        "would",
-        "should",
-        "may",
-        "might",
-        "will",
-        "shall",
-        "has",
-        "have",
-        "had",
-        "do",
-        "does",
-        "did",
-        "so",
-        "if",
-        "one",
-        "two",
-    ]
-)
 # Capitalised words that start sentences or name no entity on their own.
 GENERIC_CAPITALS = frozenset(s.capitalize() for s in STOPWORDS) | {"However", "Although", "Despite"}
 PHRASE_CONNECTORS = frozenset({"of", "the", "de", "du", "da", "van", "von", "der", "del", "la", "le", "and"})
 MAX_PHRASE_WORDS = 6
 MAX_RECURRING_WORDS = 4
 
-_MONTH = "|".join(MONTHS)
-_DATE = re.compile(
-    rf"\b(?:\d{{1,2}}\s+(?:{_MONTH})(?:,?\s+\d{{3,4}})?|(?:{_MONTH})(?:\s+\d{{1,2}})?(?:,?\s+\d{{3,4}})?"
-    rf"|(?:1[0-9]|20)\d{{2}}s?)\b"
-)
-_NUMBER = re.compile(
-    r"(?<![\w.])[$£€]?\d{1,3}(?:,\d{3})+(?:\.\d+)?%?|(?<![\w.,])[$£€]?\d+(?:\.\d+)?%?(?![\w])"
-)
 _WORD = re.compile(r"[^\W_][\w'’\-.&]*[^\W_]|[^\W_]")
 
 
@@ -170,12 +63,15 @@ class SynthConfig:
     style: str = "mix"  # cloze: the sentence with a wh-phrase in the gap; wh: the wh-phrase first
     types: tuple[str, ...] = ANSWER_TYPES
     seed: int = 0
+    hard_negatives: float = 0.0  # share of unanswerable questions made by one edit (train.hard_negatives)
 
     def validate(self) -> None:
         if not 0.0 <= self.answerable <= 1.0:
             raise ValueError(f"--answerable must be in [0, 1], got {self.answerable}")
         if not 0.0 <= self.in_place <= 1.0:
             raise ValueError(f"--in-place must be in [0, 1], got {self.in_place}")
+        if not 0.0 <= self.hard_negatives <= 1.0:
+            raise ValueError(f"--hard-negatives must be in [0, 1], got {self.hard_negatives}")
         if self.per_sentence < 1:
             raise ValueError(f"--per-sentence must be at least 1, got {self.per_sentence}")
         if self.max_questions is not None and self.max_questions < 1:
@@ -210,9 +106,9 @@ def find_candidates(
     types = set(types)
     found: list[Candidate] = []
     if "date" in types:
-        found += [Candidate(*m.span(), "date") for m in _DATE.finditer(sentence)]
+        found += [Candidate(*m.span(), "date") for m in DATE.finditer(sentence)]
     if "number" in types:
-        found += [Candidate(*m.span(), "number") for m in _NUMBER.finditer(sentence)]
+        found += [Candidate(*m.span(), "number") for m in NUMBER.finditer(sentence)]
     words = _words(sentence)
     if "capitalised" in types:
         found += _capitalised_phrases(sentence, words)
@@ -364,12 +260,25 @@ class _Draft:
     style: str
     answerable: tuple[str, str, int] | None  # (how, context, answer_start)
     unanswerable: tuple[str, str] | None  # (how, context)
+    hard: tuple[str, str, str, int] | None = None  # (edit, question, context, plausible answer_start)
+
+
+def entity_names(articles: list[tuple[str, list[str]]]) -> list[str]:
+    """Every capitalised phrase of the corpus (sorted, unique): what an entity swap draws from."""
+    found: set[str] = set()
+    for _, contexts in articles:
+        for context in contexts:
+            for s0, s1 in sentence_spans(context):
+                sentence = context[s0:s1]
+                found |= {sentence[c.start : c.end] for c in _capitalised_phrases(sentence, _words(sentence))}
+    return sorted(found)
 
 
 def draft_questions(
     articles: list[tuple[str, list[str]]], cfg: SynthConfig, rng: np.random.Generator
 ) -> list[_Draft]:
     drafts: list[_Draft] = []
+    names = entity_names(articles) if cfg.hard_negatives > 0 else []
     for a, (title, contexts) in enumerate(articles):
         for p, context in enumerate(contexts):
             for s, (s0, s1) in enumerate(sentence_spans(context)):
@@ -388,6 +297,11 @@ def draft_questions(
                         continue
                     in_place = ("in place", context, s0 + cand.start)
                     answerable, unanswerable = _fates(answer, in_place, rest, contexts, p, cfg, rng)
+                    hard = None
+                    if cfg.hard_negatives > 0:
+                        edited = hard_negative(question, sentence, context, names, rng)
+                        if edited is not None and not leaks(edited[1], answer):
+                            hard = (edited[0], edited[1], context, s0 + cand.start)
                     drafts.append(
                         _Draft(
                             title,
@@ -399,6 +313,7 @@ def draft_questions(
                             style,
                             answerable,
                             unanswerable,
+                            hard,
                         )
                     )
     return drafts
@@ -443,8 +358,8 @@ def finalise(drafts: list[_Draft], cfg: SynthConfig, rng: np.random.Generator) -
         order = order[: cfg.max_questions]
     chosen = [drafts[i] for i in sorted(order.tolist())]
     n_answerable = round(cfg.answerable * len(chosen))
-    only_a = [d for d in chosen if d.unanswerable is None]
-    both = [d for d in chosen if d.unanswerable is not None]
+    only_a = [d for d in chosen if d.unanswerable is None and d.hard is None]
+    both = [d for d in chosen if d.unanswerable is not None or d.hard is not None]
     if len(only_a) > n_answerable:  # too many drafts without an unanswerable fate: drop some
         keep = set(rng.permutation(len(only_a))[:n_answerable].tolist())
         only_a = [d for i, d in enumerate(only_a) if i in keep]
@@ -454,24 +369,27 @@ def finalise(drafts: list[_Draft], cfg: SynthConfig, rng: np.random.Generator) -
     }
     records = []
     for d in chosen:
-        if d.unanswerable is None and d.qid not in answerable_ids:
+        if d.unanswerable is None and d.hard is None and d.qid not in answerable_ids:
             continue
+        question, plausible = d.question, []
         if d.qid in answerable_ids:
             how, context, start = d.answerable
             answers = [{"text": d.answer, "answer_start": start}]
+        elif d.hard is not None and (d.unanswerable is None or rng.random() < cfg.hard_negatives):
+            how, question, context, start = d.hard
+            answers, plausible = [], [{"text": d.answer, "answer_start": start}]
         else:
+            assert d.unanswerable is not None
             how, context = d.unanswerable
             answers = []
+        qa = {"id": d.qid, "question": question, "answers": answers, "is_impossible": not answers}
+        if plausible:
+            qa["plausible_answers"] = plausible
         records.append(
             {
                 "title": d.title,
                 "context": context,
-                "qa": {
-                    "id": d.qid,
-                    "question": d.question,
-                    "answers": answers,
-                    "is_impossible": not answers,
-                },
+                "qa": qa,
                 "how": how,
                 "answer": d.answer,
                 "sentence": d.sentence,
@@ -529,6 +447,13 @@ def build_parser() -> Parser:
     p.add_argument("--max-questions", type=int, default=None)
     p.add_argument("--style", choices=STYLES, default="mix")
     p.add_argument("--types", default=",".join(ANSWER_TYPES), help="answer types, comma-separated")
+    p.add_argument(
+        "--hard-negatives",
+        type=float,
+        default=0.0,
+        help="share of unanswerable questions made by editing an answerable one (entity or number swap, "
+        "negation, antonym; train.hard_negatives), the original answer kept as the plausible answer",
+    )
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -543,6 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         style=args.style,
         types=tuple(t.strip() for t in args.types.split(",") if t.strip()),
         seed=args.seed,
+        hard_negatives=args.hard_negatives,
     )
     dataset, stats = synthesize(args.input, cfg)
     write_squad(dataset, args.out)
