@@ -46,12 +46,19 @@ def test_tiny_grid_pretrains_fine_tunes_and_reports(tmp_path):
         assert config["ff_activation"] == parse_config(r["config"])[0]
         assert config["use_aoa"] is r["config"].endswith("+aoa")
         assert 0.0 <= r["dev_f1"] <= 100.0
+        low, high = r["dev_f1_minus_none_ci"]
+        assert low <= r["dev_f1_minus_none"] <= high
+        # the answerability was fitted on an article held out of fine-tuning, never on the scored dev file
+        meta = json.loads((Path(r["dir"]) / "finetune" / "metadata.json").read_text())
+        assert meta["dev_file"] == str(out / "calibration.json") != str(SAMPLE / "dev.json")
         tuned = json.loads((Path(r["dir"]) / "finetune" / "config.json").read_text())
         assert tuned["question_match"] and not config["question_match"]
     # seeds differ, so the runs of one configuration differ
     assert results[0]["curve"] != results[1]["curve"]
     table = (out / "ablation.md").read_text()
-    assert "| relu | 2 |" in table and "| mish+aoa | 2 |" in table and "±" in table and "dev F1" in table
+    assert (
+        "| relu | 2 |" in table and "| mish+aoa | 2 |" in table and "±" in table and "dev F1 - none" in table
+    )
     assert "with the exact-match feature" in table
     assert (out / "ablation.png").stat().st_size > 5000
     # a second call reuses the finished cells

@@ -26,19 +26,19 @@ def test_study_runs_every_stage_and_reports_on_unseen_questions(tmp_path, capsys
         "fine-tune (random+match)",
     ):
         assert f"[{stage}] done in" in printed
-    fit, thr, held = (read_squad(out / f) for f in ("fit.json", "threshold.json", "eval.json"))
+    fit, thr, held = (read_squad(out / f) for f in ("fit.json", "calibration.json", "eval.json"))
     titles = [{ex.title for ex in part} for part in (fit, thr, held)]
     assert not (titles[0] & titles[1]) and not (titles[0] & titles[2]) and not (titles[1] & titles[2])
     synthetic = json.loads((out / "synthetic.json").read_text())
     assert {a["title"] for a in synthetic["data"]}.isdisjoint(titles[2])  # no eval text in training data
     meta = json.loads((out / "finetune-pretrained-synth" / "metadata.json").read_text())
-    assert meta["threshold_selected_on"] == str(out / "threshold.json") and meta["step"] == 3
+    assert meta["threshold_selected_on"] == str(out / "calibration.json") and meta["step"] == 3
     assert json.loads((out / "synth-stage-pretrained" / "metadata.json").read_text())["init"] == str(
         out / "pretrain"
     )
     report = (out / "RESULTS.md").read_text()
     assert "| no-answer baseline |" in report and "| tiny, pretrained+synth |" in report
-    assert "| tiny, random+match |" in report and "held-out article(s) of the fine-tuning side" in report
+    assert "| tiny, random+match |" in report and "articles held out of fine-tuning" in report
     configs = {
         d: json.loads((out / d / "config.json").read_text()) for d in ("finetune-random-match", "pretrain")
     }

@@ -21,9 +21,13 @@ from pathlib import Path
 from train import finetune as finetune_cli
 from train import pretrain as pretrain_cli
 from train.cli import Parser, run
+from train.heldout import predict_file, score_rule, span_f1
 from train.model import ACTIVATIONS
+from train.qa import evaluate_predictions, redecide
 from train.runlog import read_series
 from train.sample_data import SAMPLE_CORPUS
+from train.squad import load_dataset, read_squad, split_by_article, write_squad
+from train.squad.answerability import from_metadata
 from train.study import short_pretraining_argv
 from train.tokenizer import train_spm
 
@@ -57,6 +61,11 @@ def build_parser() -> Parser:
     g = p.add_argument_group("optional fine-tuning of every pretrained model")
     g.add_argument("--train-file", help="SQuAD 2.0 training file (fine-tunes each cell when given)")
     g.add_argument("--dev-file", help="SQuAD 2.0 file to evaluate on (questions never trained on)")
+    g.add_argument(
+        "--calibration-file",
+        help="SQuAD 2.0 articles held out of fine-tuning, where each model's answerability is fitted (never "
+        "the scored --dev-file); default: the last article of --train-file, held out of fine-tuning",
+    )
     g.add_argument("--finetune-steps", type=int, default=300)
     g.add_argument("--finetune-lr", type=float, default=5e-4)
     g.add_argument("--finetune-batch", type=int, default=16)
@@ -98,9 +107,10 @@ def pretrain_cell(args, out: Path, config: str, seed: int, spm: Path) -> dict:
 
 
 def finetune_cell(args, cell: Path, seed: int) -> dict:
+    """Fine-tune (answerability fitted on the calibration articles), then score on the dev file."""
     ft = cell / "finetune"
     if not (ft / "metadata.json").exists():
-        argv = ["--init", str(cell), "--train-file", args.train_file, "--dev-file", args.dev_file]
+        argv = ["--init", str(cell), "--train-file", args.fit_file, "--dev-file", args.calibration_file]
         argv += ["--head", args.head, "--steps", str(args.finetune_steps), "--lr", str(args.finetune_lr)]
         argv += ["--batch-size", str(args.finetune_batch), "--max-seq-len", str(args.max_seq_len)]
         argv += ["--max-query-len", str(min(64, args.max_seq_len // 3))]
@@ -112,12 +122,37 @@ def finetune_cell(args, cell: Path, seed: int) -> dict:
         argv += ["--no-progress"] if args.no_progress else []
         if finetune_cli.main(argv):
             raise RuntimeError(f"fine-tuning {ft} failed")
-    m = json.loads((ft / "metadata.json").read_text())["dev_metrics"]
+    meta = json.loads((ft / "metadata.json").read_text())
+    held = predict_file(ft, read_squad(args.dev_file))
+    row = score_rule("final", from_metadata(meta), held)
+    best = redecide(held.examples, held.predictions, None)
     return {
-        "dev_f1": m["f1"],
-        "dev_best_f1": m["best_f1"],
-        "dev_has_ans_f1": m.get("HasAns_f1", float("nan")),
+        "dev_f1": row.f1,
+        "dev_f1_minus_none": row.diff,
+        "dev_f1_minus_none_ci": [row.low, row.high],
+        "dev_has_ans_f1": row.has_ans_f1 if row.has_ans_f1 is not None else float("nan"),
+        "dev_span_f1": span_f1(held),
+        "dev_best_f1": evaluate_predictions(held.examples, best)["best_f1"],
     }
+
+
+def calibration_split(args, out: Path) -> tuple[str, str]:
+    """(fine-tuning file, calibration file): --calibration-file, else the train file's last article."""
+    if args.calibration_file:
+        if not Path(args.calibration_file).exists():
+            raise FileNotFoundError(f"file not found: {args.calibration_file}")
+        return args.train_file, args.calibration_file
+    n = len(load_dataset(args.train_file)["data"])
+    if n < 2:
+        raise ValueError(
+            f"{args.train_file} has one article: give --calibration-file (other articles, to fit answerability on)"
+        )
+    fit, calibration = split_by_article(args.train_file, n - 1)
+    paths = out / "fit.json", out / "calibration.json"
+    write_squad(fit, paths[0])
+    write_squad(calibration, paths[1])
+    print(f"answerability is fitted on {paths[1]} (the last article of {args.train_file}, not fine-tuned on)")
+    return str(paths[0]), str(paths[1])
 
 
 def mean_sd(values: list[float]) -> str:
@@ -131,7 +166,7 @@ def write_report(out: Path, args, results: list[dict]) -> None:
     tuned = "dev_f1" in results[0]
     cols = ["configuration", "runs", "best pretraining loss (nats/token)", "final loss"]
     if tuned:
-        cols += ["dev F1", "dev best_f1", "dev HasAns F1"]
+        cols += ["dev F1", "dev F1 - none", "dev HasAns F1", "dev span F1", "dev best_f1 (upper bound)"]
     lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     for c in configs:
         rows = [r for r in results if r["config"] == c]
@@ -142,7 +177,8 @@ def write_report(out: Path, args, results: list[dict]) -> None:
             mean_sd([r["final_loss"] for r in rows]),
         ]
         if tuned:
-            cells += [mean_sd([r[k] for r in rows]) for k in ("dev_f1", "dev_best_f1", "dev_has_ans_f1")]
+            keys = ("dev_f1", "dev_f1_minus_none", "dev_has_ans_f1", "dev_span_f1", "dev_best_f1")
+            cells += [mean_sd([r[k] for r in rows]) for k in keys]
         lines.append("| " + " | ".join(cells) + " |")
     seeds = sorted({r["seed"] for r in results})
     text = [
@@ -159,7 +195,16 @@ def write_report(out: Path, args, results: list[dict]) -> None:
         text += [
             f"Fine-tuning: {args.finetune_steps} steps x {args.finetune_batch} windows of {args.max_seq_len}, "
             f"{args.head} head{' with the exact-match feature' if args.question_match else ''}, "
-            f"on {args.train_file}; scored on {args.dev_file} (final model).",
+            f"on {args.fit_file}; answerability fitted on {args.calibration_file} (cross-fitted by article); "
+            f"scored on {args.dev_file} (final model), where nothing was fitted or chosen. dev F1 - none: the "
+            "difference from answering none (per run: "
+            + "; ".join(
+                f"{r['config']} seed {r['seed']} {r['dev_f1_minus_none']:+.2f} "
+                f"[{r['dev_f1_minus_none_ci'][0]:+.2f}, {r['dev_f1_minus_none_ci'][1]:+.2f}]"
+                for r in results
+            )
+            + ", paired bootstrap 95% intervals). best_f1: the threshold searched on the scored questions "
+            "themselves, an upper bound that no deployed model gets.",
             "",
         ]
     (out / "ablation.md").write_text("\n".join(text))
@@ -207,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise FileNotFoundError(f"file not found: {f}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.train_file:
+        args.fit_file, args.calibration_file = calibration_split(args, out)
     spm = out / "tokenizer"
     if not (spm / "spiece.model").exists():
         train_spm(args.corpus, spm, args.vocab)

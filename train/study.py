@@ -8,9 +8,14 @@ next to the no-answer baseline of the same questions. Several runs can be compar
 so an interrupted study continues with `--resume`. Seconds per stage are printed and reported.
 
 Data: `--train-file` / `--eval-file`, or `--labelled FILE` split by article (`--finetune-articles`
-to fine-tune on, the rest evaluated). The no-answer threshold is chosen on `--threshold-articles`
-articles of the fine-tuning side, held out of fine-tuning, never on the evaluated questions
-(`--threshold-articles 0` chooses it on the evaluation file itself, and the report says so).
+to fine-tune on, the rest evaluated). `--calibration-articles` articles of the fine-tuning side are
+held out of fine-tuning: the answerability model (how the question verifier and the model's scores
+combine, its calibration, threshold and decision rule) is cross-fitted there, and the question
+verifier on the fine-tuning articles, never on the evaluated questions (`--calibration-articles 0`
+fits on the evaluation file itself, and the report says so). Every answerability rule (today's cls
+threshold, model scores, the word-overlap verifier + span, the final combination) is reported side by
+side on the evaluated questions, with the difference from answering none and its paired bootstrap
+95% interval, the ROC AUC of each score and a reliability plot.
 """
 
 from __future__ import annotations
@@ -28,13 +33,14 @@ from train import pretrain as pretrain_cli
 from train import synth as synth_cli
 from train import tokenizer as tokenizer_cli
 from train.cli import Parser, run
+from train.heldout import aucs_table, compare_rules, plot_reliability, predict_file, rows_table
 from train.optim import OPTIMIZERS
 from train.runlog import read_series
 from train.sample_data import SAMPLE_DIR as SAMPLE
 from train.squad import evaluate, load_dataset, read_squad, split_by_article, write_squad
 
 BASES = ("pretrained", "random")
-MODIFIERS = ("synth", "match")
+MODIFIERS = ("synth", "match", "plausible", "hard")
 
 
 def build_parser() -> Parser:
@@ -45,10 +51,19 @@ def build_parser() -> Parser:
     g.add_argument("--labelled", help="instead: one SQuAD 2.0 file split by article into train and eval")
     g.add_argument("--finetune-articles", type=int, default=9, help="with --labelled: articles to train on")
     g.add_argument(
+        "--calibration-articles",
         "--threshold-articles",
+        dest="calibration_articles",
         type=int,
-        default=1,
-        help="fine-tuning-side articles held out to choose the no-answer threshold (0: the eval file)",
+        default=None,
+        help="fine-tuning-side articles held out of fine-tuning, where the answerability model (combination, "
+        "calibration, threshold, rule) is fitted by cross-fitting (default 2 with --labelled; 0: on the eval "
+        "file itself, optimistic)",
+    )
+    g.add_argument(
+        "--calibration-file",
+        help="with --train-file: articles held out of fine-tuning to fit the answerability on (default: the "
+        "sample's calibration.json with the sample's files, else --calibration-articles of --train-file)",
     )
     g.add_argument(
         "--corpus", nargs="+", default=[str(SAMPLE / "corpus.json")], help="unlabelled pretraining text"
@@ -79,6 +94,12 @@ def build_parser() -> Parser:
     g.add_argument("--synth-per-sentence", type=int, default=2)
     g.add_argument(
         "--synth-keep-out-of-window", type=float, default=1.0, help="share of answer-less windows kept"
+    )
+    g.add_argument(
+        "--synth-hard-negatives",
+        type=float,
+        default=0.5,
+        help="runs named ...+hard: share of unanswerable synthetic questions made by an edit",
     )
     g = p.add_argument_group("fine-tuning")
     g.add_argument("--finetune-steps", type=int, default=1500)
@@ -138,6 +159,8 @@ class Run:
     base: str
     synth: bool = False
     match: bool = False
+    plausible: bool = False  # --plausible-spans in every QA stage
+    hard: bool = False  # the synthetic stage's questions include hard negatives (train.hard_negatives)
 
     @property
     def name(self) -> str:
@@ -154,38 +177,51 @@ def parse_runs(text: str) -> list[Run]:
         base, *extras = name.split("+")
         if base not in BASES or any(e not in MODIFIERS for e in extras) or len(set(extras)) < len(extras):
             raise ValueError(
-                f"unknown run {name!r}: use pretrained or random, optionally +synth and/or +match"
+                f"unknown run {name!r}: use pretrained or random, optionally +synth, +match, +plausible, +hard"
             )
-        runs.append(Run(base, synth="synth" in extras, match="match" in extras))
+        if "hard" in extras and "synth" not in extras:
+            raise ValueError(f"run {name!r}: +hard changes the synthetic stage, so it needs +synth")
+        runs.append(Run(base, **{m: m in extras for m in MODIFIERS}))
     if not runs:
         raise ValueError("--runs is empty")
     return runs
 
 
 def prepare_data(args, out: Path) -> tuple[Path, Path, Path, bool]:
-    """Write fit.json (fine-tuning), threshold.json and eval.json; returns them and whether the
-    threshold comes from the fine-tuning side."""
+    """Write fit.json (fine-tuning), calibration.json (answerability) and eval.json; returns them and
+    whether the calibration articles come from the fine-tuning side."""
     if args.labelled:
         train, held = split_by_article(args.labelled, args.finetune_articles)
     else:
-        for f in (args.train_file, args.eval_file):
+        for f in (args.train_file, args.eval_file, args.calibration_file or args.train_file):
             if not Path(f).exists():
                 raise FileNotFoundError(f"data file not found: {f}")
         train, held = load_dataset(args.train_file), load_dataset(args.eval_file)
+        sample = Path(args.train_file).resolve() == (SAMPLE / "train.json").resolve()
+        if args.calibration_file is None and args.calibration_articles is None and sample:
+            args.calibration_file = str(SAMPLE / "calibration.json")
+        if args.calibration_file and args.calibration_articles != 0:
+            return _write_splits(out, train, load_dataset(args.calibration_file), held, True)
+    if args.calibration_articles is None:
+        args.calibration_articles = 2
     n_train = len(train["data"])
-    if args.threshold_articles:
-        if args.threshold_articles >= n_train:
+    if args.calibration_articles:
+        if args.calibration_articles >= n_train:
             raise ValueError(
-                f"--threshold-articles {args.threshold_articles} leaves no article to fine-tune on "
+                f"--calibration-articles {args.calibration_articles} leaves no article to fine-tune on "
                 f"({n_train} in the training data)"
             )
-        fit, thr = split_by_article(train, n_train - args.threshold_articles)
+        fit, thr = split_by_article(train, n_train - args.calibration_articles)
     else:
         fit, thr = train, held
-    paths = out / "fit.json", out / "threshold.json", out / "eval.json"
-    for data, path in zip((fit, thr, held), paths, strict=True):
+    return _write_splits(out, fit, thr, held, bool(args.calibration_articles))
+
+
+def _write_splits(out: Path, fit, calibration, held, honest: bool) -> tuple[Path, Path, Path, bool]:
+    paths = out / "fit.json", out / "calibration.json", out / "eval.json"
+    for data, path in zip((fit, calibration, held), paths, strict=True):
         write_squad(data, path)
-    return *paths, bool(args.threshold_articles)
+    return *paths, honest
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -222,12 +258,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         argv_pre += ["--out", str(pre), "--save-every", "250", *resume, *quiet, *threads]
         stages.run("pretrain", pre / "model.safetensors", pretrain_cli.main, argv_pre)
-    synth_file = out / "synthetic.json"
-    if any(r.synth for r in runs):
-        synth_argv = ["--input", *args.corpus, str(fit), "--out", str(synth_file)]
+    synth_files = {False: out / "synthetic.json", True: out / "synthetic-hard.json"}
+    for hard in sorted({r.hard for r in runs if r.synth}):
+        synth_argv = ["--input", *args.corpus, str(fit), "--out", str(synth_files[hard])]
         synth_argv += ["--answerable", str(args.synth_answerable), "--in-place", str(args.synth_in_place)]
         synth_argv += ["--per-sentence", str(args.synth_per_sentence)]
-        stages.run("synthetic questions", synth_file, synth_cli.main, synth_argv)
+        if hard:
+            synth_argv += ["--hard-negatives", str(args.synth_hard_negatives)]
+        stages.run(
+            f"synthetic questions{' (hard)' if hard else ''}", synth_files[hard], synth_cli.main, synth_argv
+        )
     finetune_common = ["--dev-file", str(thr), "--head", args.head, "--batch-size", str(args.finetune_batch)]
     finetune_common += ["--max-seq-len", str(args.max_seq_len), "--doc-stride", str(args.doc_stride)]
     finetune_common += ["--layer-decay", str(args.layer_decay), *resume, *quiet, *threads]
@@ -240,6 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return argv + ["--eval-every", str(every), "--save-every", str(every)]
 
     held_examples = read_squad(held)
+    fit_examples = read_squad(fit)
+    comparisons: list = []
     rows = []
     curves: dict[str, list[tuple[int, float]]] = {}
     for r in runs:
@@ -248,19 +290,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if r.match:
             init.append("--question-match")
+        if r.plausible:
+            init.append("--plausible-spans")
         if r.synth:
-            stage = out / ("synth-stage-" + r.base + ("-match" if r.match else ""))
+            stage = out / (
+                "synth-stage-"
+                + "-".join([r.base, *(m for m in ("match", "plausible", "hard") if getattr(r, m))])
+            )
             argv_s = finetune_argv(
                 init,
-                synth_file,
+                synth_files[r.hard],
                 stage,
                 args.synth_steps,
                 args.synth_lr,
                 args.synth_keep_out_of_window,
                 args.synth_steps,
             )
+            argv_s += ["--answerability", "cls"]  # a stage: its successor fits the answerability
             stages.run(f"synthetic stage ({stage.name})", stage / "metadata.json", finetune_cli.main, argv_s)
-            init = ["--init", str(stage)]
+            init = ["--init", str(stage), *(["--plausible-spans"] if r.plausible else [])]
         name, slug = r.name, r.slug
         ft = out / f"finetune-{slug}"
         argv_f = finetune_argv(
@@ -278,13 +326,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics.update(span_quality(held_examples, json.loads((ev / "nbest.json").read_text())))
         rows.append((name, metrics))
         curves[name] = read_series(ft) if (ft / "metrics.jsonl").exists() else []
+        print(f"[compare answerability rules ({name})] starting", flush=True)
+        stored = json.loads((ft / "metadata.json").read_text())
+        calibration = predict_file(ft, read_squad(thr), progress=not args.no_progress)
+        evaluated = predict_file(ft, held_examples, progress=not args.no_progress)
+        comparisons.append((name, compare_rules(stored, fit_examples, calibration, evaluated)))
     baseline = no_answer_baseline(held_examples)
     write_report(
-        out, args, rows, baseline, stages.seconds, len(read_squad(fit)), held_examples, honest_threshold
+        out, args, rows, baseline, stages.seconds, len(fit_examples), held_examples, honest_threshold
     )
+    with open(out / "RESULTS.md", "a") as fh:
+        fh.write("\n".join(comparison_section(comparisons, honest_threshold)) + "\n")
+    (out / "comparison.json").write_text(json.dumps(comparison_json(comparisons), indent=2))
     plot_study(out / "study.png", rows, baseline, curves)
+    plot_reliability(out / "reliability.png", comparisons)
     print((out / "RESULTS.md").read_text())
     return 0
+
+
+def comparison_section(comparisons, honest: bool) -> list[str]:
+    where = (
+        "on the calibration articles (held out of fine-tuning), the question verifier on the fine-tuning articles"
+        if honest
+        else "on the evaluated questions themselves (--calibration-articles 0: optimistic)"
+    )
+    return [
+        "",
+        "## Answerability rules on the evaluated questions",
+        "",
+        f"Every rule was fitted {where}, then applied unchanged to the evaluated questions. F1 - none: the "
+        "difference from answering none, with its paired bootstrap 95% interval over questions. CV F1: what "
+        "the rule's own cross-validation over calibration articles expected (against answering none there).",
+        "",
+        *rows_table(comparisons),
+        "",
+        "ROC AUC of each score for answerable vs unanswerable evaluated questions (cls and null span: "
+        "higher means unanswerable, so negated), and the span F1 (best span, decision switched off):",
+        "",
+        *aucs_table(comparisons),
+        "",
+        "![reliability](reliability.png)",
+        "",
+    ]
+
+
+def comparison_json(comparisons) -> dict:
+    return {
+        run: {"rows": [r.as_dict() for r in c.rows], "score_aucs": c.score_aucs, "span_f1": c.span_f1}
+        for run, c in comparisons
+    }
 
 
 def no_answer_baseline(examples) -> dict:
@@ -318,7 +408,7 @@ def write_report(out: Path, args, rows, baseline, seconds, n_fit: int, held_exam
         lines.append(f"| {args.config}, {name} | " + " | ".join(_fmt(m.get(k)) for k in KEYS) + " |")
     n_ans = sum(bool(ex.answers) for ex in held_examples)
     where = (
-        f"{args.threshold_articles} held-out article(s) of the fine-tuning side"
+        "articles held out of fine-tuning (calibration.json) and the fine-tuning articles (question verifier)"
         if honest
         else "the evaluated questions themselves (optimistic)"
     )
@@ -326,13 +416,13 @@ def write_report(out: Path, args, rows, baseline, seconds, n_fit: int, held_exam
         f"# End-to-end study ({args.config} preset, {args.head} head)",
         "",
         f"Fine-tuned on {n_fit} questions; evaluated on {len(held_examples)} questions never trained on "
-        f"({n_ans} answerable). No-answer threshold chosen on {where}. Pretraining: {args.pretrain_steps} "
+        f"({n_ans} answerable). Answerability fitted on {where}. Pretraining: {args.pretrain_steps} "
         f"steps x {args.pretrain_batch} x {args.seq_len} tokens; synthetic stage: {args.synth_steps} steps; "
         f"fine-tuning: {args.finetune_steps} steps x {args.finetune_batch} windows of {args.max_seq_len}.",
         "",
         *lines,
         "",
-        "exact / f1 / HasAns_f1 / NoAns_f1: at the stored threshold. best_f1: with the threshold searched "
+        "exact / f1 / HasAns_f1 / NoAns_f1: decided by the model's stored answerability rule. best_f1: with the threshold searched "
         "on the evaluated questions (an upper bound, as the original XLNet reports). span_exact / span_f1: "
         "the best span on the answerable questions with the no-answer decision switched off.",
         "",
