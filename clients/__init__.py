@@ -11,7 +11,7 @@ with XLNetQAClient("http://127.0.0.1:8000", timeout=10.0, retries=3) as qa:
     assert qa.health() and qa.ready()
     print(qa.model_info().head)
     a = qa.answer("Who gave their name to Normandy?", context, top_k=3)
-    print(a.answer, a.start, a.end, a.no_answer_prob, a.is_impossible)
+    print(a.answer, a.start, a.end, a.answerable_prob, a.is_impossible, a.best_span)
     assert context[a.start : a.end] == a.answer or a.is_impossible
     for cand in a.n_best:  # top_k > 1: the best spans, best first
         print(f"{cand.probability:.2f} {cand.text!r}")

@@ -117,9 +117,14 @@ class Timing(_Response):
 class AnswerResponse(_Response):
     """The answer with character offsets into the request's context: ``context[start:end] == answer``.
 
-    When the question is judged unanswerable (``no_answer_prob > threshold``, or no span is valid)
-    ``answer`` is "" and ``start == end == -1``. ``score`` (log-probability of the best span) is
-    null only when the context has no valid span at all. ``n_best`` is present only when ``top_k > 1``.
+    ``answerable_prob`` is the model's P(answerable) (calibrated when the model carries a fitted
+    answerability model) and ``no_answer_prob`` its complement; the question is judged unanswerable
+    when ``no_answer_prob > threshold`` (the threshold this question was decided at: the request's,
+    the server's, or the model's rule; under the expected-gain rule it depends on how good the span
+    looks), or when no span is valid. Then ``answer`` is "" and ``start == end == -1``, but
+    ``best_span`` still says what the model would have answered. ``score`` (log-probability of the
+    best span) is null only when the context has no valid span at all. ``n_best`` is present only
+    when ``top_k > 1``.
     """
 
     answer: str
@@ -127,7 +132,10 @@ class AnswerResponse(_Response):
     end: int
     score: float | None
     no_answer_prob: float
+    answerable_prob: float | None = None  # None only from servers older than this field
+    threshold: float | None = None
     is_impossible: bool
+    best_span: NBestEntry | None = None
     n_best: list[NBestEntry] | None = None
     model: str
     timing_ms: Timing
@@ -169,6 +177,7 @@ class ModelInfoResponse(BaseModel):
     max_query_len: int
     max_answer_len: int
     no_answer_threshold: float
+    answerability: dict[str, Any] | None = None
     ready: bool
     runtime: dict[str, Any]
     limits: dict[str, Any]

@@ -16,6 +16,7 @@ import numpy as np
 from export.verify import Runner, compare
 from train.contract import INPUT_NAMES
 from train.squad import (
+    Answerability,
     Feature,
     Prediction,
     decode_all_head_outputs,
@@ -110,8 +111,10 @@ def agreement(
     *,
     max_questions: int | None = None,
     batch_size: int = 16,
+    answerability: Answerability | None = None,
 ) -> dict[str, Any]:
-    """Agreement of `candidate` with `reference` on the first `max_questions` questions of a SQuAD file."""
+    """Agreement of `candidate` with `reference` on the first `max_questions` questions of a SQuAD file,
+    both decided by the model's ``answerability`` (default: its no-answer threshold on sigmoid(cls))."""
     examples = read_squad(data_file)[: max_questions or None]
     if not examples:
         raise ValueError(f"{data_file}: no questions")
@@ -124,10 +127,8 @@ def agreement(
     )
     ref_rows = predict_rows(reference, names, features, batch_size)
     got_rows = predict_rows(candidate, names, features, batch_size)
-    kw: dict[str, Any] = {
-        "max_answer_len": int(settings["max_answer_len"]),
-        "threshold": float(settings["no_answer_threshold"]),
-    }
+    decision = answerability or Answerability.cls_only(float(settings["no_answer_threshold"]))
+    kw: dict[str, Any] = {"max_answer_len": int(settings["max_answer_len"]), "answerability": decision}
     ref_preds = decode_all_head_outputs(head, examples, features, ref_rows, **kw)
     got_preds = decode_all_head_outputs(head, examples, features, got_rows, **kw)
     report = compare_predictions(names, ref_rows, got_rows, ref_preds, got_preds)

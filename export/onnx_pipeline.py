@@ -55,6 +55,8 @@ from export.verify import DEFAULT_SHAPES, DEFAULT_TOLERANCE, Comparison, compare
 from train.atomic_dir import atomic_directory
 from train.model import HEADS, XLNetForQuestionAnswering
 from train.model.inference import QAInference
+from train.squad.answerability import Answerability
+from train.squad.answerability import from_metadata as answerability_from_metadata
 
 PROG = "python -m export.onnx"  # the command that runs this pipeline; its first progress line names it
 MODEL_FILE = "model.onnx"
@@ -163,12 +165,14 @@ class _Export:
         settings: dict[str, Any],
         report: Report,
         warn: Report,
+        answerability: Answerability | None = None,
     ) -> None:
         self.options = options
         self.tmp = tmp
         self.module = module
         self.tokenizer = tokenizer
         self.settings = settings
+        self.answerability = answerability
         self.report = report
         self.warn = warn
         self.names = list(module.names)
@@ -280,6 +284,7 @@ class _Export:
             runner(session(final, threads=self.threads), self.names),
             self.settings,
             max_questions=self.options.agreement_max or None,
+            answerability=self.answerability,
         )
         rep["reference"] = REFERENCE
         self.record["agreement"] = rep
@@ -382,7 +387,8 @@ def export_onnx(options: OnnxExportOptions, report: Report = _ignore, warn: Repo
     settings: dict[str, Any] = settings_from_metadata(loaded.metadata)
     report(f"{PROG}: {ckpt_path} ({loaded.kind}, d_model {config.d_model}, {config.n_layer} layers) -> {out}")
     with atomic_directory(out) as tmp:
-        record = _Export(options, tmp, module, tokenizer, settings, report, warn).build()
+        decision = answerability_from_metadata(loaded.metadata)  # validated before any work
+        record = _Export(options, tmp, module, tokenizer, settings, report, warn, decision).build()
         exporter = {
             "torch": torch.__version__,
             "onnx": onnx.__version__,
@@ -407,6 +413,7 @@ def export_onnx(options: OnnxExportOptions, report: Report = _ignore, warn: Repo
             source_checkpoint_sha256=sha256_file(weights) if weights else "",
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             exporter=exporter,
+            answerability=loaded.metadata.get("answerability"),
             **settings,
             **record,
         )

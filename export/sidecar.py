@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from train.contract import DEFAULTS, INPUT_NAMES, OUTPUT_NAMES
+from train.squad.answerability import Answerability, AnswerabilityError, from_metadata
 
 FORMAT_VERSION = 1
 SIDECAR_FILE = "export.json"
@@ -95,6 +96,9 @@ class Sidecar:
     optimization: dict[str, Any] | None = None
     quantization: dict[str, Any] | None = None
     agreement: dict[str, Any] | None = None
+    # The fitted answerability model (train.squad.answerability), applied by every server backend and
+    # by Triton clients; None: sigmoid(cls_logit) against no_answer_threshold.
+    answerability: dict[str, Any] | None = None
     format_version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -157,6 +161,11 @@ class Sidecar:
         thr = self.no_answer_threshold
         if isinstance(thr, bool) or not isinstance(thr, int | float) or not 0.0 <= thr <= 1.0:
             p.append(f"no_answer_threshold must be a probability in [0, 1], got {thr!r}")
+        if self.answerability is not None:
+            try:
+                Answerability.from_dict(self.answerability)
+            except AnswerabilityError as exc:
+                p.append(str(exc))
         if self.backend == "tensorrt":
             trt = self.trt if isinstance(self.trt, dict) else {}
             if not trt:
@@ -171,6 +180,12 @@ class Sidecar:
         return p
 
     # --- settings the server needs --------------------------------------------------------------
+    def decision(self) -> Answerability:
+        """How answers are decided: the fitted answerability model, or the cls-only threshold."""
+        return from_metadata(
+            {"answerability": self.answerability, "no_answer_threshold": self.no_answer_threshold}
+        )
+
     @property
     def settings(self) -> dict[str, float | int]:
         """The featurisation/decoding settings as one dict (keys of DEFAULT_SETTINGS)."""

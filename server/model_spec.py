@@ -16,6 +16,7 @@ from typing import Any
 from export.sidecar import DEFAULT_SETTINGS, Sidecar, SidecarError
 from train.contract import DEFAULTS, INPUT_NAMES, shortest_sequence
 from train.contract import OUTPUT_NAMES as OUTPUTS_BY_HEAD
+from train.squad.answerability import Answerability, AnswerabilityError
 
 
 class ModelSpecError(ValueError):
@@ -48,6 +49,12 @@ class ModelSpec:
     input_names: tuple[str, ...] = INPUT_NAMES
     output_names: tuple[str, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict)
+    answerability: Answerability | None = None  # None: sigmoid(cls) against no_answer_threshold
+
+    @property
+    def decision(self) -> Answerability:
+        """How answers are decided: the fitted answerability model, or the cls-only threshold."""
+        return self.answerability or Answerability.cls_only(self.no_answer_threshold)
 
     def public(self) -> dict[str, Any]:
         """JSON-ready metadata for ``GET /v1/model`` (no absolute paths)."""
@@ -66,7 +73,24 @@ class ModelSpec:
             "outputs": list(self.output_names),
             "source": self.kind,
             "export_backend": self.export_backend,
+            "answerability": answerability_summary(self.decision),
         }
+
+
+def answerability_summary(a: Answerability) -> dict[str, Any]:
+    """What ``GET /v1/model`` says of the decision rule (its cross-validated estimate, when fitted)."""
+    cv = a.report.get("cv") or {}
+    return {
+        "kind": "cls" if a.report.get("kind") == "cls" else "fitted",
+        "features": list(a.model.features),
+        "calibration": a.calibration,
+        "rule": a.rule,
+        "threshold": a.threshold if a.rule == "threshold" else None,
+        "beats_no_answer": a.report.get("beats_no_answer"),
+        "cv_f1": cv.get("f1"),
+        "cv_no_answer_f1": cv.get("no_answer_f1"),
+        "cv_roc_auc": cv.get("roc_auc"),
+    }
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -169,6 +193,7 @@ def load_export_spec(directory: str | Path, backend: str = "onnx") -> ModelSpec:
         input_names=tuple(sc.inputs),
         output_names=tuple(sc.outputs),
         raw=sc.to_dict(),
+        answerability=Answerability.from_dict(sc.answerability) if sc.answerability is not None else None,
     )
 
 
@@ -185,6 +210,10 @@ def load_checkpoint_spec(directory: str | Path) -> ModelSpec:
         raise ModelSpecError(f"{d}: not a question-answering checkpoint (kind {kind or 'unknown'!r})")
     head = _head(head, d / "metadata.json")
     _need_tokenizer(d)
+    try:
+        answerability = Answerability.from_dict(meta["answerability"]) if meta.get("answerability") else None
+    except AnswerabilityError as exc:
+        raise ModelSpecError(f"{d / 'metadata.json'}: {exc}") from None
     return ModelSpec(
         name=str(meta.get("name") or d.resolve().name),
         directory=d,
@@ -193,6 +222,7 @@ def load_checkpoint_spec(directory: str | Path) -> ModelSpec:
         kind="checkpoint",
         output_names=OUTPUTS_BY_HEAD[head],
         raw=meta,
+        answerability=answerability,
         **_lengths(meta, d / "metadata.json"),
     )
 

@@ -114,7 +114,7 @@ class QAPipeline:
         self.tokenizer = tokenizer
         self.batcher = batcher
         self.n_best_pool = n_best_pool
-        self.threshold = spec.no_answer_threshold if threshold is None else threshold
+        self.threshold = threshold  # the server's own no-answer threshold, replacing the model's rule
         self.timeout_s = timeout_s
         self.limits = limits or WorkLimits()
         # One thread: long inputs are tokenized one at a time, so a flood of them cannot take every core.
@@ -215,6 +215,8 @@ class QAPipeline:
                     n_best=max(self.n_best_pool, q.top_k),
                     max_answer_len=q.max_answer_len or self.spec.max_answer_len,
                     threshold=self.threshold if q.threshold is None else q.threshold,
+                    answerability=self.spec.decision,
+                    question=q.question,
                 )
             )
             times.append((time.perf_counter() - t) * 1000)

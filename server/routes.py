@@ -86,16 +86,20 @@ def _to_response(answered: Answered, top_k: int, model: str) -> AnswerResponse:
         "end": p.end,
         "score": p.score if math.isfinite(p.score) else None,
         "no_answer_prob": p.no_answer_prob,
+        "answerable_prob": p.answerable_prob,
+        "threshold": p.threshold,
         "is_impossible": p.is_impossible,
+        "best_span": _entry(p.n_best[0]) if p.n_best else None,
         "model": model,
         "timing_ms": Timing(**answered.timing_ms),
     }
     if top_k > 1:
-        fields["n_best"] = [
-            NBestEntry(text=e.text, start=e.start, end=e.end, score=e.score, probability=e.probability)
-            for e in p.n_best[:top_k]
-        ]
+        fields["n_best"] = [_entry(e) for e in p.n_best[:top_k]]
     return AnswerResponse(**fields)
+
+
+def _entry(e) -> NBestEntry:
+    return NBestEntry(text=e.text, start=e.start, end=e.end, score=e.score, probability=e.probability)
 
 
 async def _client_gone(request: Request) -> None:
@@ -226,6 +230,8 @@ async def model_info(runtime: RuntimeDep, settings: SettingsDep) -> ModelInfoRes
     public["name"] = runtime.name
     threshold = settings.no_answer_threshold
     public["no_answer_threshold"] = spec.no_answer_threshold if threshold is None else threshold
+    if threshold is not None:  # the server's --no-answer-threshold replaces the model's rule
+        public["answerability"] |= {"rule": "threshold", "threshold": threshold, "set_by": "server"}
     return ModelInfoResponse(
         **public,
         backend=settings.backend,

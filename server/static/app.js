@@ -24,12 +24,27 @@ async function loadModel() {
     const m = await getJSON("/v1/model");
     state.model = m;
     setText($("model-line"),
-      `Model ${m.name} (${m.head} head, ${m.precision}, ${m.backend}); no-answer threshold ` +
-      `${m.no_answer_threshold}; windows of ${m.max_seq_len} tokens; ${m.ready ? "ready" : "loading"}.`);
-    $("threshold").placeholder = `model's: ${m.no_answer_threshold}`;
+      `Model ${m.name} (${m.head} head, ${m.precision}, ${m.backend}); ${decisionText(m)}; ` +
+      `windows of ${m.max_seq_len} tokens; ${m.ready ? "ready" : "loading"}.`);
+    $("threshold").placeholder = modelThreshold(m);
   } catch (e) {
     setText($("model-line"), `Could not read /v1/model: ${e.message}`);
   }
+}
+
+// How the served model decides "no answer": a fitted answerability model or a plain threshold.
+function decisionText(m) {
+  const a = m.answerability;
+  if (!a || a.kind !== "fitted") return `no-answer threshold ${m.no_answer_threshold}`;
+  const rule = a.rule === "threshold" ? `no-answer threshold ${a.threshold}` : "no-answer threshold per question (expected gain)";
+  const cv = a.cv_f1 == null ? "" : ` (cross-validated F1 ${a.cv_f1.toFixed(1)} vs ${a.cv_no_answer_f1.toFixed(1)} answering none)`;
+  return `${rule}, P(answerable) from ${a.features.join(", ")}${cv}`;
+}
+
+function modelThreshold(m) {
+  const a = m.answerability;
+  if (a && a.kind === "fitted" && a.rule !== "threshold") return "model's rule";
+  return `model's: ${a && a.threshold != null ? a.threshold : m.no_answer_threshold}`;
 }
 
 async function loadSamples() {
@@ -80,18 +95,22 @@ async function post(url, body) {
 function renderContext(context, res) {
   const view = $("context-view");
   view.replaceChildren();
-  if (!res || res.is_impossible || res.start < 0) {
+  // The answer is a <mark>; with "no answer", the best span the model declined is outlined instead.
+  const answered = res && !res.is_impossible && res.start >= 0;
+  const span = answered ? res : (res && res.best_span) || null;
+  if (!span) {
     view.appendChild(document.createTextNode(context));
     return;
   }
   // The API's offsets count code points (Python str); JS strings index UTF-16 units, so slice code points.
   const chars = Array.from(context);
-  const mark = document.createElement("mark");
-  mark.dataset.start = String(res.start);
-  mark.dataset.end = String(res.end);
-  mark.textContent = chars.slice(res.start, res.end).join("");
-  view.append(document.createTextNode(chars.slice(0, res.start).join("")), mark,
-    document.createTextNode(chars.slice(res.end).join("")));
+  const el = document.createElement(answered ? "mark" : "span");
+  if (!answered) el.className = "best-span";
+  el.dataset.start = String(span.start);
+  el.dataset.end = String(span.end);
+  el.textContent = chars.slice(span.start, span.end).join("");
+  view.append(document.createTextNode(chars.slice(0, span.start).join("")), el,
+    document.createTextNode(chars.slice(span.end).join("")));
 }
 
 function fact(dl, name, value, id) {
@@ -106,23 +125,30 @@ function fact(dl, name, value, id) {
 function threshold() {
   const t = $("threshold").value.trim();
   if (t !== "") return String(Number(t));
-  return state.model ? String(state.model.no_answer_threshold) : "the model's";
+  return state.model ? modelThreshold(state.model) : "the model's";
 }
 
 function renderOne(res, thresholdUsed) {
   const line = $("answer-line");
   line.replaceChildren();
+  const pAnswerable = res.answerable_prob == null ? 1 - res.no_answer_prob : res.answerable_prob;
   if (res.is_impossible) {
     line.appendChild(setText(document.createElement("strong"), "No answer"));
-    line.appendChild(document.createTextNode(" (the model judges the question unanswerable from this text)"));
+    line.appendChild(document.createTextNode(` (P(answerable) ${pAnswerable.toFixed(2)})`));
+    if (res.best_span) {
+      line.appendChild(document.createTextNode(" — best span: "));
+      line.appendChild(setText(document.createElement("q"), res.best_span.text));
+    }
   } else {
     line.appendChild(setText(document.createElement("strong"), res.answer));
+    line.appendChild(document.createTextNode(` (P(answerable) ${pAnswerable.toFixed(2)})`));
   }
   line.dataset.impossible = String(res.is_impossible);
   const facts = $("facts");
   facts.replaceChildren();
+  fact(facts, "P(answerable)", pAnswerable.toFixed(4), "answerable-prob");
   fact(facts, "p(no answer)", res.no_answer_prob.toFixed(4), "no-answer-prob");
-  fact(facts, "threshold", thresholdUsed, "threshold-used");
+  fact(facts, "threshold", res.threshold == null ? thresholdUsed : String(Number(res.threshold.toFixed(4))), "threshold-used");
   fact(facts, "span score", res.score === null ? "–" : res.score.toFixed(3));
   fact(facts, "characters", res.start < 0 ? "–" : `${res.start}–${res.end}`);
   const t = res.timing_ms;
