@@ -204,6 +204,8 @@ def test_sigkill_during_saves_always_leaves_the_exact_checkpoint_of_its_step(spm
         if any(p.name.startswith(".") and ".tmp-" in p.name for p in (out / "checkpoints").iterdir()):
             interrupted += 1
         latest = latest_checkpoint(out)
+        if latest is None:  # the kill landed inside the run's first save: nothing complete to compare yet
+            continue
         seen = int(latest.name.split("-")[1])
         assert json.loads((latest / "trainer.json").read_text())["step"] == seen
         got = checkpoint.load(latest).model.state_dict()
