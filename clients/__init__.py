@@ -39,14 +39,21 @@ asyncio.run(main())
 Unanswerable questions come back with ``answer == ""`` and ``start == end == -1``. Connection errors
 and 503 (not ready / overloaded) are retried with jittered exponential backoff, honouring
 ``Retry-After``, within ``deadline`` seconds per call when given; every failure is an ``XLNetQAError``.
+
+A server with API keys: ``XLNetQAClient(url, api_key=...)`` or the ``XLNETQA_API_KEY`` variable (sent
+as ``Authorization: Bearer``; never in ``repr`` or error text). 401 is ``XLNetQAAuthenticationError``;
+429 is ``XLNetQARateLimitError``, retried after the server's ``Retry-After`` while that fits in the
+deadline. HTTPS: ``verify=`` a CA bundle's path (or an ``ssl.SSLContext``; ``False`` only on purpose).
 """
 
 from clients.client import (
     AsyncXLNetQAClient,
+    XLNetQAAuthenticationError,
     XLNetQAClient,
     XLNetQAClientError,
     XLNetQAConnectionError,
     XLNetQAError,
+    XLNetQARateLimitError,
     XLNetQAResponseError,
     XLNetQAServerError,
     XLNetQATimeoutError,
@@ -61,9 +68,11 @@ __all__ = [
     "QARequest",
     "Timing",
     "XLNetQAClient",
+    "XLNetQAAuthenticationError",
     "XLNetQAClientError",
     "XLNetQAConnectionError",
     "XLNetQAError",
+    "XLNetQARateLimitError",
     "XLNetQAResponseError",
     "XLNetQAServerError",
     "XLNetQATimeoutError",

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import os
 import random
+import ssl
 import time
 from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -38,6 +40,7 @@ _RETRY_TRANSPORT = (
 )
 _NO_ANSWER_IN_TIME = (httpx.ReadTimeout, httpx.WriteTimeout)
 
+API_KEY_ENV = "XLNETQA_API_KEY"  # the key when api_key= is not given
 BatchItem = QARequest | Mapping[str, Any] | tuple[str, str]
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -77,6 +80,19 @@ class XLNetQATimeoutError(XLNetQAError):
     """No response within ``timeout`` (one attempt) or ``deadline`` (the whole call with retries)."""
 
 
+class XLNetQAAuthenticationError(XLNetQAClientError):
+    """401: no API key, or one the server does not know (``api_key=`` or ``XLNETQA_API_KEY``)."""
+
+
+class XLNetQARateLimitError(XLNetQAClientError):
+    """429: this key is over a rate, window or daily limit; ``retry_after`` is the server's hint (s).
+    Retried while the hint fits in what is left of the call's deadline and retries remain."""
+
+    def __init__(self, *args: Any, retry_after: float | None = None, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.retry_after = retry_after
+
+
 class XLNetQAResponseError(XLNetQAError):
     """The server answered, but not in the shape the API promises (a proxy's page, a version mismatch)."""
 
@@ -93,6 +109,11 @@ def _error_from(response: httpx.Response) -> XLNetQAError:
         request_id = body.get("request_id") or request_id
     else:
         message, kind = (str(body) or response.reason_phrase), None
+    if response.status_code == 401:
+        return XLNetQAAuthenticationError(message, 401, kind, body, request_id)
+    if response.status_code == 429:
+        hint = _retry_after(response)
+        return XLNetQARateLimitError(message, 429, kind, body, request_id, retry_after=hint)
     cls = XLNetQAClientError if response.status_code < 500 else XLNetQAServerError
     return cls(message, response.status_code, kind, body, request_id)
 
@@ -203,6 +224,12 @@ class _Attempts:
         """None when the response is final (a success), a delay before retrying a 503; raises errors."""
         if response.status_code == 503:
             return self._wait(self.policy._delay(self.attempt, response), _error_from(response))
+        if response.status_code == 429:  # only with the server's hint: waiting it out may succeed
+            error = _error_from(response)
+            hint = _retry_after(response)
+            if hint is None:
+                raise error
+            return self._wait(hint * random.uniform(1.0, 1.1), error)
         if response.is_error:
             raise _error_from(response)
         return None
@@ -220,11 +247,16 @@ class _Policy:
         max_backoff: float = 5.0,
         headers: Mapping[str, str] | None = None,
         deadline: float | None = None,
+        api_key: str | None = None,
+        verify: bool | str | ssl.SSLContext = True,
     ) -> None:
         if retries < 0 or backoff < 0 or max_backoff < 0:
             raise ValueError("retries, backoff and max_backoff must be >= 0")
         if timeout <= 0 or (deadline is not None and deadline <= 0):
             raise ValueError("timeout and deadline must be > 0")
+        url = httpx.URL(base_url)
+        if url.userinfo:
+            raise ValueError("base_url must not hold credentials; pass api_key= (or set XLNETQA_API_KEY)")
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.retries = retries
@@ -232,6 +264,13 @@ class _Policy:
         self.max_backoff = max_backoff
         self.headers = dict(headers or {})
         self.deadline = deadline
+        self.verify = verify  # a CA bundle's path, an SSLContext, True (system CAs) or False (explicit)
+        key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+        if key is not None:
+            self.headers["Authorization"] = f"Bearer {key}"
+
+    def __repr__(self) -> str:  # never the key (nor any header)
+        return f"{type(self).__name__}({self.base_url!r}, timeout={self.timeout}, retries={self.retries})"
 
     def _delay(self, attempt: int, response: httpx.Response | None) -> float:
         """Retry-After when the server sent one (plus up to 10% jitter, so clients told the same do not
@@ -263,7 +302,9 @@ class XLNetQAClient(_Policy):
         self, base_url: str, timeout: float = 10.0, retries: int = 3, backoff: float = 0.1, **kw: Any
     ) -> None:
         super().__init__(base_url, timeout, retries, backoff, **kw)
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=self.headers)
+        self._http = httpx.Client(
+            base_url=self.base_url, timeout=timeout, headers=self.headers, verify=self.verify
+        )
 
     def __enter__(self) -> XLNetQAClient:
         return self
@@ -347,7 +388,9 @@ class AsyncXLNetQAClient(_Policy):
         self, base_url: str, timeout: float = 10.0, retries: int = 3, backoff: float = 0.1, **kw: Any
     ) -> None:
         super().__init__(base_url, timeout, retries, backoff, **kw)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, headers=self.headers)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, timeout=timeout, headers=self.headers, verify=self.verify
+        )
 
     async def __aenter__(self) -> AsyncXLNetQAClient:
         return self

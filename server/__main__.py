@@ -8,6 +8,7 @@ line on stderr before anything listens; a model that fails while loading stops t
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import sys
@@ -58,14 +59,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import uvicorn
 
+    from server.auth import KeyFileError, KeyRing
     from server.backends import BackendUnavailable, preflight
     from server.model_spec import ModelSpecError, resolve_spec
 
     try:
         preflight(settings)
         spec = resolve_spec(settings.model, settings.backend)
-    except (ModelSpecError, BackendUnavailable) as exc:
+        keys = KeyRing.from_settings(settings.api_keys_file)
+        tls_problem = _tls_problem(settings)
+    except (ModelSpecError, BackendUnavailable, KeyFileError) as exc:
         return _fail(str(exc))
+    if tls_problem:
+        return _fail(tls_problem)
+    if keys is None and not _is_loopback(settings.host):
+        logging.getLogger("server").warning(
+            "no API keys: anyone who reaches %s:%d may use this server (--api-keys-file or XLNETQA_API_KEYS)",
+            settings.host,
+            settings.port,
+        )
 
     common: dict = {
         "host": settings.host,
@@ -73,7 +85,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "log_level": settings.log_level,
         # uvicorn waits this long for open requests; the drain after it gets what is left of it.
         "timeout_graceful_shutdown": settings.graceful_timeout_s,
+        "timeout_keep_alive": settings.timeout_keep_alive_s,
+        "limit_concurrency": settings.connection_limit,
+        "server_header": False,  # no "server: uvicorn" (nothing to fingerprint)
+        "access_log": False,  # ours (server.access_log) names routes and keys, never raw paths
     }
+    if settings.ssl_certfile is not None:
+        common |= {"ssl_certfile": str(settings.ssl_certfile), "ssl_keyfile": str(settings.ssl_keyfile)}
     if settings.workers > 1:
         return _run_workers(settings, common)
 
@@ -93,6 +111,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: model failed to load: {runtime.error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and localhost: only this machine can connect."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _tls_problem(settings: ServerSettings) -> str | None:
+    """One line when the certificate or key cannot be used (checked before anything listens)."""
+    if settings.ssl_certfile is None:
+        return None
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+            str(settings.ssl_certfile), str(settings.ssl_keyfile)
+        )
+    except (OSError, ssl.SSLError) as exc:
+        return f"TLS: cannot use {settings.ssl_certfile} with {settings.ssl_keyfile}: {exc}"
+    return None
 
 
 def _run_workers(settings: ServerSettings, common: dict) -> int:

@@ -8,18 +8,24 @@ and waits for in-flight requests; the lifespan then drains the micro-batcher.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import signal
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from server.access_log import AccessLogMiddleware
+from server.auth import KeyRing
 from server.backends import create_backend
 from server.errors import BodyLimitMiddleware, install_error_handlers
+from server.guard import DOCS_PATHS, METRICS_PATHS, PLAYGROUND_PATHS, PROBES, GuardMiddleware, OpenPaths
 from server.metrics import Metrics, MetricsMiddleware
 from server.model_spec import ModelSpec, resolve_spec
 from server.playground import playground_router
+from server.quotas import CallerLimits, CallerQuotas, FailureLimiter
 from server.request_ids import RequestIdMiddleware, configure_logging
 from server.routes import answer_router, batch_router, ops_router
 from server.runtime import BackendFactory, Runtime
@@ -44,16 +50,20 @@ def create_app(
         if settings.model is None:
             raise ValueError("no model directory (--model or XLNETQA_MODEL)")
         spec = resolve_spec(settings.model, settings.backend)
+    keys = KeyRing.from_settings(settings.api_keys_file)  # KeyFileError: refuse to start
     metrics = Metrics()
     runtime = Runtime(settings, spec, metrics, backend_factory or create_backend, on_fatal)
     metrics.model_info.labels(runtime.name, settings.backend, spec.head, spec.precision).set(1)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        reload_on_hup = keys is not None and _on_sighup(keys.reload)
         await runtime.start()
         try:
             yield
         finally:
+            if reload_on_hup:
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             await runtime.stop()
             metrics.process_exiting()
 
@@ -63,10 +73,21 @@ def create_app(
         description="Extractive question answering (SQuAD 2.0) with XLNet. Answers are character spans of the "
         "given context; long contexts are split into overlapping windows and the best span of all windows wins.",
         lifespan=lifespan,
+        docs_url="/docs" if settings.docs else None,
+        redoc_url="/redoc" if settings.docs else None,
+        openapi_url="/openapi.json" if settings.docs else None,
     )
     app.state.runtime = runtime
     app.state.metrics = metrics
+    app.state.keys = keys
+    app.state.quotas = CallerQuotas(caller_limits(settings), settings.max_request_windows)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
+    failures = FailureLimiter(settings.auth_failures_per_minute)
+    app.add_middleware(
+        GuardMiddleware, keys=keys, open_paths=open_paths(settings), failures=failures, metrics=metrics
+    )
+    if settings.access_log:
+        app.add_middleware(AccessLogMiddleware)
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: sees every response
     install_error_handlers(app, metrics, settings)
@@ -76,6 +97,39 @@ def create_app(
     if settings.playground:
         app.include_router(playground_router)
     return app
+
+
+def open_paths(settings: ServerSettings) -> OpenPaths:
+    """What the door lets through without a key: the probes, and what the settings opened."""
+    paths = list(PROBES)
+    if settings.playground:
+        paths += PLAYGROUND_PATHS  # the page and its files; its calls to /answer need the key
+    if not settings.auth_docs:
+        paths += DOCS_PATHS
+    if not settings.auth_metrics:
+        paths += METRICS_PATHS
+    return OpenPaths.of(paths)
+
+
+def caller_limits(settings: ServerSettings) -> CallerLimits:
+    return CallerLimits(
+        requests_per_s=settings.key_requests_per_s,
+        request_burst=settings.key_request_burst,
+        windows_per_s=settings.key_windows_per_s,
+        window_burst=settings.key_window_burst,
+        max_inflight_windows=settings.key_max_inflight_windows,
+        daily_requests=settings.key_daily_requests,
+    )
+
+
+def _on_sighup(callback: Callable[[], object]) -> bool:
+    """Run ``callback`` on SIGHUP (keys rotation); False where no handler can be installed (not the main
+    thread, or no such signal). Worker processes under ``--workers`` are restarted by uvicorn on SIGHUP."""
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, callback)
+    except (NotImplementedError, RuntimeError, ValueError, AttributeError):
+        return False
+    return True
 
 
 WORKER_LOAD_FAILED = 3  # uvicorn's "startup failure" exit code: its supervisor stops instead of restarting

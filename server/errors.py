@@ -43,6 +43,7 @@ def _cut(text: str, limit: int = MAX_TEXT) -> str:
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Body is not valid JSON or not UTF-8"},
+    401: {"model": ErrorResponse, "description": "No valid API key (WWW-Authenticate: Bearer)"},
     413: {
         "model": ErrorResponse,
         "description": "Context/question/body/batch larger than the server's limits",
@@ -51,6 +52,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     422: {
         "model": ErrorResponse,
         "description": "Wrong types, unknown fields, empty question, out-of-range values",
+    },
+    429: {
+        "model": ErrorResponse,
+        "description": "This key is over a rate, window or daily limit, or this address over its failed "
+        "authentications (see Retry-After)",
     },
     500: {"model": ErrorResponse, "description": "The backend call holding this request failed"},
     503: {
@@ -80,7 +86,7 @@ LINGER_BYTES = 64 * 1024 * 1024  # an oversized body up to this size is read and
 LINGER_S = 2.0  # ... for at most this long
 
 
-async def _discard_body(receive: Receive, seconds: float) -> None:
+async def discard_body(receive: Receive, seconds: float) -> None:
     """Read the rest of a refused body (bounded in time), so the client, still uploading, receives the
     413 instead of a connection reset when the server closes with unread data."""
 
@@ -116,7 +122,7 @@ class BodyLimitMiddleware:
             )  # fmt: skip
             expects_continue = headers.get(b"expect", b"").lower() == b"100-continue"
             if int(declared) <= LINGER_BYTES and not expects_continue:  # reading would invite the upload
-                await _discard_body(receive, LINGER_S)
+                await discard_body(receive, LINGER_S)
             await response(scope, receive, send)
             return
         seen = 0

@@ -127,6 +127,24 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.auth_failures = Counter(
+            "xlnetqa_auth_failures",
+            "Requests refused for a missing or wrong API key, or from an address over its failure budget",
+            ["reason"],
+            registry=r,
+        )
+        self.key_requests = Counter(
+            "xlnetqa_key_requests", "Requests by API key name and status", ["key", "status"], registry=r
+        )
+        self.key_windows = Counter(
+            "xlnetqa_key_windows", "Windows (model inputs) admitted, by API key name", ["key"], registry=r
+        )
+        self.rate_limited = Counter(
+            "xlnetqa_rate_limited",
+            "Requests refused with 429, by API key name and the limit they hit",
+            ["key", "limit"],
+            registry=r,
+        )
         self.model_info = Gauge(
             "xlnetqa_model_info",
             "Served model (value 1)",
@@ -187,3 +205,6 @@ class MetricsMiddleware:
             label = getattr(route, "path", None) or "unmatched"
             self.metrics.requests.labels(label, scope.get("method", ""), str(status)).inc()
             self.metrics.latency.labels(label).observe(time.perf_counter() - start)
+            key = (scope.get("state") or {}).get("api_key")
+            if key is not None:  # set by the door (server.guard) for every request it let in
+                self.metrics.key_requests.labels(str(key), str(status)).inc()

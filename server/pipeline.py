@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from server.batching import DeadlineUnreachable, JobResult, MicroBatcher, QueueFull
 from server.model_spec import ModelSpec
+from server.quotas import CallerBudget
 from train.squad import Feature, Prediction, decode_head_outputs, featurize_encoded
 from train.squad.features import TokenizerLike
 
@@ -222,12 +223,16 @@ class QAPipeline:
             times.append((time.perf_counter() - t) * 1000)
         return preds, times
 
-    async def answer_many(self, items: Sequence[Question], tag: str = "") -> list[Answered]:
+    async def answer_many(
+        self, items: Sequence[Question], tag: str = "", budget: CallerBudget | None = None
+    ) -> list[Answered]:
         """Answer one request's questions; their windows are queued together (all admitted or none).
 
         Raises RejectedInput (nothing queued), QueueFull/BatcherClosed/BatcherUnhealthy (nothing
         queued), InferenceError (a batch holding one of them failed) or RequestTimeout. Cancelling it
-        (client gone) drops its windows that are still queued.
+        (client gone) drops its windows that are still queued. ``budget`` (the caller's per-key limits)
+        is charged the request's windows before they are queued (OverLimit: nothing queued) and given
+        them back when they are done.
         """
         t0 = time.perf_counter()
         self.batcher.check_admission()  # cheap checks first: no tokenizing for a request that cannot run
@@ -239,6 +244,8 @@ class QAPipeline:
             groups, feat_ms = await self._featurize(items, normalized, inline)
             if time.perf_counter() >= t0 + self.timeout_s:  # spent while tokenizing: a timeout, not overload
                 raise asyncio.TimeoutError
+            if budget is not None:
+                budget.acquire(sum(len(g) for g in groups))
             futures.extend(self.batcher.submit_many(groups, tag=tag, deadline=t0 + self.timeout_s))
             return groups, feat_ms, list(await asyncio.gather(*futures))
 
@@ -254,6 +261,8 @@ class QAPipeline:
             for f in futures:  # on any failure, stop the other questions' queued windows
                 if not f.done():
                     f.cancel()
+            if budget is not None:
+                budget.release()
         if inline:
             preds, dec_ms = self._decode_all(items, groups, results)
         else:

@@ -56,18 +56,20 @@ class ServerProcess:
         log_level: str = "warning",
         ready_timeout_s: float = 120.0,
         stop_grace_s: float = 30.0,
+        tls_ca: Path | None = None,
     ) -> None:
         self.model, self.flags, self.backend = Path(model), list(flags), backend
         self.log_path, self.log_level = log_path, log_level
         self.ready_timeout_s, self.stop_grace_s = ready_timeout_s, stop_grace_s
         self.env = child_env(env)
         self.port = port or free_port()
+        self.tls_ca = tls_ca  # served over HTTPS (flags --ssl-certfile/--ssl-keyfile); probes trust this CA
         self.proc: subprocess.Popen | None = None
         self._log_file: IO[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
+        return f"{'https' if self.tls_ca else 'http'}://{LOOPBACK}:{self.port}"
 
     @property
     def command(self) -> list[str]:
@@ -94,6 +96,8 @@ class ServerProcess:
 
     def launch(self) -> ServerProcess:
         """Start the process (returns at once; :meth:`wait` polls it)."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError(f"this server is running already (pid {self.proc.pid}); stop it first")
         out: IO[bytes] | None = None
         if self.log_path is not None:
             out = self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
@@ -111,7 +115,8 @@ class ServerProcess:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}{self._where()}")
             try:
-                if httpx.get(self.url + path, timeout=2.0).status_code == 200:
+                verify = str(self.tls_ca) if self.tls_ca else True
+                if httpx.get(self.url + path, timeout=2.0, verify=verify).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass

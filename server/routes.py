@@ -15,8 +15,10 @@ from fastapi.responses import JSONResponse, Response
 
 from server.batching import BatcherClosed, BatcherUnhealthy, InferenceError, NonFiniteOutput, QueueFull
 from server.errors import ERROR_RESPONSES, ApiError
+from server.guard import caller_name
 from server.metrics import Metrics
 from server.pipeline import Answered, Question, RejectedInput, RequestTimeout
+from server.quotas import CallerBudget, CallerQuotas, OverLimit
 from server.request_ids import request_id_var
 from server.runtime import Runtime
 from server.schemas import (
@@ -114,8 +116,15 @@ async def answer_items(
     """Run the pipeline for one request, racing the client: if it leaves, its queued windows are dropped."""
     pipeline = runtime.require_ready()
     retry = {"Retry-After": str(runtime.settings.retry_after_s)}
+    caller = caller_name(request.scope)
+    quotas: CallerQuotas = request.app.state.quotas
+    try:
+        quotas.admit_request(caller)
+    except OverLimit as exc:
+        raise _over_limit(runtime.metrics, exc) from None
+    budget = CallerBudget(quotas, caller)
     work = asyncio.ensure_future(
-        pipeline.answer_many([_to_question(x) for x in items], tag=request_id_var.get())
+        pipeline.answer_many([_to_question(x) for x in items], tag=request_id_var.get(), budget=budget)
     )
     gone = asyncio.ensure_future(_client_gone(request))
     try:
@@ -128,8 +137,13 @@ async def answer_items(
         await asyncio.wait({work})  # let the cancellation reach the batcher (its queued windows are dropped)
         runtime.metrics.disconnects.inc()
         raise ApiError(499, "client_disconnected", "the client closed the connection before the answer")
+    request.state.windows = budget.charged
+    if budget.charged:
+        runtime.metrics.key_windows.labels(caller).inc(budget.charged)
     try:
         answered = work.result()
+    except OverLimit as exc:
+        raise _over_limit(runtime.metrics, exc) from None
     except RejectedInput as exc:
         raise ApiError(413 if exc.too_large else 422, exc.kind, exc.message) from None
     except QueueFull as exc:
@@ -155,6 +169,12 @@ async def answer_items(
         runtime.metrics.windows.observe(a.windows)
         runtime.metrics.queue_time.observe(a.timing_ms["queue"] / 1000.0)
     return [_to_response(a, x.top_k, runtime.name) for a, x in zip(answered, items, strict=True)]
+
+
+def _over_limit(metrics: Metrics, exc: OverLimit) -> ApiError:
+    """429 + Retry-After for a caller over one of its limits, counted by key name and limit."""
+    metrics.rate_limited.labels(exc.caller, exc.limit).inc()
+    return ApiError(429, "rate_limited", exc.message, {"Retry-After": str(exc.retry_after)})
 
 
 # ---- routes -----------------------------------------------------------------------------------------

@@ -97,17 +97,64 @@ class ServerSettings(BaseSettings):
         30.0, gt=0.0, description="How long SIGTERM waits for in-flight requests"
     )
     playground: bool = Field(True, description="Serve the browser playground at GET / (false: 404)")
+    # ---- who may ask (server.auth, server.guard, server.quotas) ----
+    api_keys_file: Path | None = Field(
+        None,
+        description="File of API keys, one 'name: key' (or bare key) per line; reloaded on change and on SIGHUP. "
+        "Keys may also come from the XLNETQA_API_KEYS variable (never from a flag, which ps would show). "
+        "Without either, anyone who reaches the port may ask",
+    )
+    auth_metrics: bool = Field(
+        True, description="With keys: /metrics needs one too (false: open to scrapers)"
+    )
+    docs: bool = Field(True, description="Serve /docs, /redoc and /openapi.json (false: 404)")
+    auth_docs: bool = Field(True, description="With keys: the docs and the OpenAPI schema need one too")
+    auth_failures_per_minute: float = Field(
+        30.0, gt=0.0, description="Failed authentications one client address may make per minute; beyond: 429"
+    )
+    key_requests_per_s: float | None = Field(None, gt=0.0, description="Per key (or caller): request rate")
+    key_request_burst: float | None = Field(None, ge=1.0, description="Per key: requests allowed at once")
+    key_windows_per_s: float | None = Field(
+        None, gt=0.0, description="Per key: windows (model inputs, the real cost) per second"
+    )
+    key_window_burst: float | None = Field(
+        None,
+        ge=1.0,
+        description="Per key: windows allowed at once (default: 2 s worth, at least one request's)",
+    )
+    key_max_inflight_windows: int | None = Field(
+        None, ge=1, description="Per key: windows queued or running at once"
+    )
+    key_daily_requests: int | None = Field(None, ge=1, description="Per key: requests per UTC day")
+    access_log: bool = Field(
+        True, description="One JSON line per request (id, key name, status, windows, latency; never text)"
+    )
+    ssl_certfile: Path | None = Field(None, description="TLS certificate chain (PEM): serve HTTPS")
+    ssl_keyfile: Path | None = Field(None, description="TLS private key (PEM) of ssl_certfile")
+    timeout_keep_alive_s: float = Field(
+        5.0, gt=0.0, description="An idle keep-alive connection is closed after this long"
+    )
+    max_connections: int | None = Field(
+        None, ge=1, description="Connections and requests at once before 503 (default: 2 x max_queue + 64)"
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
         """A request larger than the queue could never be admitted: refuse that configuration."""
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("ssl_certfile and ssl_keyfile go together: give both or neither")
         if self.max_request_windows > self.max_queue:
             raise ValueError(
                 f"max_request_windows ({self.max_request_windows}) must be <= max_queue ({self.max_queue}), "
                 "or a request within the limits could never be queued"
             )
         return self
+
+    @property
+    def connection_limit(self) -> int:
+        """uvicorn's limit_concurrency: beyond it new connections get 503 before any work."""
+        return self.max_connections or 2 * self.max_queue + 64
 
     def provider_list(self) -> list[str] | None:
         """Explicit onnxruntime providers, or None for automatic selection."""

@@ -63,6 +63,8 @@ class ServerProcess(server.process.ServerProcess):
         backend: str = "onnx",
         env: Mapping[str, str] | None = None,
         port: int | None = None,
+        log_level: str = "warning",
+        tls_ca: Path | None = None,
     ) -> None:
         log_path = log_dir / f"server-{backend}-{time.monotonic_ns()}.log"
         super().__init__(
@@ -72,6 +74,8 @@ class ServerProcess(server.process.ServerProcess):
             log_path=log_path,
             env=server_env(env),
             port=port,
+            log_level=log_level,
+            tls_ca=tls_ca,
             ready_timeout_s=60.0,
             stop_grace_s=15.0,
         )

@@ -1,0 +1,125 @@
+"""The door: every HTTP request needs a valid API key, except the few paths named open.
+
+Default deny: the open paths are listed (probes, and what the operator opened: the playground's
+page and files, the docs, ``/metrics``); everything else, every route added later and every path
+that matches no route, answers 401 without a key, so an unauthenticated caller cannot even tell
+which paths exist. Missing and wrong keys get the same 401 (``WWW-Authenticate: Bearer``, error
+``unauthorized``), and an address whose failures exceed its budget gets 429 + Retry-After before
+its key is even looked at. The caller's key name goes into the request's state (``api_key``), where
+the routes (per-key limits) and the access log read it; it is ``anonymous`` when keys are off.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from server.auth import KeyRing, presented_key
+from server.errors import LINGER_S, discard_body, error_response
+from server.metrics import Metrics
+from server.quotas import FailureLimiter
+
+ANONYMOUS = "anonymous"
+PROBES = ("/healthz", "/readyz")
+PLAYGROUND_PATHS = ("/", "/playground/*")
+DOCS_PATHS = ("/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc")
+METRICS_PATHS = ("/metrics",)
+UNAUTHORIZED_MESSAGE = "a valid API key is required: Authorization: Bearer <key>, or X-API-Key: <key>"
+LINGER_BYTES = 1024 * 1024  # a refused body up to this size is read (briefly) so the client sees the 401
+
+
+@dataclass(frozen=True)
+class OpenPaths:
+    """Paths served without a key: exact ones, and prefixes written ``/prefix/*``."""
+
+    exact: frozenset[str]
+    prefixes: tuple[str, ...]
+
+    @classmethod
+    def of(cls, paths: Iterable[str]) -> OpenPaths:
+        paths = list(paths)
+        return cls(
+            frozenset(p for p in paths if not p.endswith("/*")),
+            tuple(p[:-1] for p in paths if p.endswith("/*")),
+        )
+
+    def __contains__(self, path: object) -> bool:
+        if not isinstance(path, str):
+            return False
+        return path in self.exact or any(
+            path.startswith(p) and "/" not in path[len(p) :] for p in self.prefixes
+        )
+
+
+UNAUTHENTICATED = "-"  # the caller of a request the door refused
+
+
+def caller_name(scope: Scope) -> str:
+    """The key name the door recorded for this request (``anonymous`` without keys, ``-`` refused)."""
+    return str((scope.get("state") or {}).get("api_key", UNAUTHENTICATED))
+
+
+class GuardMiddleware:
+    """Pure ASGI: authenticates every request but the open ones (see the module doc)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: KeyRing | None,
+        open_paths: OpenPaths,
+        failures: FailureLimiter,
+        metrics: Metrics,
+    ) -> None:
+        self.app, self.keys, self.open_paths, self.failures, self.metrics = (
+            app,
+            keys,
+            open_paths,
+            failures,
+            metrics,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        if self.keys is None:
+            state["api_key"] = ANONYMOUS
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        name = None
+        address = (scope.get("client") or ("unknown", 0))[0]
+        wait = self.failures.blocked_for(address)
+        if wait <= 0:
+            name = self.keys.identify(presented_key(headers))
+        if name is not None:
+            state["api_key"] = name
+            await self.app(scope, receive, send)
+            return
+        if scope.get("path") in self.open_paths:
+            state["api_key"] = ANONYMOUS
+            await self.app(scope, receive, send)
+            return
+        if wait > 0:
+            self.metrics.auth_failures.labels("address_blocked").inc()
+            response = error_response(
+                self.metrics, 429, "too_many_auth_failures",
+                "too many failed authentications from this address; retry later",
+                headers={"Retry-After": str(max(1, math.ceil(wait))), "Connection": "close"},
+            )  # fmt: skip
+        else:
+            given = presented_key(headers) is not None
+            self.metrics.auth_failures.labels("wrong_key" if given else "no_key").inc()
+            self.failures.failed(address)
+            response = error_response(
+                self.metrics, 401, "unauthorized", UNAUTHORIZED_MESSAGE,
+                headers={"WWW-Authenticate": "Bearer", "Connection": "close"},
+            )  # fmt: skip
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and 0 < int(declared) <= LINGER_BYTES:
+            await discard_body(receive, LINGER_S)
+        await response(scope, receive, send)

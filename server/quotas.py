@@ -1,0 +1,227 @@
+"""Per-caller limits: token buckets in requests/s and windows/s, windows in flight, a daily quota;
+and a bucket per client address for failed authentications.
+
+A caller is an API key's name (``anonymous`` when the server runs without keys). Requests are counted
+when they arrive, windows once the request is tokenized (windows are what costs: a 20,000-character
+context is 40 of them). A request over a limit is refused with :class:`OverLimit`, which the HTTP
+layer turns into 429 + ``Retry-After`` (the seconds until the bucket holds enough again), before any
+of its windows is queued, so one caller's flood costs the others nothing but the refusals.
+
+Limits live in this process: with ``--workers N`` each worker keeps its own buckets, so a caller gets
+up to N times the configured rates (the README says so).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+
+class OverLimit(Exception):
+    """A caller is over one of its limits: ``limit`` names which, ``retry_after`` in seconds."""
+
+    def __init__(self, caller: str, limit: str, retry_after: float, message: str) -> None:
+        super().__init__(message)
+        self.caller, self.limit, self.message = caller, limit, message
+        self.retry_after = max(1, math.ceil(retry_after))
+
+
+@dataclass
+class TokenBucket:
+    """``rate`` tokens per second, holding at most ``burst``; starts full."""
+
+    rate: float
+    burst: float
+    tokens: float = field(default=-1.0)
+    stamp: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0:
+            self.tokens = self.burst
+
+    def _refill(self, now: float) -> None:
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+
+    def take(self, amount: float = 1.0, now: float | None = None) -> float:
+        """Take ``amount`` and return 0, or take nothing and return the seconds until it could be taken
+        (``inf`` when ``amount`` exceeds the burst: it never could)."""
+        now = time.monotonic() if now is None else now
+        self._refill(now)
+        if amount <= self.tokens:
+            self.tokens -= amount
+            return 0.0
+        if amount > self.burst:
+            return math.inf
+        return (amount - self.tokens) / self.rate
+
+
+@dataclass(frozen=True)
+class CallerLimits:
+    """What one caller may use (None: unlimited)."""
+
+    requests_per_s: float | None = None
+    request_burst: float | None = None  # default: 2 seconds' worth, at least 1
+    windows_per_s: float | None = None
+    window_burst: float | None = None  # default: 2 seconds' worth, at least one maximal request
+    max_inflight_windows: int | None = None
+    daily_requests: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return any(
+            v is not None
+            for v in (self.requests_per_s, self.windows_per_s, self.max_inflight_windows, self.daily_requests)
+        )
+
+
+class _Caller:
+    def __init__(self, limits: CallerLimits, max_request_windows: int) -> None:
+        lim = limits
+        self.requests = (
+            TokenBucket(lim.requests_per_s, lim.request_burst or max(1.0, 2 * lim.requests_per_s))
+            if lim.requests_per_s
+            else None
+        )
+        self.windows = (
+            TokenBucket(
+                lim.windows_per_s,
+                lim.window_burst or max(float(max_request_windows), 2 * lim.windows_per_s),
+            )
+            if lim.windows_per_s
+            else None
+        )
+        self.inflight = 0
+        self.day = -1
+        self.today = 0
+
+
+def _utc_day(now: float) -> int:
+    return int(now // 86400)
+
+
+def _seconds_to_midnight(now: float) -> float:
+    return 86400 - now % 86400
+
+
+class CallerQuotas:
+    """The limits of every caller, created on first use (at most the keys' count plus ``anonymous``)."""
+
+    def __init__(self, limits: CallerLimits, max_request_windows: int) -> None:
+        self.limits = limits
+        self.max_request_windows = max_request_windows
+        self._callers: dict[str, _Caller] = {}
+        self._lock = threading.Lock()
+
+    def _caller(self, name: str) -> _Caller:
+        c = self._callers.get(name)
+        if c is None:
+            c = self._callers[name] = _Caller(self.limits, self.max_request_windows)
+        return c
+
+    def admit_request(self, name: str, now: float | None = None) -> None:
+        """On arrival: the daily quota and the request rate (OverLimit when over)."""
+        if not self.limits.active:
+            return
+        wall = time.time() if now is None else now
+        with self._lock:
+            c = self._caller(name)
+            quota = self.limits.daily_requests
+            if quota is not None:
+                if c.day != _utc_day(wall):
+                    c.day, c.today = _utc_day(wall), 0
+                if c.today >= quota:
+                    raise OverLimit(
+                        name, "daily_requests", _seconds_to_midnight(wall),
+                        f"the daily quota of {quota} requests is used up (it renews at 00:00 UTC)",
+                    )  # fmt: skip
+            if c.requests is not None:
+                wait = c.requests.take(1.0)
+                if wait > 0:
+                    raise OverLimit(
+                        name, "requests_per_s", wait,
+                        f"over the rate of {self.limits.requests_per_s:g} requests/s for this key",
+                    )  # fmt: skip
+            if quota is not None:
+                c.today += 1
+
+    def acquire_windows(self, name: str, windows: int) -> None:
+        """Once tokenized: the window rate and the windows in flight (OverLimit when over). A success
+        must be paired with :meth:`release_windows`."""
+        if not self.limits.active:
+            return
+        with self._lock:
+            c = self._caller(name)
+            cap = self.limits.max_inflight_windows
+            if cap is not None and c.inflight + windows > cap:
+                raise OverLimit(
+                    name, "inflight_windows", 1.0,
+                    f"this key has {c.inflight} windows in flight and this request {windows} (limit {cap})",
+                )  # fmt: skip
+            if c.windows is not None:
+                wait = c.windows.take(float(windows))
+                if wait > 0:
+                    rate = self.limits.windows_per_s
+                    raise OverLimit(
+                        name, "windows_per_s", wait if math.isfinite(wait) else 60.0,
+                        f"over the rate of {rate:g} windows/s for this key (this request has {windows})",
+                    )  # fmt: skip
+            c.inflight += windows
+
+    def release_windows(self, name: str, windows: int) -> None:
+        if not self.limits.active:
+            return
+        with self._lock:
+            c = self._caller(name)
+            c.inflight = max(0, c.inflight - windows)
+
+
+class FailureLimiter:
+    """Failed authentications per client address: a bucket each, the least recently seen address
+    forgotten beyond ``max_addresses`` (a scan from many addresses cannot grow memory without bound)."""
+
+    def __init__(self, per_minute: float, burst: float | None = None, max_addresses: int = 10000) -> None:
+        self.rate = per_minute / 60.0
+        self.burst = burst if burst is not None else max(1.0, per_minute / 6)
+        self.max_addresses = max_addresses
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def blocked_for(self, address: str) -> float:
+        """Seconds this address must wait before another attempt counts (0: it may try)."""
+        with self._lock:
+            b = self._buckets.get(address)
+            if b is None:
+                return 0.0
+            b._refill(time.monotonic())
+            return 0.0 if b.tokens >= 1.0 else (1.0 - b.tokens) / self.rate
+
+    def failed(self, address: str) -> None:
+        with self._lock:
+            b = self._buckets.pop(address, None) or TokenBucket(self.rate, self.burst)
+            self._buckets[address] = b
+            b.take(1.0)
+            while len(self._buckets) > self.max_addresses:
+                self._buckets.popitem(last=False)
+
+
+class CallerBudget:
+    """One request's claim on its caller's windows: taken once the request is tokenized, given back
+    when its windows are done (answered, failed, or dropped because the client left)."""
+
+    def __init__(self, quotas: CallerQuotas, caller: str) -> None:
+        self.quotas, self.caller = quotas, caller
+        self.windows = 0  # held now
+        self.charged = 0  # charged to this request (for the access log)
+
+    def acquire(self, windows: int) -> None:
+        self.quotas.acquire_windows(self.caller, windows)  # OverLimit: nothing taken
+        self.windows = self.charged = windows
+
+    def release(self) -> None:
+        if self.windows:
+            self.quotas.release_windows(self.caller, self.windows)
+            self.windows = 0
