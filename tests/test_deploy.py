@@ -508,3 +508,42 @@ def test_every_xlnetqa_variable_in_the_kit_is_a_setting() -> None:
     assert len({n for _, n in found}) >= 8, "the kit sets fewer settings than expected: is the scan broken?"
     unknown = sorted((f, n) for f, n in found if n.removeprefix("XLNETQA_").lower() not in fields)
     assert not unknown, f"not fields of server.settings.ServerSettings: {unknown}"
+
+
+def test_keys_come_from_a_mounted_secret_and_a_network_policy_admits_only_ingress_and_monitoring() -> None:
+    docs = k8s_documents(K8S)
+    config, deployment, policy = docs["ConfigMap"], docs["Deployment"], docs["NetworkPolicy"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    keys_file = Path(config["data"]["XLNETQA_API_KEYS_FILE"])
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    mount = mounts[str(keys_file.parent)]
+    assert mount["readOnly"] is True and "subPath" not in mount  # subPath mounts never see a rotation
+    secret = {v["name"]: v for v in pod["volumes"]}[mount["name"]]["secret"]
+    assert [i["path"] for i in secret["items"]] == [keys_file.name]
+    assert not any(
+        "KEY" in e["name"] and "value" in e for e in container.get("env", [])
+    )  # no key in a manifest
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert {p["port"] for p in rule["ports"]} <= {p["name"] for p in container["ports"]}
+    sources = {s["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for s in rule["from"]}
+    assert sources == {"ingress-nginx", "monitoring"}
+
+
+def test_compose_reads_keys_from_secret_files_and_prometheus_sends_one() -> None:
+    services = compose()["services"]
+    server = services["server"]
+    assert server["environment"]["XLNETQA_API_KEYS_FILE"] == "/run/secrets/api_keys"
+    assert "api_keys" in server["secrets"]
+    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    (job,) = config["scrape_configs"]
+    credentials = job["authorization"]["credentials_file"]
+    assert (
+        credentials.startswith("/run/secrets/")
+        and Path(credentials).name in services["prometheus"]["secrets"]
+    )
+    ignored = (REPO / ".gitignore").read_text().splitlines()
+    assert {"deploy/keys.txt", "deploy/prometheus.key"} <= set(ignored)

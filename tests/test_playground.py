@@ -198,3 +198,40 @@ def test_keyboard_only_and_a_narrow_screen(playground_server, browser) -> None:
         assert unlabelled == []
     finally:
         browser.set_window_size(1100, 1400)
+
+
+def test_a_server_with_keys_asks_for_one_and_the_page_keeps_it_out_of_storage(
+    onnx_export: Path, browser, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    key = "playground-key-0123456789"
+    (tmp_path / "keys.txt").write_text(f"browser: {key}\n")
+    with ServerProcess(onnx_export, tmp_path, "--api-keys-file", str(tmp_path / "keys.txt")) as s:
+        browser.get(s.url + "/")
+        wait = WebDriverWait(browser, 30)
+        wait.until(
+            ec.visibility_of_element_located((By.ID, "api-key"))
+        )  # the 401 of /v1/model shows the field
+        assert "API key" in browser.find_element(By.ID, "model-line").text
+        browser.find_element(By.ID, "context").send_keys(CONTEXT)
+        browser.find_element(By.ID, "question").send_keys("Who gave their name to Normandy?")
+        browser.find_element(By.ID, "api-key").send_keys("wrong-key-0123456789abc")
+        browser.find_element(By.ID, "ask").click()
+        wait.until(lambda d: d.find_element(By.ID, "error").is_displayed())
+        assert "401" in browser.find_element(By.ID, "error").text
+        field = browser.find_element(By.ID, "api-key")
+        field.clear()
+        field.send_keys(key)
+        browser.find_element(By.ID, "ask").click()
+        wait.until(lambda d: d.find_element(By.ID, "result").get_attribute("data-done"))
+        assert not browser.find_element(By.ID, "error").is_displayed()
+        stored = browser.execute_script(
+            "return JSON.stringify(localStorage) + JSON.stringify(sessionStorage) + document.cookie + location.href"
+        )
+        assert key not in stored
+        wait.until(
+            ec.text_to_be_present_in_element((By.ID, "model-line"), "threshold")
+        )  # reloaded with the key

@@ -13,8 +13,24 @@ function showError(message) {
   setText(box, message || "");
 }
 
+// The API key, when the server wants one, lives in the key field only (never in storage or the URL).
+function authHeaders(headers) {
+  const key = $("api-key").value.trim();
+  return key ? { ...headers, authorization: `Bearer ${key}` } : headers;
+}
+
+function needKey(message) {
+  $("key-row").hidden = false;
+  if (message) showError(message);
+  $("api-key").focus();
+}
+
 async function getJSON(url) {
-  const r = await fetch(url, { headers: { accept: "application/json" } });
+  const r = await fetch(url, { headers: authHeaders({ accept: "application/json" }) });
+  if (r.status === 401) {
+    needKey("");
+    throw new Error(`${url}: this server needs an API key (HTTP 401); enter it above`);
+  }
   if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
   return r.json();
 }
@@ -79,11 +95,12 @@ function requestBody(question, context) {
 async function post(url, body) {
   const r = await fetch(url, {
     method: "POST",
-    headers: { "content-type": "application/json", accept: "application/json" },
+    headers: authHeaders({ "content-type": "application/json", accept: "application/json" }),
     body: JSON.stringify(body),
   });
   let data = null;
   try { data = await r.json(); } catch (e) { data = null; }
+  if (r.status === 401) needKey("");
   if (!r.ok) {
     const what = data && data.message ? `${data.error}: ${data.message}` : r.statusText || "error";
     throw new Error(`HTTP ${r.status} ${what}`);
@@ -227,6 +244,7 @@ async function ask(ev) {
 document.addEventListener("DOMContentLoaded", () => {
   $("ask-form").addEventListener("submit", ask);
   $("sample").addEventListener("change", pickSample);
+  $("api-key").addEventListener("change", loadModel);
   document.addEventListener("keydown", (ev) => {
     if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) ask(ev);
   });
