@@ -61,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from server.auth import KeyFileError, KeyRing
     from server.backends import BackendUnavailable, preflight
+    from server.hosts import is_loopback
     from server.model_spec import ModelSpecError, resolve_spec
 
     try:
@@ -72,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(exc))
     if tls_problem:
         return _fail(tls_problem)
-    if keys is None and not _is_loopback(settings.host):
+    if keys is None and not is_loopback(settings.host):
         logging.getLogger("server").warning(
             "no API keys: anyone who reaches %s:%d may use this server (--api-keys-file or XLNETQA_API_KEYS)",
             settings.host,
@@ -111,18 +112,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: model failed to load: {runtime.error}", file=sys.stderr)
         return 1
     return 0
-
-
-def _is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 and localhost: only this machine can connect."""
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _tls_problem(settings: ServerSettings) -> str | None:

@@ -22,6 +22,7 @@ from server.auth import KeyRing
 from server.backends import create_backend
 from server.errors import BodyLimitMiddleware, install_error_handlers
 from server.guard import DOCS_PATHS, METRICS_PATHS, PLAYGROUND_PATHS, PROBES, GuardMiddleware, OpenPaths
+from server.hosts import HostCheckMiddleware, allowed_hosts, is_loopback
 from server.metrics import Metrics, MetricsMiddleware
 from server.model_spec import ModelSpec, resolve_spec
 from server.playground import playground_router
@@ -81,11 +82,13 @@ def create_app(
     app.state.metrics = metrics
     app.state.keys = keys
     app.state.quotas = CallerQuotas(caller_limits(settings), settings.max_request_windows)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.body_limit, metrics=metrics)
     failures = FailureLimiter(settings.auth_failures_per_minute)
     app.add_middleware(
         GuardMiddleware, keys=keys, open_paths=open_paths(settings), failures=failures, metrics=metrics
     )
+    hosts = allowed_hosts(settings.trusted_hosts, is_loopback(settings.host))
+    app.add_middleware(HostCheckMiddleware, allowed=hosts, metrics=metrics)
     if settings.access_log:
         app.add_middleware(AccessLogMiddleware)
     app.add_middleware(RequestIdMiddleware)

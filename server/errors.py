@@ -213,7 +213,7 @@ def install_error_handlers(app: FastAPI, metrics: Metrics, settings: ServerSetti
             return error_response(metrics, 400, "invalid_utf8", message)
         if exc.status_code == 413:
             return error_response(
-                metrics, 413, "body_too_large", f"request body exceeds {settings.max_body_bytes} bytes"
+                metrics, 413, "body_too_large", f"request body exceeds {settings.body_limit} bytes"
             )
         kinds = {404: "not_found", 405: "method_not_allowed", 400: "bad_request"}
         return error_response(

@@ -265,7 +265,7 @@ async def model_info(runtime: RuntimeDep, settings: SettingsDep) -> ModelInfoRes
             "max_request_tokens": settings.max_request_tokens,
             "max_request_windows": settings.max_request_windows,
             "max_queue": settings.max_queue,
-            "max_body_bytes": settings.max_body_bytes,
+            "max_body_bytes": settings.body_limit,
             "request_timeout_s": settings.request_timeout_s,
         },
         batching={

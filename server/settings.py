@@ -15,6 +15,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from train.contract import DEFAULTS
 
 ENV_PREFIX = "XLNETQA_"
+JSON_BYTES_PER_CHAR = 12  # the most one character can take in a JSON string ("\ud83d\ude00" is one)
+ITEM_OVERHEAD_BYTES = 512  # field names, numbers, whitespace of one request item (generous)
 
 
 class ServerSettings(BaseSettings):
@@ -74,7 +76,12 @@ class ServerSettings(BaseSettings):
     max_queue: int = Field(
         1024, ge=1, description="Windows waiting for inference; beyond it 503 + Retry-After"
     )
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    max_body_bytes: int | None = Field(
+        None,
+        ge=1024,
+        description="Largest request body (default: the largest body the character limits admit, JSON "
+        "escapes included)",
+    )
     request_timeout_s: float = Field(
         30.0, gt=0.0, description="Featurizing + queue + inference time before a 504"
     )
@@ -131,6 +138,11 @@ class ServerSettings(BaseSettings):
     )
     ssl_certfile: Path | None = Field(None, description="TLS certificate chain (PEM): serve HTTPS")
     ssl_keyfile: Path | None = Field(None, description="TLS private key (PEM) of ssl_certfile")
+    trusted_hosts: str | None = Field(
+        None,
+        description="Host headers answered, comma-separated ('*': any). Default: loopback names when bound "
+        "to loopback (against DNS rebinding), else any",
+    )
     timeout_keep_alive_s: float = Field(
         5.0, gt=0.0, description="An idle keep-alive connection is closed after this long"
     )
@@ -150,6 +162,19 @@ class ServerSettings(BaseSettings):
                 "or a request within the limits could never be queued"
             )
         return self
+
+    @property
+    def body_limit(self) -> int:
+        """max_body_bytes, or derived from the limits: a request may hold at most max_normalized_chars
+        characters (NFKD never shortens a text), each at most 12 bytes as JSON (a surrogate pair of
+        \\uXXXX escapes), plus each item's field names and numbers. Defaults: ~0.8 MB, not 8 MiB."""
+        if self.max_body_bytes is not None:
+            return self.max_body_bytes
+        chars = min(
+            self.max_normalized_chars,
+            self.max_batch_items * (self.max_context_chars + self.max_question_chars),
+        )
+        return chars * JSON_BYTES_PER_CHAR + self.max_batch_items * ITEM_OVERHEAD_BYTES + 1024
 
     @property
     def connection_limit(self) -> int:

@@ -343,3 +343,17 @@ def test_tls_settings_are_checked_before_listening(onnx_export, tmp_path):
     wrong = [*base, "--ssl-certfile", str(cert), "--ssl-keyfile", str(cert)]
     r = subprocess.run(wrong, env=server_env(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "TLS: cannot use" in r.stderr
+
+
+def test_host_header_checks_against_dns_rebinding(onnx_export, tmp_path):
+    with ServerProcess(onnx_export, tmp_path) as s:  # bound to loopback: loopback names only
+        for host in ("127.0.0.1", f"127.0.0.1:{s.port}", f"localhost:{s.port}", f"[::1]:{s.port}"):
+            assert httpx.get(s.url + "/healthz", headers={"Host": host}, timeout=10).status_code == 200, host
+        rebound = post(s.url + "/answer", OK, headers={"Host": f"attacker.example:{s.port}"})
+        assert rebound.status_code == 400 and rebound.json()["error"] == "invalid_host"
+    with ServerProcess(onnx_export, tmp_path, "--trusted-hosts", "qa.example.com, qa.internal") as s:
+        assert post(s.url + "/answer", OK, headers={"Host": "qa.example.com"}).status_code == 200
+        assert post(s.url + "/answer", OK, headers={"Host": "QA.internal:443"}).status_code == 200
+        assert post(s.url + "/answer", OK).status_code == 400  # 127.0.0.1 is not in the list
+    with ServerProcess(onnx_export, tmp_path, "--trusted-hosts", "*") as s:
+        assert post(s.url + "/answer", OK, headers={"Host": "anything.example"}).status_code == 200

@@ -117,3 +117,38 @@ def test_near_valid_requests_never_5xx(fuzz_server: ServerProcess, item: dict, b
             assert (result["answer"], result["start"], result["end"]) == ("", -1, -1)
         else:
             assert item["context"][result["start"] : result["end"]] == result["answer"]
+
+
+FUZZ_KEY = "fuzz-key-0123456789abcdef"
+OPEN_PATHS = ("/healthz", "/readyz")  # probes stay open on a server with keys
+
+
+@pytest.fixture(scope="module")
+def keyed_fuzz_server(onnx_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    logs = tmp_path_factory.mktemp("keyed-logs")
+    (logs / "keys.txt").write_text(f"fuzz: {FUZZ_KEY}\n")
+    flags = ("--max-context-chars", "4000", "--max-batch-items", "8", "--max-body-bytes", "200000")
+    flags += ("--api-keys-file", str(logs / "keys.txt"), "--auth-failures-per-minute", "1000000")
+    s = ServerProcess(onnx_export, logs, *flags)
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+@schema.parametrize()
+@settings(FUZZ, max_examples=15)
+def test_schema_fuzz_with_keys_on(case, keyed_fuzz_server: ServerProcess) -> None:
+    """With keys configured: every check passes for a caller with the key, and a caller without one gets
+    401 on every operation but the probes, whatever the request."""
+    response = case.call(
+        base_url=keyed_fuzz_server.url, headers={"Authorization": f"Bearer {FUZZ_KEY}"}, timeout=30
+    )
+    assert response.status_code < 500, f"{response.status_code} {response.text[:500]}"
+    case.validate_response(response, excluded_checks=[positive_data_acceptance])
+    anonymous = case.call(base_url=keyed_fuzz_server.url, timeout=30)
+    if case.path in OPEN_PATHS:
+        assert anonymous.status_code != 401
+    else:
+        assert anonymous.status_code == 401, f"{case.method} {case.path}: {anonymous.status_code}"
+        assert anonymous.json()["error"] == "unauthorized"

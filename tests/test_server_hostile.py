@@ -577,3 +577,23 @@ def test_workers_share_one_metrics_view_and_a_failed_load_stops_them(
     finally:
         b.stop()
     assert "failed to load" in b.log()
+
+
+def test_the_default_body_limit_is_what_the_character_limits_admit(onnx_export: Path, tmp_path: Path) -> None:
+    """No --max-body-bytes: a request the character limits admit, every character as an escaped surrogate
+    pair (12 bytes each), passes the body check; one byte more than the derived limit is refused unread."""
+    from server.settings import ServerSettings
+
+    limit = ServerSettings().body_limit
+    assert limit < 1024 * 1024  # ~10x below the old 8 MiB
+    with ServerProcess(onnx_export, tmp_path) as s:
+        context = "\U0001f600" * 20000  # 20,000 characters, the per-context limit
+        items = [{"question": "Why?", "context": context}] * 3  # 60,012 characters <= max_normalized_chars
+        raw = json.dumps({"items": items}, ensure_ascii=True).encode()  # \ud83d\ude00 per character
+        assert len(raw) > 12 * 60000
+        r = post(s.url + "/answer/batch", None, raw=raw, timeout=60)
+        assert r.status_code == 200 or r.json()["error"] not in ("body_too_large",), r.text[:300]
+        over = b'{"question": "a", "context": "' + b"x" * limit + b'"}'
+        r = post(s.url + "/answer", None, raw=over, timeout=60)
+        assert r.status_code == 413 and r.json()["error"] == "body_too_large"
+        assert str(limit) in r.json()["message"]
