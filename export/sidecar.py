@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -23,6 +24,7 @@ from train.squad.answerability import Answerability, AnswerabilityError, from_me
 FORMAT_VERSION = 1
 SIDECAR_FILE = "export.json"
 TOKENIZER_FILES = ("spiece.model", "tokenizer_config.json")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 BACKENDS = ("onnx", "tensorrt")
 PRECISIONS = ("fp32", "fp16", "int8")
 # Serving settings when the checkpoint's metadata does not say (the original XLNet SQuAD recipe).
@@ -99,6 +101,9 @@ class Sidecar:
     # The fitted answerability model (train.squad.answerability), applied by every server backend and
     # by Triton clients; None: sigmoid(cls_logit) against no_answer_threshold.
     answerability: dict[str, Any] | None = None
+    # sha256 of every file a server reads (model, portable graph, tokenizer), written by save(): the
+    # server refuses files that differ (a swapped or corrupted model) before it loads anything.
+    files_sha256: dict[str, str] | None = None
     format_version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -161,6 +166,14 @@ class Sidecar:
         thr = self.no_answer_threshold
         if isinstance(thr, bool) or not isinstance(thr, int | float) or not 0.0 <= thr <= 1.0:
             p.append(f"no_answer_threshold must be a probability in [0, 1], got {thr!r}")
+        if self.files_sha256 is not None and (
+            not isinstance(self.files_sha256, dict)
+            or not all(
+                _inside(k) and isinstance(v, str) and _HEX64.fullmatch(v)
+                for k, v in self.files_sha256.items()
+            )
+        ):
+            p.append("files_sha256 must map file names inside the export to sha256 hex digests")
         if self.answerability is not None:
             try:
                 Answerability.from_dict(self.answerability)
@@ -203,6 +216,34 @@ class Sidecar:
 
     def model_path(self, directory: str | os.PathLike) -> Path:
         return Path(directory) / self.model_file
+
+    def served_files(self) -> list[str]:
+        """The files a server reads: the model, the portable graph (GPU providers), the tokenizer."""
+        names = [self.model_file, *TOKENIZER_FILES]
+        return names + ([self.portable_model_file] if self.portable_model_file else [])
+
+    def record_files(self, directory: str | os.PathLike) -> None:
+        """sha256 of each served file present in ``directory`` (save() calls it)."""
+        d = Path(directory)
+        self.files_sha256 = {n: sha256_file(d / n) for n in self.served_files() if (d / n).is_file()} or None
+
+    def file_problems(self, directory: str | os.PathLike) -> list[str]:
+        """What is wrong with the served files of ``directory``: a symbolic link, a path that leaves the
+        directory, a file whose sha256 differs from the one recorded at export. Reads every file once."""
+        root = Path(directory).resolve()
+        problems = []
+        for name in self.served_files():
+            path = root / name
+            if path.is_symlink():
+                problems.append(f"{name} is a symbolic link (an export holds its own files)")
+                continue
+            if not path.resolve().is_relative_to(root):
+                problems.append(f"{name} leaves the export directory")
+                continue
+            expected = (self.files_sha256 or {}).get(name)
+            if expected is not None and path.is_file() and sha256_file(path) != expected:
+                problems.append(f"{name} differs from the exported file (sha256 mismatch)")
+        return problems
 
     # --- (de)serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -267,9 +308,11 @@ class Sidecar:
         return sidecar
 
     def save(self, directory: str | os.PathLike) -> Path:
-        """Write `directory/export.json` atomically (temporary file + rename)."""
-        self.validate()
+        """Write `directory/export.json` atomically (temporary file + rename), with the sha256 of every
+        served file already in `directory`."""
         directory = Path(directory)
+        self.record_files(directory)
+        self.validate()
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / SIDECAR_FILE
         tmp = directory / f".{SIDECAR_FILE}.tmp"

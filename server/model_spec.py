@@ -9,6 +9,7 @@ at startup with one clear line when a directory is not what it claims to be.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from export.sidecar import DEFAULT_SETTINGS, Sidecar, SidecarError
 from train.contract import DEFAULTS, INPUT_NAMES, shortest_sequence
 from train.contract import OUTPUT_NAMES as OUTPUTS_BY_HEAD
 from train.squad.answerability import Answerability, AnswerabilityError
+
+logger = logging.getLogger("server")
 
 
 class ModelSpecError(ValueError):
@@ -163,6 +166,11 @@ def load_export_spec(directory: str | Path, backend: str = "onnx") -> ModelSpec:
         sc = Sidecar.load(d)
     except SidecarError as exc:
         raise ModelSpecError(str(exc)) from None
+    problems = sc.file_problems(d)
+    if problems:
+        raise ModelSpecError(f"{d}: {'; '.join(problems)}; export again, or restore the exported files")
+    if sc.files_sha256 is None:
+        logger.warning("%s: the export records no file hashes (an older exporter): files not verified", d)
     wanted = {"onnx": "onnx", "trt": "tensorrt"}.get(backend)
     if wanted is not None and sc.backend != wanted:
         flag = "trt" if sc.backend == "tensorrt" else "onnx"

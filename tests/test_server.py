@@ -401,7 +401,12 @@ def test_unusable_model_or_backend_exits_2_with_one_line(onnx_export: Path, tmp_
     assert r.returncode == 2 and "max_batch_size" in r.stderr and r.stderr.strip().count("\n") == 0
     broken = tmp_path / "broken"
     shutil.copytree(onnx_export, broken)
-    (broken / "model.onnx").write_bytes(b"not an onnx model")  # passes the sidecar checks, fails to load
+    (broken / "model.onnx").write_bytes(b"not an onnx model")
+    r = _run_server_cli("--model", str(broken), "--port", str(free_port()), "--log-level", "critical")
+    assert r.returncode == 2 and "model.onnx differs from the exported file" in r.stderr, r.stderr
+    from export.sidecar import Sidecar
+
+    Sidecar.load(broken).save(broken)  # as if the exporter had written it: passes the checks, fails to load
     r = _run_server_cli("--model", str(broken), "--port", str(free_port()), "--log-level", "critical")
     assert r.returncode == 1 and "model failed to load" in r.stderr, r.stderr
     import importlib.util

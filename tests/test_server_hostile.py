@@ -597,3 +597,42 @@ def test_the_default_body_limit_is_what_the_character_limits_admit(onnx_export: 
         r = post(s.url + "/answer", None, raw=over, timeout=60)
         assert r.status_code == 413 and r.json()["error"] == "body_too_large"
         assert str(limit) in r.json()["message"]
+
+
+def test_model_files_that_differ_from_the_export_or_are_links_are_refused(
+    onnx_export: Path, tmp_path: Path
+) -> None:
+    """The sidecar records each served file's sha256: a changed model, or a tokenizer swapped for a
+    symbolic link, stops the server before it listens (exit 2, one line); the intact copy serves."""
+    import subprocess
+    import sys
+
+    from server_helpers import server_env
+
+    from export.sidecar import Sidecar
+
+    recorded = Sidecar.load(onnx_export).files_sha256 or {}
+    assert {"model.onnx", "spiece.model", "tokenizer_config.json"} <= set(recorded)
+
+    def start(model: Path) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "server", "--model", str(model), "--port", str(free_port())]
+        return subprocess.run(cmd, env=server_env(), capture_output=True, text=True, timeout=60)
+
+    changed = tmp_path / "changed"
+    shutil.copytree(onnx_export, changed)
+    data = bytearray((changed / "model.onnx").read_bytes())
+    data[-1] ^= 0xFF
+    (changed / "model.onnx").write_bytes(bytes(data))
+    r = start(changed)
+    assert r.returncode == 2 and "model.onnx differs from the exported file" in r.stderr
+    linked = tmp_path / "linked"
+    shutil.copytree(onnx_export, linked)
+    elsewhere = tmp_path / "elsewhere.model"
+    shutil.move(linked / "spiece.model", elsewhere)
+    (linked / "spiece.model").symlink_to(elsewhere)
+    r = start(linked)
+    assert r.returncode == 2 and "spiece.model is a symbolic link" in r.stderr
+    intact = tmp_path / "intact"
+    shutil.copytree(onnx_export, intact)
+    with ServerProcess(intact, tmp_path) as s:
+        assert post(s.url + "/answer", OK).status_code == 200
