@@ -170,7 +170,8 @@ def main() -> int:
     from server.process import ServerProcess
 
     threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
-    server = ServerProcess(out / "onnx", env=threads, log_level="info").launch()
+    # info: the start-up lines show; the per-request access log would interleave with the answers
+    server = ServerProcess(out / "onnx", "--access-log", "false", env=threads, log_level="info").launch()
     try:
         from clients import XLNetQAClient
 
