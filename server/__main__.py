@@ -63,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from server.backends import BackendUnavailable, preflight
     from server.hosts import is_loopback
     from server.model_spec import ModelSpecError, resolve_spec
+    from server.slow_clients import HeaderDeadlineProtocol
 
     try:
         preflight(settings)
@@ -90,7 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "limit_concurrency": settings.connection_limit,
         "server_header": False,  # no "server: uvicorn" (nothing to fingerprint)
         "access_log": False,  # ours (server.access_log) names routes and keys, never raw paths
+        "http": HeaderDeadlineProtocol,  # h11 with a deadline on request headers (slowloris)
     }
+    HeaderDeadlineProtocol.header_timeout_s = settings.header_timeout_s
     if settings.ssl_certfile is not None:
         common |= {"ssl_certfile": str(settings.ssl_certfile), "ssl_keyfile": str(settings.ssl_keyfile)}
     if settings.workers > 1:

@@ -31,6 +31,7 @@ from server.request_ids import RequestIdMiddleware, configure_logging
 from server.routes import answer_router, batch_router, ops_router
 from server.runtime import BackendFactory, Runtime
 from server.settings import ServerSettings
+from server.slow_clients import HeaderDeadlineProtocol
 
 # ---- the app ----------------------------------------------------------------------------------------
 
@@ -82,7 +83,9 @@ def create_app(
     app.state.metrics = metrics
     app.state.keys = keys
     app.state.quotas = CallerQuotas(caller_limits(settings), settings.max_request_windows)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.body_limit, metrics=metrics)
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=settings.body_limit, metrics=metrics, timeout_s=settings.body_timeout_s
+    )
     failures = FailureLimiter(settings.auth_failures_per_minute)
     app.add_middleware(
         GuardMiddleware, keys=keys, open_paths=open_paths(settings), failures=failures, metrics=metrics
@@ -150,4 +153,5 @@ def create_app_from_env() -> FastAPI:
     """App factory for ``uvicorn --factory`` / multi-worker mode: settings from ``XLNETQA_*`` only."""
     settings = ServerSettings()
     configure_logging(settings.log_level)
+    HeaderDeadlineProtocol.header_timeout_s = settings.header_timeout_s  # this worker's connections
     return create_app(settings, on_fatal=_exit_worker)

@@ -75,6 +75,13 @@ class ApiError(Exception):
         self.status, self.kind, self.message, self.headers = status, kind, message, headers or {}
 
 
+class BodyTooSlow(StarletteHTTPException):
+    """Raised from ``receive`` when the body has not arrived within ``body_timeout_s``."""
+
+    def __init__(self) -> None:
+        super().__init__(408, "request body too slow")
+
+
 class BodyTooLarge(StarletteHTTPException):
     """Raised from ``receive`` when a streamed (chunked) body passes the limit; FastAPI re-raises it."""
 
@@ -106,8 +113,8 @@ class BodyLimitMiddleware:
     Starlette's own limiter answers in plain text; this keeps every error in the API's JSON shape.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, metrics: Metrics) -> None:
-        self.app, self.max_bytes, self.metrics = app, max_bytes, metrics
+    def __init__(self, app: ASGIApp, max_bytes: int, metrics: Metrics, timeout_s: float = 30.0) -> None:
+        self.app, self.max_bytes, self.metrics, self.timeout_s = app, max_bytes, metrics, timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -126,10 +133,14 @@ class BodyLimitMiddleware:
             await response(scope, receive, send)
             return
         seen = 0
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
 
         async def limited() -> Message:
             nonlocal seen
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
+            except asyncio.TimeoutError:
+                raise BodyTooSlow() from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
@@ -215,6 +226,9 @@ def install_error_handlers(app: FastAPI, metrics: Metrics, settings: ServerSetti
             return error_response(
                 metrics, 413, "body_too_large", f"request body exceeds {settings.body_limit} bytes"
             )
+        if exc.status_code == 408:
+            message = f"the request body did not arrive within {settings.body_timeout_s:g} s"
+            return error_response(metrics, 408, "body_timeout", message, headers={"Connection": "close"})
         kinds = {404: "not_found", 405: "method_not_allowed", 400: "bad_request"}
         return error_response(
             metrics,

@@ -143,6 +143,12 @@ class ServerSettings(BaseSettings):
         description="Host headers answered, comma-separated ('*': any). Default: loopback names when bound "
         "to loopback (against DNS rebinding), else any",
     )
+    header_timeout_s: float = Field(
+        10.0, gt=0.0, description="A request's headers must arrive within this (slow clients are closed)"
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0.0, description="A request's body must arrive within this after its headers (else 408)"
+    )
     timeout_keep_alive_s: float = Field(
         5.0, gt=0.0, description="An idle keep-alive connection is closed after this long"
     )

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from server_helpers import OK, REPO, WINDOWS, ServerProcess, long_context, post
 
+from export.sidecar import Sidecar
 from server.metrics import sample_total
 from server.process import LOOPBACK as HOST
 from server.process import free_port
@@ -569,7 +570,8 @@ def test_workers_share_one_metrics_view_and_a_failed_load_stops_them(
         s.stop()
     broken = tmp_path / "broken"
     shutil.copytree(onnx_export, broken)
-    (broken / "model.onnx").write_bytes(b"not an onnx model")  # passes the sidecar checks, fails to load
+    (broken / "model.onnx").write_bytes(b"not an onnx model")
+    Sidecar.load(broken).save(broken)  # recorded as exported: passes the file checks, fails to load
     b = ServerProcess(broken, tmp_path, "--workers", "2").launch()
     assert b.proc is not None
     try:
@@ -635,4 +637,50 @@ def test_model_files_that_differ_from_the_export_or_are_links_are_refused(
     intact = tmp_path / "intact"
     shutil.copytree(onnx_export, intact)
     with ServerProcess(intact, tmp_path) as s:
+        assert post(s.url + "/answer", OK).status_code == 200
+
+
+def test_slow_headers_and_slow_bodies_do_not_hold_a_connection(onnx_export: Path, tmp_path: Path) -> None:
+    """slowloris: headers trickled a byte every 0.2 s are cut off at --header-timeout-s; a body trickled
+    after complete headers gets 408 at --body-timeout-s; meanwhile the server answers everyone else."""
+    import socket
+
+    flags = ("--header-timeout-s", "1", "--body-timeout-s", "1")
+    with ServerProcess(onnx_export, tmp_path, *flags) as s:
+        slow = socket.create_connection((HOST, s.port), timeout=10)
+        start = time.monotonic()
+        closed_after = None
+        for byte in b"POST /answer HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: " + b"a" * 100:
+            try:
+                slow.sendall(bytes([byte]))
+            except OSError:  # reset: the server closed it
+                closed_after = time.monotonic() - start
+                break
+            if slow.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":  # orderly close seen
+                closed_after = time.monotonic() - start
+                break
+            time.sleep(0.2)
+        slow.close()
+        assert closed_after is not None and closed_after < 5, closed_after
+        assert post(s.url + "/answer", OK).status_code == 200
+
+        body = json.dumps(OK).encode()
+        trickle = socket.create_connection((HOST, s.port), timeout=10)
+        head = (
+            f"POST /answer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        trickle.sendall(head + body[:3])
+        reply = b""
+        trickle.settimeout(10)
+        with contextlib.suppress(OSError):
+            for byte in body[3:]:
+                time.sleep(0.2)
+                trickle.sendall(bytes([byte]))
+        with contextlib.suppress(OSError):
+            while chunk := trickle.recv(65536):
+                reply += chunk
+        trickle.close()
+        assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+        assert b'"body_timeout"' in reply
         assert post(s.url + "/answer", OK).status_code == 200
