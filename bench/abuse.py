@@ -7,7 +7,11 @@ Starts ``python -m server`` once and runs two bounded phases of ``--seconds`` ea
   2. ``attack``: the same clients while ``--adversaries`` loops send, in turn, the largest context the
      character limit admits, a context of expanding Unicode (NFKD x18), a body over the byte limit,
      malformed bodies (invalid JSON, 400,000 batch items, 60,000 unknown fields), and big requests
-     whose client disconnects after 50 ms.
+     whose client disconnects after 50 ms, and heavy but admissible requests (a quarter of the largest
+     context).
+With ``--per-key`` the server has API keys: the well-behaved clients share ``--tenants`` keys, the
+adversaries have one of their own, and every key is held to ``--key-max-inflight-windows`` and
+``--key-windows-per-s`` (the adversaries' admissible requests should get 429, never 504).
 Reports per phase: well-behaved requests, p50/p99 latency, 5xx responses (target 0), hangs (a request
 without an answer within ``--hang-s``, target 0), the server's peak RSS, the largest response body,
 and the ratio of the well-behaved p99 under attack to the baseline p99 (target <= 3).
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import sys
 import time
 from collections import Counter
@@ -73,7 +78,28 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def well_behaved(url: str, clients: int, seconds: float, hang_s: float, tally: Tally, pairs) -> None:
+@dataclass(frozen=True)
+class Keys:
+    """With ``--per-key``: the well-behaved clients' tenants' keys and the adversaries' own key."""
+
+    tenants: tuple[str, ...]
+    adversary: str
+
+    @classmethod
+    def make(cls, tenants: int) -> Keys:
+        return cls(tuple(secrets.token_urlsafe(24) for _ in range(tenants)), secrets.token_urlsafe(24))
+
+    def file_text(self) -> str:
+        lines = [f"tenant-{i}: {k}" for i, k in enumerate(self.tenants)] + [f"adversary: {self.adversary}"]
+        return "\n".join(lines) + "\n"
+
+    def tenant_headers(self, client: int) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tenants[client % len(self.tenants)]}"}
+
+
+async def well_behaved(
+    url: str, clients: int, seconds: float, hang_s: float, tally: Tally, pairs, keys: Keys | None = None
+) -> None:
     def record(outcome: Outcome, latency: float) -> None:
         if isinstance(outcome, httpx.TimeoutException):
             tally.hangs += 1
@@ -88,7 +114,8 @@ async def well_behaved(url: str, clients: int, seconds: float, hang_s: float, ta
             else:
                 tally.other_errors += 1
 
-    await closed_loop(url, clients, seconds, pairs, record, timeout=hang_s)
+    headers_of = keys.tenant_headers if keys else None
+    await closed_loop(url, clients, seconds, pairs, record, timeout=hang_s, headers_of=headers_of)
 
 
 def attacks(
@@ -116,6 +143,7 @@ def attacks(
 
     return [
         ("max-size", post({"question": "What happened?", "context": largest})),
+        ("heavy", post({"question": "What happened?", "context": largest[: len(largest) // 4]})),
         ("expanding-unicode", post({"question": "What?", "context": expanding})),
         ("oversized-body", post(raw=over)),
         ("invalid-json", post(raw=b'{"question": "a", "context": ')),
@@ -125,7 +153,9 @@ def attacks(
     ]
 
 
-async def adversary(url: str, loops: int, seconds: float, tally: Tally, limits: dict, pairs) -> None:
+async def adversary(
+    url: str, loops: int, seconds: float, tally: Tally, limits: dict, pairs, keys: Keys | None = None
+) -> None:
     kinds = attacks(limits, pairs)
     deadline = time.perf_counter() + seconds
 
@@ -145,17 +175,20 @@ async def adversary(url: str, loops: int, seconds: float, tally: Tally, limits: 
             tally.response(r)
             tally.adversary[f"{name}: {r.status_code}"] += 1
 
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+    headers = {"Authorization": f"Bearer {keys.adversary}"} if keys else None
+    async with httpx.AsyncClient(base_url=url, timeout=60, headers=headers) as client:
         await asyncio.gather(*(loop(i, client) for i in range(loops)))
 
 
-def run_phase(name: str, server: ServerProcess, args: argparse.Namespace, limits: dict, pairs) -> Phase:
+def run_phase(
+    name: str, server: ServerProcess, args: argparse.Namespace, limits: dict, pairs, keys: Keys | None = None
+) -> Phase:
     tally = Tally()
 
     async def both() -> None:
-        jobs = [well_behaved(server.url, args.clients, args.seconds, args.hang_s, tally, pairs)]
+        jobs = [well_behaved(server.url, args.clients, args.seconds, args.hang_s, tally, pairs, keys)]
         if name == "attack":
-            jobs.append(adversary(server.url, args.adversaries, args.seconds, tally, limits, pairs))
+            jobs.append(adversary(server.url, args.adversaries, args.seconds, tally, limits, pairs, keys))
         await asyncio.gather(*jobs)
 
     start = time.perf_counter()
@@ -211,6 +244,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--hang-s", type=float, default=30.0, help="a request without an answer this long is a hang"
     )
+    p.add_argument(
+        "--per-key",
+        action="store_true",
+        help="API keys on: the well-behaved clients spread over --tenants keys, the adversaries on a key of "
+        "their own, every key under --key-max-inflight-windows and --key-windows-per-s",
+    )
+    p.add_argument("--tenants", type=int, default=4, help="with --per-key: well-behaved keys")
+    p.add_argument("--key-max-inflight-windows", type=int, default=16)
+    p.add_argument("--key-windows-per-s", type=float, default=40.0)
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     p.add_argument("--log-dir", type=Path, default=Path("/tmp"), help="where the server's log goes")
     args = p.parse_args(argv)
@@ -224,21 +266,36 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     pairs = load_pairs()
-    flags = ("--threads", str(args.threads))
+    flags: tuple[str, ...] = ("--threads", str(args.threads))
+    keys = Keys.make(args.tenants) if args.per_key else None
+    if keys is not None:
+        keys_file = args.log_dir / "abuse-keys.txt"
+        keys_file.write_text(keys.file_text())
+        keys_file.chmod(0o600)
+        flags += ("--api-keys-file", str(keys_file), "--auth-failures-per-minute", "100000")
+        flags += ("--key-max-inflight-windows", str(args.key_max_inflight_windows))
+        flags += ("--key-windows-per-s", str(args.key_windows_per_s))
     log_path = args.log_dir / "abuse-server.log"
     server = ServerProcess(args.model, *flags, backend=args.backend, log_path=log_path)
     try:
         server.launch()
         server.wait()
-        limits = httpx.get(server.url + "/v1/model").json()["limits"]
+        auth = keys.tenant_headers(0) if keys else None
+        limits = httpx.get(server.url + "/v1/model", headers=auth).json()["limits"]
         phases = []
         for name in ("baseline", "attack"):
-            phases.append(run_phase(name, server, args, limits, pairs))
+            phases.append(run_phase(name, server, args, limits, pairs, keys))
             print(f"  {name}: {phases[-1].requests} well-behaved requests", file=sys.stderr)
     finally:
         server.stop()
     title = f"{args.backend} backend, {args.threads} intra-op thread(s), {args.clients} clients, "
-    title += f"{args.adversaries} adversaries, {args.seconds:g} s per phase; {cpu_summary()}"
+    title += f"{args.adversaries} adversaries, {args.seconds:g} s per phase"
+    if keys is not None:
+        title += (
+            f"; API keys: well-behaved clients on {args.tenants} keys, adversaries on their own, each key "
+            f"<= {args.key_max_inflight_windows} windows in flight and {args.key_windows_per_s:g} windows/s"
+        )
+    title += f"; {cpu_summary()}"
     print(markdown(phases, title))
     if args.json:
         args.json.write_text(json.dumps({"title": title, "phases": [asdict(p) for p in phases]}, indent=2))

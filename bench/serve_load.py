@@ -66,9 +66,11 @@ async def closed_loop(
     pairs: list[tuple[str, str]],
     record: Callable[[Outcome, float], None],
     timeout: float = 60,
+    headers_of: Callable[[int], dict[str, str]] | None = None,
 ) -> None:
     """``clients`` closed-loop clients post ``pairs`` to ``/answer`` for ``seconds``; every request's
-    outcome (response or transport error) and latency go to ``record``."""
+    outcome (response or transport error) and latency go to ``record``. ``headers_of(i)``: client
+    ``i``'s own headers (its API key)."""
     deadline = time.perf_counter() + seconds
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
 
@@ -80,7 +82,11 @@ async def closed_loop(
             start = time.perf_counter()
             outcome: Outcome
             try:
-                outcome = await client.post("/answer", json={"question": question, "context": context})
+                outcome = await client.post(
+                    "/answer",
+                    json={"question": question, "context": context},
+                    headers=headers_of(i) if headers_of else None,
+                )
             except httpx.HTTPError as exc:
                 outcome = exc
             record(outcome, time.perf_counter() - start)

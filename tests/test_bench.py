@@ -158,3 +158,33 @@ def test_train_bench_measures_both_precisions_for_both_models(capsys) -> None:
         assert len(ratio) == 1 and float(ratio[0].rstrip(" |").split("|")[-1]) > 0
     with pytest.raises(SystemExit):
         train_bench([*argv, "--precision", "fp16"])
+
+
+def test_bench_abuse_per_key_refuses_the_adversaries_key_with_429(
+    onnx_export: Path, tmp_path: Path, capsys
+) -> None:
+    from bench import abuse
+
+    out = tmp_path / "abuse.json"
+    argv = [
+        "--model",
+        str(onnx_export),
+        "--seconds",
+        "1.5",
+        "--clients",
+        "2",
+        "--adversaries",
+        "2",
+        "--per-key",
+    ]
+    argv += ["--tenants", "2", "--key-max-inflight-windows", "8"]
+    assert abuse.main([*argv, "--json", str(out), "--log-dir", str(tmp_path)]) == 0
+    assert "API keys: well-behaved clients on 2 keys" in capsys.readouterr().out
+    baseline, attack = json.loads(out.read_text())["phases"]
+    assert baseline["requests"] > 0 and attack["requests"] > 0
+    assert attack["errors_5xx"] == attack["hangs"] == attack["adversary_5xx"] == 0, attack
+    assert attack["adversary_status"].get("heavy: 429", 0) >= 1, attack["adversary_status"]
+    assert not any(
+        k.endswith(": 401") for k in attack["adversary_status"]
+    )  # its key is valid: limits, not auth
+    assert (tmp_path / "abuse-keys.txt").stat().st_mode & 0o077 == 0
