@@ -546,4 +546,21 @@ def test_compose_reads_keys_from_secret_files_and_prometheus_sends_one() -> None
         and Path(credentials).name in services["prometheus"]["secrets"]
     )
     ignored = (REPO / ".gitignore").read_text().splitlines()
-    assert {"deploy/keys.txt", "deploy/prometheus.key"} <= set(ignored)
+    assert {"deploy/keys.txt", "deploy/prometheus.key", "deploy/grafana-admin-password"} <= set(ignored)
+    grafana = services["grafana"]
+    assert grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/secrets/grafana_admin_password"
+    assert grafana["environment"].get("GF_AUTH_ANONYMOUS_ORG_ROLE", "Viewer") == "Viewer"
+
+
+def test_k8s_triton_restricts_its_admin_endpoints_and_has_a_read_only_root() -> None:
+    (container,) = k8s_documents(K8S / "triton")["Deployment"]["spec"]["template"]["spec"]["containers"]
+    restricted = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in container["args"] if "restricted" in a}
+    assert set(restricted) == {"--http-restricted-api", "--grpc-restricted-protocol"}
+    for value in restricted.values():
+        apis, _, key = value.partition(":")
+        assert {"model-repository", "shared-memory", "statistics"} <= set(apis.split(","))
+        assert key == "admin-key=$(TRITON_ADMIN_KEY)"  # expanded by Kubernetes from the Secret
+    env = {e["name"]: e for e in container["env"]}
+    assert env["TRITON_ADMIN_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "xlnet-qa-triton-admin"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert "/tmp" in {m["mountPath"] for m in container["volumeMounts"]}
