@@ -10,13 +10,14 @@ aggregates all of them (counters summed, gauges summed over live workers).
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Scope
+
+from server.observe import ObservingMiddleware, route_label
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LOAD_FAILED_MARK = "load-failed"  # a worker whose model failed leaves this in the shared directory
@@ -176,35 +177,21 @@ class Metrics:
             multiprocess.mark_process_dead(os.getpid())
 
 
-class MetricsMiddleware:
-    """Pure ASGI middleware: counts and times every HTTP request by route template and status."""
+class MetricsMiddleware(ObservingMiddleware):
+    """Counts and times every HTTP request by route template and status (and by API key name)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500
-        start = time.perf_counter()
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+    def started(self, scope: Scope) -> None:
         self.metrics.inflight.inc()
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            self.metrics.inflight.dec()
-            route = scope.get("route")
-            label = getattr(route, "path", None) or "unmatched"
-            self.metrics.requests.labels(label, scope.get("method", ""), str(status)).inc()
-            self.metrics.latency.labels(label).observe(time.perf_counter() - start)
-            key = (scope.get("state") or {}).get("api_key")
-            if key is not None:  # set by the door (server.guard) for every request it let in
-                self.metrics.key_requests.labels(str(key), str(status)).inc()
+
+    def finished(self, scope: Scope, status: int, seconds: float) -> None:
+        self.metrics.inflight.dec()
+        label = route_label(scope)
+        self.metrics.requests.labels(label, scope.get("method", ""), str(status)).inc()
+        self.metrics.latency.labels(label).observe(seconds)
+        key = (scope.get("state") or {}).get("api_key")
+        if key is not None:  # set by the door (server.guard) for every request it let in
+            self.metrics.key_requests.labels(str(key), str(status)).inc()

@@ -1,0 +1,47 @@
+"""Watching HTTP requests from outside the app: a pure ASGI middleware that sees each request's
+status and duration, whatever the handler did (errors included). Metrics and the access log are
+both built on it."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+def route_label(scope: Scope) -> str:
+    """The matched route's template (never the raw path, so random URLs cannot add label values)."""
+    return getattr(scope.get("route"), "path", None) or "unmatched"
+
+
+class ObservingMiddleware:
+    """Calls :meth:`started` before an HTTP request and :meth:`finished` after it (always)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    def started(self, scope: Scope) -> None:
+        """Before the app runs (default: nothing)."""
+
+    def finished(self, scope: Scope, status: int, seconds: float) -> None:
+        """After the response, or the failure (status 500 when none was sent)."""
+        raise NotImplementedError
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+        start = time.perf_counter()
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        self.started(scope)
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            self.finished(scope, status, time.perf_counter() - start)
