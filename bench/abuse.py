@@ -253,6 +253,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tenants", type=int, default=4, help="with --per-key: well-behaved keys")
     p.add_argument("--key-max-inflight-windows", type=int, default=16)
     p.add_argument("--key-windows-per-s", type=float, default=40.0)
+    p.add_argument("--key-requests-per-s", type=float, default=None, help="with --per-key (default: none)")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     p.add_argument("--log-dir", type=Path, default=Path("/tmp"), help="where the server's log goes")
     args = p.parse_args(argv)
@@ -275,6 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         flags += ("--api-keys-file", str(keys_file), "--auth-failures-per-minute", "100000")
         flags += ("--key-max-inflight-windows", str(args.key_max_inflight_windows))
         flags += ("--key-windows-per-s", str(args.key_windows_per_s))
+        if args.key_requests_per_s is not None:
+            flags += ("--key-requests-per-s", str(args.key_requests_per_s))
     log_path = args.log_dir / "abuse-server.log"
     server = ServerProcess(args.model, *flags, backend=args.backend, log_path=log_path)
     try:
@@ -295,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"; API keys: well-behaved clients on {args.tenants} keys, adversaries on their own, each key "
             f"<= {args.key_max_inflight_windows} windows in flight and {args.key_windows_per_s:g} windows/s"
         )
+        if args.key_requests_per_s is not None:
+            title += f" and {args.key_requests_per_s:g} requests/s"
     title += f"; {cpu_summary()}"
     print(markdown(phases, title))
     if args.json:

@@ -82,13 +82,18 @@ def create_app(
     app.state.runtime = runtime
     app.state.metrics = metrics
     app.state.keys = keys
-    app.state.quotas = CallerQuotas(caller_limits(settings), settings.max_request_windows)
+    app.state.quotas = quotas = CallerQuotas(caller_limits(settings), settings.max_request_windows)
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.body_limit, metrics=metrics, timeout_s=settings.body_timeout_s
     )
     failures = FailureLimiter(settings.auth_failures_per_minute)
     app.add_middleware(
-        GuardMiddleware, keys=keys, open_paths=open_paths(settings), failures=failures, metrics=metrics
+        GuardMiddleware,
+        keys=keys,
+        open_paths=open_paths(settings),
+        failures=failures,
+        quotas=quotas,
+        metrics=metrics,
     )
     hosts = allowed_hosts(settings.trusted_hosts, is_loopback(settings.host))
     app.add_middleware(HostCheckMiddleware, allowed=hosts, metrics=metrics)

@@ -5,7 +5,9 @@ page and files, the docs, ``/metrics``); everything else, every route added late
 that matches no route, answers 401 without a key, so an unauthenticated caller cannot even tell
 which paths exist. Missing and wrong keys get the same 401 (``WWW-Authenticate: Bearer``, error
 ``unauthorized``), and an address whose failures exceed its budget gets 429 + Retry-After before
-its key is even looked at. The caller's key name goes into the request's state (``api_key``), where
+its key is even looked at. A caller let in is held to its request rate and daily quota here, before
+its body is read (:mod:`server.quotas`; 429 ``rate_limited``): a flood of malformed bodies is throttled
+too. The caller's key name goes into the request's state (``api_key``), where
 the routes (per-key limits) and the access log read it; it is ``anonymous`` when keys are off.
 """
 
@@ -15,12 +17,13 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.auth import KeyRing, presented_key
 from server.errors import LINGER_S, discard_body, error_response
 from server.metrics import Metrics
-from server.quotas import FailureLimiter
+from server.quotas import CallerQuotas, FailureLimiter, OverLimit, rate_limit_headers
 
 ANONYMOUS = "anonymous"
 PROBES = ("/healthz", "/readyz")
@@ -71,26 +74,22 @@ class GuardMiddleware:
         keys: KeyRing | None,
         open_paths: OpenPaths,
         failures: FailureLimiter,
+        quotas: CallerQuotas,
         metrics: Metrics,
     ) -> None:
-        self.app, self.keys, self.open_paths, self.failures, self.metrics = (
-            app,
-            keys,
-            open_paths,
-            failures,
-            metrics,
-        )
+        self.app, self.keys, self.open_paths = app, keys, open_paths
+        self.failures, self.quotas, self.metrics = failures, quotas, metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})
+        headers = dict(scope.get("headers") or [])
         if self.keys is None:
             state["api_key"] = ANONYMOUS
-            await self.app(scope, receive, send)
+            await self._admitted(ANONYMOUS, scope, receive, send, headers)
             return
-        headers = dict(scope.get("headers") or [])
         name = None
         address = (scope.get("client") or ("unknown", 0))[0]
         wait = self.failures.blocked_for(address)
@@ -98,7 +97,7 @@ class GuardMiddleware:
             name = self.keys.identify(presented_key(headers))
         if name is not None:
             state["api_key"] = name
-            await self.app(scope, receive, send)
+            await self._admitted(name, scope, receive, send, headers)
             return
         if scope.get("path") in self.open_paths:
             state["api_key"] = ANONYMOUS
@@ -119,7 +118,31 @@ class GuardMiddleware:
                 self.metrics, 401, "unauthorized", UNAUTHORIZED_MESSAGE,
                 headers={"WWW-Authenticate": "Bearer", "Connection": "close"},
             )  # fmt: skip
-        declared = headers.get(b"content-length", b"")
-        if declared.isdigit() and 0 < int(declared) <= LINGER_BYTES:
-            await discard_body(receive, LINGER_S)
-        await response(scope, receive, send)
+        await _refuse(response, scope, receive, send, headers)
+
+    async def _admitted(
+        self, name: str, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes]
+    ) -> None:
+        """A caller let in: its request rate and daily quota (the probes are free), then the app."""
+        if scope.get("path") not in PROBES:
+            try:
+                self.quotas.admit_request(name)
+            except OverLimit as exc:
+                self.metrics.rate_limited.labels(exc.caller, exc.limit).inc()
+                response = error_response(
+                    self.metrics, 429, "rate_limited", exc.message,
+                    headers={**rate_limit_headers(exc), "Connection": "close"},
+                )  # fmt: skip
+                await _refuse(response, scope, receive, send, headers)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _refuse(
+    response: Response, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes]
+) -> None:
+    """Send a refusal; a small body still on its way is read first (briefly) so the client sees it."""
+    declared = headers.get(b"content-length", b"")
+    if declared.isdigit() and 0 < int(declared) <= LINGER_BYTES:
+        await discard_body(receive, LINGER_S)
+    await response(scope, receive, send)

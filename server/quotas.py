@@ -2,7 +2,8 @@
 and a bucket per client address for failed authentications.
 
 A caller is an API key's name (``anonymous`` when the server runs without keys). Requests are counted
-when they arrive, windows once the request is tokenized (windows are what costs: a 20,000-character
+at the door (:mod:`server.guard`), before the body is read, so a flood of malformed bodies is throttled
+too; windows once the request is tokenized (windows are what costs: a 20,000-character
 context is 40 of them). A request over a limit is refused with :class:`OverLimit`, which the HTTP
 layer turns into 429 + ``Retry-After`` (the seconds until the bucket holds enough again), before any
 of its windows is queued, so one caller's flood costs the others nothing but the refusals.
@@ -18,6 +19,10 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+
+def rate_limit_headers(exc: OverLimit) -> dict[str, str]:
+    return {"Retry-After": str(exc.retry_after)}
 
 
 class OverLimit(Exception):

@@ -18,7 +18,7 @@ from server.errors import ERROR_RESPONSES, ApiError
 from server.guard import caller_name
 from server.metrics import Metrics
 from server.pipeline import Answered, Question, RejectedInput, RequestTimeout
-from server.quotas import CallerBudget, CallerQuotas, OverLimit
+from server.quotas import CallerBudget, CallerQuotas, OverLimit, rate_limit_headers
 from server.request_ids import request_id_var
 from server.runtime import Runtime
 from server.schemas import (
@@ -116,12 +116,8 @@ async def answer_items(
     """Run the pipeline for one request, racing the client: if it leaves, its queued windows are dropped."""
     pipeline = runtime.require_ready()
     retry = {"Retry-After": str(runtime.settings.retry_after_s)}
-    caller = caller_name(request.scope)
+    caller = caller_name(request.scope)  # its request rate and daily quota were checked at the door
     quotas: CallerQuotas = request.app.state.quotas
-    try:
-        quotas.admit_request(caller)
-    except OverLimit as exc:
-        raise _over_limit(runtime.metrics, exc) from None
     budget = CallerBudget(quotas, caller)
     work = asyncio.ensure_future(
         pipeline.answer_many([_to_question(x) for x in items], tag=request_id_var.get(), budget=budget)
@@ -172,9 +168,9 @@ async def answer_items(
 
 
 def _over_limit(metrics: Metrics, exc: OverLimit) -> ApiError:
-    """429 + Retry-After for a caller over one of its limits, counted by key name and limit."""
+    """429 + Retry-After for a caller over one of its window limits, counted by key name and limit."""
     metrics.rate_limited.labels(exc.caller, exc.limit).inc()
-    return ApiError(429, "rate_limited", exc.message, {"Retry-After": str(exc.retry_after)})
+    return ApiError(429, "rate_limited", exc.message, rate_limit_headers(exc))
 
 
 # ---- routes -----------------------------------------------------------------------------------------

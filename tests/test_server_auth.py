@@ -172,6 +172,9 @@ def test_a_key_over_its_rate_gets_429_while_another_key_is_served(onnx_export, t
         refused = [r for r in codes[2:] if r.status_code == 429]
         assert refused and all(int(r.headers["retry-after"]) >= 1 for r in refused)
         assert refused[0].json()["error"] == "rate_limited"
+        # the rate is checked at the door, before the body: a flood of malformed bodies is throttled too
+        malformed = post(s.url + "/answer", None, raw=b'{"question": ', headers=bearer(ALICE))
+        assert malformed.status_code == 429
         assert post(s.url + "/answer", OK, headers=bearer(BOB)).status_code == 200
         text = httpx.get(s.url + "/metrics", headers=bearer(BOB), timeout=10).text
         assert sample_total(text, "xlnetqa_rate_limited_total", key="alice", limit="requests_per_s") >= 1
