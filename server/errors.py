@@ -132,11 +132,15 @@ class BodyLimitMiddleware:
                 await discard_body(receive, LINGER_S)
             await response(scope, receive, send)
             return
-        seen = 0
+        seen, body_done = 0, False
         deadline = asyncio.get_running_loop().time() + self.timeout_s
 
         async def limited() -> Message:
-            nonlocal seen
+            # Only the body is timed and counted: once it is complete, later receives (a handler
+            # waiting for the client's disconnect while its answer is computed) pass straight through.
+            nonlocal seen, body_done
+            if body_done:
+                return await receive()
             try:
                 message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
             except asyncio.TimeoutError:
@@ -145,6 +149,7 @@ class BodyLimitMiddleware:
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
                     raise BodyTooLarge()
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
             return message
 
         await self.app(scope, limited, send)

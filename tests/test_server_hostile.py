@@ -684,3 +684,19 @@ def test_slow_headers_and_slow_bodies_do_not_hold_a_connection(onnx_export: Path
         assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
         assert b'"body_timeout"' in reply
         assert post(s.url + "/answer", OK).status_code == 200
+
+
+def test_the_body_deadline_ends_with_the_body_not_with_the_answer(onnx_export: Path, xlnet_tok) -> None:
+    """--body-timeout-s bounds receiving the body only: a request whose answer takes longer than it (here
+    ~1.2 s of backend time against 0.5 s) is answered, not mistaken for a departed client."""
+    question = "What did the ministers decide?"
+    big = {"question": question, "context": long_context(xlnet_tok, question, 60)}
+    factory = slow_backend(0.02)
+    with app_server(onnx_export, factory, max_batch_size=1, max_batch_delay_ms=0, body_timeout_s=0.5) as (
+        url,
+        _,
+    ):
+        start = time.monotonic()
+        r = httpx.post(url + "/answer", json=big, timeout=30)
+        assert r.status_code == 200, r.text[:300]
+        assert time.monotonic() - start > 0.5  # the answer did outlast the body deadline
