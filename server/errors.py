@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.metrics import Metrics
+from server.quotas import OverLimit
 from server.request_ids import REQUEST_ID_HEADER, request_id_var
 from server.schemas import ErrorResponse
 from server.settings import ServerSettings
@@ -155,6 +156,15 @@ class BodyLimitMiddleware:
         await self.app(scope, limited, send)
 
 
+def rate_limited_response(metrics: Metrics, exc: OverLimit, close: bool = False) -> JSONResponse:
+    """429 ``rate_limited`` + Retry-After for a caller over one of its limits, counted by key name and
+    limit; the door (request rate, quota; ``close``: its body may be unread) and the routes (windows)
+    both answer with it."""
+    metrics.rate_limited.labels(exc.caller, exc.limit).inc()
+    headers = {"Retry-After": str(exc.retry_after)} | ({"Connection": "close"} if close else {})
+    return error_response(metrics, 429, "rate_limited", exc.message, headers=headers)
+
+
 def error_response(metrics: Metrics, status: int, kind: str, message: str, **extra: Any) -> JSONResponse:
     metrics.errors.labels(kind).inc()
     request_id = request_id_var.get()
@@ -192,6 +202,10 @@ def install_error_handlers(app: FastAPI, metrics: Metrics, settings: ServerSetti
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return error_response(metrics, exc.status, exc.kind, exc.message, headers=exc.headers)
+
+    @app.exception_handler(OverLimit)
+    async def _over_limit(_: Request, exc: OverLimit) -> JSONResponse:
+        return rate_limited_response(metrics, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

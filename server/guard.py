@@ -21,9 +21,9 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.auth import KeyRing, presented_key
-from server.errors import LINGER_S, discard_body, error_response
+from server.errors import LINGER_S, discard_body, error_response, rate_limited_response
 from server.metrics import Metrics
-from server.quotas import CallerQuotas, FailureLimiter, OverLimit, rate_limit_headers
+from server.quotas import CallerQuotas, FailureLimiter, OverLimit
 
 ANONYMOUS = "anonymous"
 PROBES = ("/healthz", "/readyz")
@@ -128,12 +128,9 @@ class GuardMiddleware:
             try:
                 self.quotas.admit_request(name)
             except OverLimit as exc:
-                self.metrics.rate_limited.labels(exc.caller, exc.limit).inc()
-                response = error_response(
-                    self.metrics, 429, "rate_limited", exc.message,
-                    headers={**rate_limit_headers(exc), "Connection": "close"},
-                )  # fmt: skip
-                await _refuse(response, scope, receive, send, headers)
+                await _refuse(
+                    rate_limited_response(self.metrics, exc, close=True), scope, receive, send, headers
+                )
                 return
         await self.app(scope, receive, send)
 

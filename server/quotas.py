@@ -21,10 +21,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 
-def rate_limit_headers(exc: OverLimit) -> dict[str, str]:
-    return {"Retry-After": str(exc.retry_after)}
-
-
 class OverLimit(Exception):
     """A caller is over one of its limits: ``limit`` names which, ``retry_after`` in seconds."""
 
@@ -51,17 +47,21 @@ class TokenBucket:
         self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
 
-    def take(self, amount: float = 1.0, now: float | None = None) -> float:
-        """Take ``amount`` and return 0, or take nothing and return the seconds until it could be taken
-        (``inf`` when ``amount`` exceeds the burst: it never could)."""
-        now = time.monotonic() if now is None else now
-        self._refill(now)
+    def wait(self, amount: float = 1.0, now: float | None = None) -> float:
+        """Seconds until ``amount`` could be taken (0: now; ``inf`` when it exceeds the burst)."""
+        self._refill(time.monotonic() if now is None else now)
         if amount <= self.tokens:
-            self.tokens -= amount
             return 0.0
         if amount > self.burst:
             return math.inf
         return (amount - self.tokens) / self.rate
+
+    def take(self, amount: float = 1.0, now: float | None = None) -> float:
+        """Take ``amount`` and return 0, or take nothing and return :meth:`wait`'s seconds."""
+        wait = self.wait(amount, now)
+        if wait == 0.0:
+            self.tokens -= amount
+        return wait
 
 
 @dataclass(frozen=True)
@@ -199,10 +199,7 @@ class FailureLimiter:
         """Seconds this address must wait before another attempt counts (0: it may try)."""
         with self._lock:
             b = self._buckets.get(address)
-            if b is None:
-                return 0.0
-            b._refill(time.monotonic())
-            return 0.0 if b.tokens >= 1.0 else (1.0 - b.tokens) / self.rate
+            return 0.0 if b is None else b.wait(1.0)
 
     def failed(self, address: str) -> None:
         with self._lock:

@@ -18,7 +18,7 @@ from server.errors import ERROR_RESPONSES, ApiError
 from server.guard import caller_name
 from server.metrics import Metrics
 from server.pipeline import Answered, Question, RejectedInput, RequestTimeout
-from server.quotas import CallerBudget, CallerQuotas, OverLimit, rate_limit_headers
+from server.quotas import CallerBudget, CallerQuotas
 from server.request_ids import request_id_var
 from server.runtime import Runtime
 from server.schemas import (
@@ -138,8 +138,6 @@ async def answer_items(
         runtime.metrics.key_windows.labels(caller).inc(budget.charged)
     try:
         answered = work.result()
-    except OverLimit as exc:
-        raise _over_limit(runtime.metrics, exc) from None
     except RejectedInput as exc:
         raise ApiError(413 if exc.too_large else 422, exc.kind, exc.message) from None
     except QueueFull as exc:
@@ -165,12 +163,6 @@ async def answer_items(
         runtime.metrics.windows.observe(a.windows)
         runtime.metrics.queue_time.observe(a.timing_ms["queue"] / 1000.0)
     return [_to_response(a, x.top_k, runtime.name) for a, x in zip(answered, items, strict=True)]
-
-
-def _over_limit(metrics: Metrics, exc: OverLimit) -> ApiError:
-    """429 + Retry-After for a caller over one of its window limits, counted by key name and limit."""
-    metrics.rate_limited.labels(exc.caller, exc.limit).inc()
-    return ApiError(429, "rate_limited", exc.message, rate_limit_headers(exc))
 
 
 # ---- routes -----------------------------------------------------------------------------------------
