@@ -91,10 +91,11 @@ class GuardMiddleware:
             await self._admitted(ANONYMOUS, scope, receive, send, headers)
             return
         name = None
+        presented = presented_key(headers)
         address = (scope.get("client") or ("unknown", 0))[0]
         wait = self.failures.blocked_for(address)
         if wait <= 0:
-            name = self.keys.identify(presented_key(headers))
+            name = self.keys.identify(presented)
         if name is not None:
             state["api_key"] = name
             await self._admitted(name, scope, receive, send, headers)
@@ -111,8 +112,7 @@ class GuardMiddleware:
                 headers={"Retry-After": str(max(1, math.ceil(wait))), "Connection": "close"},
             )  # fmt: skip
         else:
-            given = presented_key(headers) is not None
-            self.metrics.auth_failures.labels("wrong_key" if given else "no_key").inc()
+            self.metrics.auth_failures.labels("wrong_key" if presented is not None else "no_key").inc()
             self.failures.failed(address)
             response = error_response(
                 self.metrics, 401, "unauthorized", UNAUTHORIZED_MESSAGE,
