@@ -21,8 +21,8 @@ from train import checkpoint
 from train.answerability_fit import ANSWERABILITY_CHOICES, CALIBRATION_METHODS, FEATURE_SETS, fit_for
 from train.atomic_dir import atomic_write_text
 from train.cli import Parser, run
-from train.qa import decode_outputs, predict_features
-from train.squad import VERIFIER_LOGIT, featurize, read_squad
+from train.qa import predict_checkpoint
+from train.squad import VERIFIER_LOGIT, read_squad
 from train.squad.answerability import from_metadata
 
 CHOICES = tuple(c for c in ANSWERABILITY_CHOICES if c != "cls")
@@ -59,13 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = dict(loaded.metadata)
     from_metadata(meta)  # a malformed stored model is reported before any work
     examples = read_squad(args.data)
-    fkw = {k: meta[k] for k in ("max_seq_len", "doc_stride", "max_query_len") if meta.get(k)}
-    features_ = featurize(examples, loaded.tokenizer, **fkw)
-    outputs = predict_features(
-        loaded.model, features_, batch_size=args.batch_size, progress=not args.no_progress
-    )
-    kw = {k: meta[k] for k in ("n_best", "max_answer_len") if meta.get(k)}
-    predictions = decode_outputs(examples, features_, outputs, **kw)
+    predictions = predict_checkpoint(loaded, examples, args.batch_size, progress=not args.no_progress)
     train_examples = read_squad(args.train_file) if args.train_file else []
     a = fit_for(args.answerability, train_examples, examples, predictions, args.calibration)
     a.report["fitted_on"]["file"] = str(args.data)

@@ -38,8 +38,8 @@ from train.answerability_fit import (
     fit_question_verifier,
     roc_auc,
 )
-from train.qa import decode_outputs, predict_features, redecide
-from train.squad import Answerability, Prediction, SquadExample, featurize, paired_bootstrap, per_question_f1
+from train.qa import predict_checkpoint, redecide
+from train.squad import Answerability, Prediction, SquadExample, paired_bootstrap, per_question_f1
 from train.squad.answerability import from_metadata
 
 
@@ -54,13 +54,8 @@ class HeldOut:
 def predict_file(
     model_dir: str | Path, examples: Sequence[SquadExample], batch_size: int = 32, progress: bool = False
 ) -> HeldOut:
-    loaded = checkpoint.load(model_dir)
-    meta = loaded.metadata
-    fkw = {k: meta[k] for k in ("max_seq_len", "doc_stride", "max_query_len") if meta.get(k)}
-    features = featurize(examples, loaded.tokenizer, **fkw)
-    outputs = predict_features(loaded.model, features, batch_size=batch_size, progress=progress)
-    kw = {k: meta[k] for k in ("n_best", "max_answer_len") if meta.get(k)}
-    return HeldOut(list(examples), decode_outputs(examples, features, outputs, **kw))
+    predictions = predict_checkpoint(checkpoint.load(model_dir), examples, batch_size, progress)
+    return HeldOut(list(examples), predictions)
 
 
 @dataclass

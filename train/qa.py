@@ -29,6 +29,7 @@ from train.squad import (
     answers_and_na_probs,
     decode_all_head_outputs,
     evaluate,
+    featurize,
     pad_batch,
     simple_null_logit,
 )
@@ -135,6 +136,20 @@ def decode_outputs(
     kw: dict[str, Any] = {"n_best": n_best, "max_answer_len": max_answer_len, "threshold": threshold}
     kw["answerability"] = answerability
     return decode_all_head_outputs(outputs.head, examples, features, named, **kw)
+
+
+def predict_checkpoint(
+    loaded: Any, examples: Sequence[SquadExample], batch_size: int = 32, progress: bool = False
+) -> dict[str, Prediction]:
+    """A loaded fine-tuned checkpoint's predictions (``train.checkpoint.load``), with the windows and
+    decoding its metadata records, decided by the default rule: the spans and scores that a stored or
+    newly fitted answerability model then decides on."""
+    meta = loaded.metadata
+    fkw = {k: meta[k] for k in ("max_seq_len", "doc_stride", "max_query_len") if meta.get(k)}
+    features = featurize(examples, loaded.tokenizer, **fkw)
+    outputs = predict_features(loaded.model, features, batch_size=batch_size, progress=progress)
+    kw = {k: meta[k] for k in ("n_best", "max_answer_len") if meta.get(k)}
+    return decode_outputs(examples, features, outputs, **kw)
 
 
 @dataclass
