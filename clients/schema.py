@@ -158,9 +158,13 @@ class ErrorResponse(_Response):
 
 
 class HealthResponse(_Response):
-    """``status``: starting, loading, warming, ready, stopping, unhealthy or failed."""
+    """``status``: starting, loading, warming, ready, stopping, unhealthy or failed. ``/readyz`` also
+    says what the model really runs on: ``providers`` (onnxruntime, in onnxruntime's order) or
+    ``device`` (TensorRT, torch), read back from the loaded runtime, not from the flags."""
 
     status: str
+    providers: list[str] | None = None
+    device: str | None = None
 
 
 class ModelInfoResponse(BaseModel):

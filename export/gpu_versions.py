@@ -1,4 +1,8 @@
-"""The GPU stack's versions, in one place: what pyproject's ``gpu`` extra pins and what engines must match.
+"""The GPU stack's versions, in one place: what pyproject's ``gpu`` and ``tensorrt`` extras pin, which
+Pythons and platforms those wheels exist for, and what engines must match.
+
+``python -m export.gpu_versions [--tensorrt]`` says in one line whether this interpreter can install the
+GPU extras (``make gpu-venv`` runs it first): pip itself only says "no matching distribution".
 
 A serialized TensorRT engine (a "plan") only deserializes on the TensorRT release that built it, so the
 version that builds engines (``python -m export.trt``), the one the server loads them with, and the one
@@ -8,12 +12,24 @@ against TensorRT 10.14, so the pinned ``tensorrt-cu12`` wheel is that release to
 
 from __future__ import annotations
 
+import argparse
+import platform
 import re
+import sys
+from collections.abc import Sequence
 
 TENSORRT_VERSION = "10.14.1.48"
 TENSORRT_WHEEL = "tensorrt-cu12==10.14.1.48.post1"
 ONNXRUNTIME_GPU_VERSION = "1.24.4"
+ONNXRUNTIME_GPU_WHEEL = f"onnxruntime-gpu[cuda,cudnn]=={ONNXRUNTIME_GPU_VERSION}"
 CUDA_BINDINGS_REQUIREMENT = "cuda-bindings>=12.8,<13"
+# CPython versions and platforms the pinned wheels are published for on PyPI (as listed by
+# the index: onnxruntime-gpu 1.24.4 cp311-cp314; tensorrt-cu12-bindings 10.14.1.48.post1 cp38-cp313).
+WHEEL_PYTHONS = {
+    "onnxruntime-gpu": ((3, 11), (3, 14)),
+    "tensorrt-cu12": ((3, 8), (3, 13)),
+}
+WHEEL_PLATFORMS = {("Linux", "x86_64"), ("Windows", "AMD64")}
 TRITON_GUIDANCE = (
     "serve TensorRT plans with the Triton release whose container ships TensorRT 10.14.x; check NVIDIA's "
     "Frameworks Support Matrix"
@@ -50,3 +66,77 @@ def tensorrt_version_problem(built: str, runtime: str, *, where: str = "this mac
             f"deserializes on the TensorRT release (major.minor.patch) that built it; {REBUILD_HINT}"
         )
     return None
+
+
+def python_problem(
+    version: tuple[int, int] | None = None,
+    system: str | None = None,
+    machine: str | None = None,
+    *,
+    tensorrt: bool = False,
+) -> str | None:
+    """One line when the GPU wheels pinned here do not exist for this Python or platform; None if they do."""
+    version = version or (sys.version_info.major, sys.version_info.minor)
+    system, machine = system or platform.system(), machine or platform.machine()
+    wheels = ["onnxruntime-gpu", *(["tensorrt-cu12"] if tensorrt else [])]
+    low = max(WHEEL_PYTHONS[w][0] for w in wheels)
+    high = min(WHEEL_PYTHONS[w][1] for w in wheels)
+    here = f"Python {version[0]}.{version[1]} on {system} {machine}"
+    span = f"CPython {low[0]}.{low[1]}-{high[0]}.{high[1]}"
+    if (system, machine) not in WHEEL_PLATFORMS:
+        return f"the GPU wheels ({' and '.join(wheels)}) exist only for Linux x86_64 and Windows AMD64, not {here}"
+    if not low <= version <= high:
+        pins = ", ".join(
+            f"{w} {WHEEL_PYTHONS[w][0][0]}.{WHEEL_PYTHONS[w][0][1]}-{WHEEL_PYTHONS[w][1][0]}.{WHEEL_PYTHONS[w][1][1]}"
+            for w in wheels
+        )
+        return (
+            f"this is {here}, but the pinned GPU wheels need {span} ({pins}): make gpu-venv PYTHON=python3.12"
+        )
+    return None
+
+
+def index_problem(url: str, timeout_s: float = 10.0) -> str | None:
+    """One line when the package index at ``url`` cannot be reached from here (proxies as pip would)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError as exc:  # the index answered: reachable
+        return None if exc.code < 500 else f"{url} answers HTTP {exc.code}"
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return f"{url} cannot be reached from here ({reason})"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m export.gpu_versions",
+        description="Can this Python install the GPU extras, and is their package index reachable?",
+    )
+    p.add_argument("--tensorrt", action="store_true", help="also the tensorrt extra")
+    p.add_argument("--index", help="check that this package index answers (pip's proxy variables apply)")
+    p.add_argument("--print", choices=["onnxruntime-gpu", "tensorrt"], help="print a pinned version and exit")
+    args = p.parse_args(argv)
+    if args.print:
+        print(ONNXRUNTIME_GPU_VERSION if args.print == "onnxruntime-gpu" else TENSORRT_VERSION)
+        return 0
+    problem = python_problem(tensorrt=args.tensorrt)
+    if problem is None and args.index:
+        problem = index_problem(args.index)
+        if problem and args.tensorrt:
+            problem = (
+                f"TensorRT's PyPI packages (tensorrt-cu12) are stubs that download the real wheels from NVIDIA's "
+                f"index, and {problem}: let pip reach it (HTTPS_PROXY), or install TensorRT {TENSORRT_VERSION} "
+                "from NVIDIA's tar/deb packages with its Python wheel, then run make gpu-test"
+            )
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

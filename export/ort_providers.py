@@ -26,6 +26,9 @@ CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
 GPU_PROVIDERS = (TENSORRT, CUDA)
+# Short names a user may type (flags, env, config); full names pass through, any case.
+PROVIDER_ALIASES = {"cpu": CPU, "cuda": CUDA, "tensorrt": TENSORRT, "trt": TENSORRT}
+KNOWN_PROVIDERS = (CPU, CUDA, TENSORRT)
 ONNXRUNTIME_WHEELS = ("onnxruntime", "onnxruntime-gpu")
 GPU_WHEEL = "onnxruntime-gpu"
 
@@ -34,6 +37,29 @@ REINSTALL_GPU_WHEEL = (
     f"pip uninstall -y onnxruntime onnxruntime-gpu && pip install {GPU_WHEEL} (or: make gpu-venv)"
 )
 INT8_CPU_ONLY = "an int8 export runs on the CPU provider only (its quantized MatMuls have no GPU kernels)"
+
+
+def canonical_provider(name: str) -> str:
+    """``cuda`` / ``CUDA`` / ``CUDAExecutionProvider`` -> ``CUDAExecutionProvider``; ValueError naming
+    the accepted spellings for anything else (a typo must not silently become "auto")."""
+    key = name.strip().lower()
+    if key in PROVIDER_ALIASES:
+        return PROVIDER_ALIASES[key]
+    for full in KNOWN_PROVIDERS:
+        if key == full.lower():
+            return full
+    known = ", ".join([*PROVIDER_ALIASES, *KNOWN_PROVIDERS])
+    raise ValueError(f"unknown onnxruntime provider {name.strip()!r}; use one of: {known}")
+
+
+def parse_providers(text: str) -> list[str] | None:
+    """A comma-separated provider list in full or short names, de-duplicated in order; None for ``auto``."""
+    if text.strip().lower() == "auto":
+        return None
+    names = [canonical_provider(p) for p in text.split(",") if p.strip()]
+    if not names:
+        raise ValueError("no onnxruntime provider named (use 'auto', or e.g. 'cuda' or 'tensorrt,cuda')")
+    return list(dict.fromkeys(names))
 
 
 def installed_onnxruntime_wheels(distributions: Iterable[Any] | None = None) -> dict[str, str]:
@@ -134,12 +160,14 @@ def choose_providers(
     device_id: int = 0,
     precision: str = "fp32",
     wheels: Mapping[str, str] | None = None,
+    allow_fallback: bool = False,
 ) -> list[ProviderEntry]:
     """Providers (with options) for a session; raises ValueError with :func:`install_problem`'s line.
 
     ``requested`` None = auto: CUDA when available, else CPU. TensorRT only when named; CUDA and CPU
     are appended after it so the nodes TensorRT does not take still run. An int8 export (dynamic
     quantization: onnxruntime CPU kernels only) stays on the CPU under auto and is refused on a GPU.
+    With ``allow_fallback`` the providers this wheel lacks are dropped (CPU last) instead of refused.
     """
     int8 = precision == "int8"
     if requested:
@@ -149,9 +177,9 @@ def choose_providers(
         if wheels is None:
             wheels = installed_onnxruntime_wheels()
         problem = install_problem(requested, available, wheels)
-        if problem:
+        if problem and not allow_fallback:
             raise ValueError(problem)
-        names = list(dict.fromkeys(requested))
+        names = [p for p in dict.fromkeys(requested) if p in available] or [CPU]
         if TENSORRT in names:
             names += [p for p in (CUDA, CPU) if p in available and p not in names]
     else:

@@ -53,6 +53,7 @@ def session(
         options,
         providers=list(providers),
         disabled_optimizers=ort_disabled_optimizers(provider_names(providers)),
+        enable_fallback=0,  # a provider that fails raises here; callers decide, never a silent CPU retry
     )
 
 

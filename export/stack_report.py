@@ -1,9 +1,12 @@
 """``python -m export.stack_report [--require-gpu] [--json]``: what this environment can run on.
 
-Prints the onnxruntime wheels installed and the providers they offer, TensorRT and CUDA devices, next to
-the versions this project pins, and one line per problem. With ``--require-gpu`` any problem is exit 1:
-``make gpu-venv`` ends with it, so a broken GPU install fails where it is made, not later as skipped
-tests. Torch-free.
+Prints the onnxruntime wheels installed, the providers they have compiled in and, for each, whether it
+really *runs* here: a tiny real session is opened per provider (after loading the NVIDIA pip wheels'
+libraries, as the server does) and its active providers read back, because a compiled-in GPU provider
+whose libraries or GPU are missing silently runs on the CPU. Also TensorRT and CUDA devices, next to the
+versions this project pins, and one line per problem. With ``--require-gpu`` any problem is exit 1
+(``make gpu-venv-tensorrt`` ends with it, so a broken GPU install fails where it is made); ``--verbose``
+lets onnxruntime's own log through. Torch-free.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from export.gpu import cuda_device_count
 from export.gpu_versions import ONNXRUNTIME_GPU_VERSION, TENSORRT_VERSION, tensorrt_version_problem
 from export.ort_providers import (
     CUDA,
+    GPU_PROVIDERS,
     GPU_WHEEL,
     TENSORRT,
     install_problem,
@@ -45,7 +49,20 @@ def _onnxruntime() -> tuple[str | None, list[str]]:
     return str(ort.__version__), list(ort.get_available_providers())
 
 
-def collect() -> dict[str, Any]:
+def provider_runs(providers: list[str], quiet: bool = True) -> dict[str, str | None]:
+    """For each compiled-in GPU provider: None when a real tiny session runs on it, else why not."""
+    from export.ort_providers import CPU
+    from export.provider_probe import preload_gpu_libraries, probe, why_inactive
+
+    found: dict[str, str | None] = {}
+    for provider in (p for p in providers if p in GPU_PROVIDERS):
+        preload_gpu_libraries([provider])
+        result = probe([provider, CPU], quiet=quiet)
+        found[provider] = None if result.ok else why_inactive(provider)
+    return found
+
+
+def collect(quiet: bool = True) -> dict[str, Any]:
     """The facts, as JSON-ready values."""
     ort_version, providers = _onnxruntime()
     return {
@@ -54,10 +71,17 @@ def collect() -> dict[str, Any]:
         "onnxruntime_wheels": installed_onnxruntime_wheels(),
         "onnxruntime": ort_version,
         "providers": providers,
+        "gpu_providers_not_running": {k: v for k, v in provider_runs(providers, quiet).items() if v},
         "tensorrt": _tensorrt_version(),
         "cuda_devices": cuda_device_count(),
         "pinned": {"onnxruntime-gpu": ONNXRUNTIME_GPU_VERSION, "tensorrt": TENSORRT_VERSION},
     }
+
+
+def running_gpu_providers(report: dict[str, Any]) -> list[str]:
+    """Compiled-in GPU providers that really ran a session here."""
+    broken = report.get("gpu_providers_not_running", {})
+    return [p for p in report["providers"] if p in GPU_PROVIDERS and p not in broken]
 
 
 def problems(report: dict[str, Any], require_gpu: bool) -> list[str]:
@@ -72,6 +96,8 @@ def problems(report: dict[str, Any], require_gpu: bool) -> list[str]:
     line = install_problem([CUDA, TENSORRT], report["providers"], wheels)
     if line and not clash:  # with a clash, that line already says what install_problem would
         found.append(line)
+    for provider, why in report.get("gpu_providers_not_running", {}).items():
+        found.append(f"{provider} is compiled in but does not run here: {why}")
     pinned = report["pinned"]
     if report["tensorrt"] is None:
         found.append(f"TensorRT is not importable (pinned: tensorrt-cu12 {pinned['tensorrt']})")
@@ -86,15 +112,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=PROG, description="Report the onnxruntime / TensorRT / CUDA stack here.")
     p.add_argument("--require-gpu", action="store_true", help="exit 1 unless the GPU stack is complete")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--verbose", action="store_true", help="let onnxruntime's own log through while probing")
     args = p.parse_args(argv)
-    report = collect()
+    report = collect(quiet=not args.verbose)
     found = problems(report, args.require_gpu)
     if args.json:
         print(json.dumps({**report, "problems": found}, indent=2))
     else:
         wheels = ", ".join(f"{k} {v}" for k, v in sorted(report["onnxruntime_wheels"].items())) or "none"
         print(f"python {report['python']} ({report['machine']})")
-        print(f"onnxruntime wheels: {wheels}; providers: {', '.join(report['providers']) or 'none'}")
+        print(
+            f"onnxruntime wheels: {wheels}; compiled-in providers: {', '.join(report['providers']) or 'none'}"
+        )
+        running = running_gpu_providers(report)
+        if running:
+            print(f"GPU providers that run a session here: {', '.join(running)}")
+        else:
+            print("no onnxruntime provider runs on a GPU here: sessions get the CPU")
+        for provider, why in report["gpu_providers_not_running"].items():
+            print(f"  {provider}: compiled in, does not run: {why}")
         print(f"tensorrt: {report['tensorrt'] or 'not installed'}; CUDA devices: {report['cuda_devices']}")
         pinned = report["pinned"]
         print(f"pinned for GPUs: onnxruntime-gpu {pinned['onnxruntime-gpu']}, tensorrt {pinned['tensorrt']}")

@@ -30,7 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
         default = "" if info.default is None else f" (default {info.default})"
         text = (info.description or name.replace("_", " ")) + default
         # Every value is parsed by the settings model (one set of rules and messages for flags and env).
-        p.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=text.replace("%", "%%"))
+        # A bare boolean flag (``--allow-cpu-fallback``) means true; ``--playground false`` still works.
+        flag, help_text = "--" + name.replace("_", "-"), text.replace("%", "%%")
+        if info.annotation is bool:
+            p.add_argument(flag, dest=name, default=None, help=help_text, nargs="?", const="true")
+        else:
+            p.add_argument(flag, dest=name, default=None, help=help_text)
     return p
 
 

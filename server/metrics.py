@@ -154,6 +154,14 @@ class Metrics:
             multiprocess_mode="max",
         )
 
+        self.runtime_info = Gauge(
+            "xlnetqa_runtime_info",
+            "What the loaded model really runs on (value 1): onnxruntime providers in use, or the device",
+            ["backend", "providers", "device"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+
     def render(self) -> bytes:
         """This process's metrics, or every worker's when several share a multiprocess directory."""
         directory = multiprocess_dir()

@@ -57,8 +57,10 @@ class ServerProcess:
         ready_timeout_s: float = 120.0,
         stop_grace_s: float = 30.0,
         tls_ca: Path | None = None,
+        python: str | None = None,
     ) -> None:
         self.model, self.flags, self.backend = Path(model), list(flags), backend
+        self.python = python or sys.executable  # another venv's interpreter (e.g. onnxruntime-gpu)
         self.log_path, self.log_level = log_path, log_level
         self.ready_timeout_s, self.stop_grace_s = ready_timeout_s, stop_grace_s
         self.env = child_env(env)
@@ -73,7 +75,7 @@ class ServerProcess:
 
     @property
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "server", "--model", str(self.model), "--backend", self.backend]
+        cmd = [self.python, "-m", "server", "--model", str(self.model), "--backend", self.backend]
         return cmd + [
             "--host",
             LOOPBACK,

@@ -218,7 +218,7 @@ async def healthz(runtime: RuntimeDep) -> Any:
 async def readyz(runtime: RuntimeDep, settings: SettingsDep) -> Any:
     """Readiness: 200 once the model is loaded and warmed up; 503 before, after a failure and while stopping."""
     if runtime.ready:
-        return HealthResponse(status="ready")
+        return HealthResponse(status="ready", **runtime.runs_on())
     body = HealthResponse(status=runtime.state).model_dump()
     return JSONResponse(body, status_code=503, headers={"Retry-After": str(settings.retry_after_s)})
 

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 from server.backends import Backend
 from server.batching import BatcherClosed, BatchStats, MicroBatcher
@@ -192,6 +193,7 @@ class Runtime:
         await asyncio.to_thread(self.backend.warmup, lengths, tuple(sorted({1, self.max_batch_size})))
         await self.pipeline.answer(Question("What is warmed up?", "The model is warmed up. " * 8))
         self._state = "ready"
+        self.metrics.runtime_info.labels(**self.runtime_labels()).set(1)
         self.metrics.ready.set(1)
         logger.info("model %s ready: backend %s, head %s", self.name, self.backend.describe(), spec.head)
 
@@ -221,6 +223,20 @@ class Runtime:
             logger.error("exiting with a backend call still running")
             logging.shutdown()
             os._exit(1)
+
+    def runtime_labels(self) -> dict[str, str]:
+        """The ``xlnetqa_runtime_info`` labels: backend, providers really in use, device."""
+        facts = self.runs_on()
+        return {
+            "backend": self.settings.backend,
+            "providers": ",".join(facts.get("providers", [])),
+            "device": str(facts.get("device", "")),
+        }
+
+    def runs_on(self) -> dict[str, Any]:
+        """``providers`` and/or ``device`` as the loaded backend reports them (empty before loading)."""
+        facts = self.backend.describe() if self.backend is not None else {}
+        return {k: facts[k] for k in ("providers", "device") if facts.get(k) is not None}
 
     def require_ready(self) -> QAPipeline:
         """The pipeline, or the 503 that says why there is none (never internals: they are logged)."""

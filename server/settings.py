@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from export.ort_providers import parse_providers
 from train.contract import DEFAULTS
 
 ENV_PREFIX = "XLNETQA_"
@@ -36,9 +37,15 @@ class ServerSettings(BaseSettings):
     inter_op_threads: int = Field(1, ge=1)
     providers: str = Field(
         "auto",
-        description="onnxruntime providers, comma-separated (e.g. 'TensorrtExecutionProvider' or "
-        "'CUDAExecutionProvider,CPUExecutionProvider'); 'auto' = CUDA when onnxruntime-gpu sees a GPU, else CPU "
-        "(the TensorRT provider only when named)",
+        description="onnxruntime providers, comma-separated, full or short names (cpu, cuda, tensorrt/trt; "
+        "e.g. 'tensorrt' or 'CUDAExecutionProvider,CPUExecutionProvider'); 'auto' = CUDA when its libraries "
+        "load and a GPU is there, else CPU (TensorRT only when named). A named first provider that onnxruntime "
+        "cannot activate stops the start (see --allow-cpu-fallback)",
+    )
+    allow_cpu_fallback: bool = Field(
+        False,
+        description="serve even when onnxruntime falls back from the first --providers entry to another "
+        "(e.g. CUDA libraries missing: 20-100x slower); the providers really used are logged and reported",
     )
     device_id: int = Field(0, ge=0, description="CUDA device of the onnxruntime GPU providers")
     trt_cache_dir: Path | None = Field(
@@ -187,11 +194,16 @@ class ServerSettings(BaseSettings):
         """uvicorn's limit_concurrency: beyond it new connections get 503 before any work."""
         return self.max_connections or 2 * self.max_queue + 64
 
+    @field_validator("providers")
+    @classmethod
+    def _known_providers(cls, value: str) -> str:
+        """Short names become full ones here, so every later reader sees onnxruntime's spelling."""
+        names = parse_providers(value)
+        return "auto" if names is None else ",".join(names)
+
     def provider_list(self) -> list[str] | None:
-        """Explicit onnxruntime providers, or None for automatic selection."""
-        if self.providers.strip().lower() == "auto":
-            return None
-        return [p.strip() for p in self.providers.split(",") if p.strip()]
+        """Explicit onnxruntime providers (full names), or None for automatic selection."""
+        return parse_providers(self.providers)
 
     def to_env(self) -> dict[str, str]:
         """These settings as ``XLNETQA_*`` variables (how ``--workers N`` hands them to worker processes)."""

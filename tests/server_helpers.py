@@ -65,6 +65,8 @@ class ServerProcess(server.process.ServerProcess):
         port: int | None = None,
         log_level: str = "warning",
         tls_ca: Path | None = None,
+        python: str | None = None,
+        ready_timeout_s: float = 60.0,
     ) -> None:
         log_path = log_dir / f"server-{backend}-{time.monotonic_ns()}.log"
         super().__init__(
@@ -76,8 +78,9 @@ class ServerProcess(server.process.ServerProcess):
             port=port,
             log_level=log_level,
             tls_ca=tls_ca,
-            ready_timeout_s=60.0,
+            ready_timeout_s=ready_timeout_s,
             stop_grace_s=15.0,
+            python=python,
         )
 
 

@@ -24,15 +24,9 @@ def preflight(settings: ServerSettings) -> None:
 
         prepare_trt_cache_dir(settings.trt_cache_dir, providers)
     if backend == "onnx" and providers:
-        import onnxruntime
+        from server.backends.onnx import check_providers
 
-        from export.ort_providers import install_problem, installed_onnxruntime_wheels
-
-        problem = install_problem(
-            providers, onnxruntime.get_available_providers(), installed_onnxruntime_wheels()
-        )
-        if problem:
-            raise BackendUnavailable(f"--providers: {problem}")
+        check_providers(providers, settings)
     if backend == "torch" and importlib.util.find_spec("torch") is None:
         raise BackendUnavailable("--backend torch needs torch (pip install 'xlnet-qa[train]')")
     if backend == "trt":

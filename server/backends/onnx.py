@@ -2,9 +2,14 @@
 
 Thread counts are always set explicitly: onnxruntime's default (one thread per core) oversubscribes a
 machine that runs several workers or shares its cores. Provider choice, options and the graph file
-come from ``export.ort_providers`` (auto = CUDA if available; TensorRT with caches and a profile
-covering the server's batches; GPU providers load the portable graph). Which providers a session
-really got is read back with ``get_providers()`` and logged, because onnxruntime silently falls back.
+come from ``export.ort_providers`` (auto = CUDA if it really runs here; TensorRT with caches and a
+profile covering the server's batches; GPU providers load the portable graph).
+
+onnxruntime replaces a GPU provider that cannot start (missing CUDA/cuDNN/TensorRT libraries, no GPU,
+an old driver) with the CPU and carries on. Here that is a refusal to start: the providers a session
+really got are read back with ``get_providers()``, before listening on a tiny probe session
+(:func:`check_providers`) and again on the model's own session, and a first provider that is not the
+one asked for stops the server with one line naming the likely cause, unless ``--allow-cpu-fallback``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,64 @@ def prepare_trt_cache_dir(cache_dir: Path | None, providers: Sequence[str] | Non
         raise BackendUnavailable(f"--trt-cache-dir {cache_dir}: {exc.strerror or exc}") from None
 
 
+FALLBACK_ADVICE = "fix that, or start with --allow-cpu-fallback to serve from the CPU anyway (20-100x slower)"
+
+
+def check_providers(providers: Sequence[str], settings: ServerSettings) -> None:
+    """Before listening: the wheel offers ``providers`` and a real tiny session runs on the first one;
+    BackendUnavailable with one line otherwise (with ``--allow-cpu-fallback`` the backend warns instead)."""
+    import onnxruntime
+
+    from export.ort_providers import GPU_PROVIDERS, install_problem, installed_onnxruntime_wheels
+    from export.provider_probe import fallback_problem, preload_gpu_libraries, probe
+
+    if settings.allow_cpu_fallback:
+        return  # the backend probes, warns once and serves from the CPU
+    available = onnxruntime.get_available_providers()
+    problem = install_problem(providers, available, installed_onnxruntime_wheels())
+    if problem is None and providers[0] in GPU_PROVIDERS:
+        preload_gpu_libraries(providers)
+        problem = fallback_problem(probe(probe_entries(providers, settings.device_id)))
+    if problem is not None:
+        raise BackendUnavailable(f"--providers: {problem}; {FALLBACK_ADVICE}")
+
+
+def probe_entries(providers: Sequence[str], device_id: int) -> list:
+    """``providers`` with the device option for the GPU ones (the probe runs where the model will)."""
+    from export.ort_providers import GPU_PROVIDERS
+
+    return [(p, {"device_id": str(device_id)}) if p in GPU_PROVIDERS else p for p in providers]
+
+
+def runs_first(providers: Sequence[str], device_id: int) -> bool:
+    """Whether a probe session runs on ``providers[0]``; if not, the reason is logged as a warning."""
+    from export.ort_providers import CPU
+    from export.provider_probe import fallback_problem, probe
+
+    if providers[0] == CPU:
+        return True
+    problem = fallback_problem(probe(probe_entries(providers, device_id)))
+    if problem:
+        logger.warning("--allow-cpu-fallback: serving from the CPU: %s", problem)
+    return problem is None
+
+
+def auto_providers(available: Sequence[str], device_id: int) -> list[str]:
+    """``auto``'s candidates: the compiled-in GPU providers only if they really run (else the CPU, logged)."""
+    from export.ort_providers import CUDA
+    from export.provider_probe import usable_gpu_providers, why_inactive
+
+    if CUDA not in available:
+        return list(available)
+    usable = usable_gpu_providers(available, device_id)
+    if CUDA not in usable:
+        logger.info(
+            "providers auto: CUDA is compiled in but does not run here (%s); using the CPU",
+            why_inactive(CUDA),
+        )
+    return usable
+
+
 class OnnxBackend(Backend):
     """One ``InferenceSession`` shared by the inference threads (``run`` is thread-safe in onnxruntime)."""
 
@@ -52,20 +115,29 @@ class OnnxBackend(Backend):
         trt_cache_dir: Path | None = None,
         trt_fp16: bool = False,
         device_id: int = 0,
+        allow_cpu_fallback: bool = False,
     ) -> None:
         super().__init__(spec)
         try:
             import onnxruntime as ort
         except ImportError as exc:
             raise BackendUnavailable(f"--backend onnx needs onnxruntime ({exc})") from None
-        from export.ort_providers import ProfileShapes, choose_providers, graph_for, provider_names
-        from export.sessions import session
+        from export.ort_providers import CPU, ProfileShapes, choose_providers, graph_for, provider_names
+        from export.provider_probe import preload_gpu_libraries
         from train.contract import shortest_sequence
 
         prepare_trt_cache_dir(trt_cache_dir, providers)
+        available = ort.get_available_providers()
+        self.requested = list(providers) if providers else None
+        if providers:
+            preload_gpu_libraries(providers)
+            if allow_cpu_fallback and not runs_first(providers, device_id):
+                providers = [CPU]  # and so the CPU graph, not the GPU one
+        else:
+            available = auto_providers(available, device_id)
         try:
             wanted = choose_providers(
-                ort.get_available_providers(),
+                available,
                 providers,
                 profile=ProfileShapes(
                     max_batch=max_batch_size,
@@ -76,23 +148,23 @@ class OnnxBackend(Backend):
                 trt_fp16=trt_fp16,
                 device_id=device_id,
                 precision=spec.precision,
+                allow_fallback=allow_cpu_fallback,
             )
-        except ValueError as exc:
-            raise BackendUnavailable(str(exc)) from None
+        except ValueError as exc:  # a wheel without the providers (int8 on a GPU is no fallback case)
+            advice = "" if spec.precision == "int8" else f"; {FALLBACK_ADVICE}"
+            raise BackendUnavailable(f"{exc}{advice}") from None
         model_file = graph_for(
             wanted, spec.model_file or "model.onnx", spec.portable_model_file, spec.precision
         )
         model_path = spec.directory / model_file
         if not model_path.is_file():
             raise BackendUnavailable(f"{model_path}: ONNX model file not found")
-        self.session = session(
-            model_path, threads=threads, inter_op_threads=inter_op_threads, providers=wanted
-        )
+        asked = list(providers or provider_names(wanted))
+        self.session = self._open(model_path, threads, inter_op_threads, wanted, asked, allow_cpu_fallback)
         self.providers: list[str] = list(self.session.get_providers())
         self.model_file = model_file
         self.threads = threads
-        if provider_names(wanted)[0] != self.providers[0]:
-            logger.warning("onnxruntime: asked for %s, got %s", provider_names(wanted), self.providers)
+        self._check_active(asked, allow_cpu_fallback or not providers)  # auto may settle for the CPU
         logger.info(
             "onnxruntime %s: providers %s on %s, intra-op threads %d",
             ort.__version__,
@@ -113,6 +185,35 @@ class OnnxBackend(Backend):
         if missing:
             raise BackendUnavailable(f"{model_path}: model has no outputs {missing} (has {session_outputs})")
 
+    @staticmethod
+    def _open(
+        path: Path, threads: int, inter_op_threads: int, wanted: list, asked: list[str], allow_fallback: bool
+    ) -> Any:
+        """The model's session; a GPU provider that raises is a refusal, or a CPU session if allowed."""
+        from export.ort_providers import CPU
+        from export.provider_probe import Probe, fallback_problem
+        from export.sessions import session
+
+        try:
+            return session(path, threads=threads, inter_op_threads=inter_op_threads, providers=wanted)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises several types; the message is the fact
+            problem = fallback_problem(Probe(asked, error=f"{type(exc).__name__}: {exc}"))
+            if not allow_fallback or asked[0] == CPU:
+                raise BackendUnavailable(f"{path.name}: {problem}; {FALLBACK_ADVICE}") from None
+            logger.warning("--allow-cpu-fallback: %s", problem)
+            return session(path, threads=threads, inter_op_threads=inter_op_threads, providers=[CPU])
+
+    def _check_active(self, asked: list[str], allow_fallback: bool) -> None:
+        """The model's own session runs on the first provider asked for (or the fallback was allowed)."""
+        from export.provider_probe import Probe, fallback_problem
+
+        problem = fallback_problem(Probe(asked, active=self.providers))
+        if problem is None:
+            return
+        if not allow_fallback:
+            raise BackendUnavailable(f"{problem}; {FALLBACK_ADVICE}")
+        logger.warning("--allow-cpu-fallback: serving on %s: %s", self.providers, problem)
+
     @classmethod
     def from_settings(cls, spec: ModelSpec, settings: ServerSettings) -> OnnxBackend:
         return cls(
@@ -124,6 +225,7 @@ class OnnxBackend(Backend):
             trt_cache_dir=settings.trt_cache_dir,
             trt_fp16=settings.trt_fp16,
             device_id=settings.device_id,
+            allow_cpu_fallback=settings.allow_cpu_fallback,
         )
 
     def run(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -137,6 +239,7 @@ class OnnxBackend(Backend):
         return {
             "backend": self.name,
             "providers": self.providers,
+            "requested_providers": self.requested or "auto",
             "model_file": self.model_file,
             "intra_op_threads": self.threads,
         }
