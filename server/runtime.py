@@ -32,6 +32,7 @@ from server.settings import ServerSettings
 from train.tokenizer import XLNetTokenizer
 
 logger = logging.getLogger("server")
+LOAD_PROGRESS_S = 15.0  # how often a long load says it is still going
 
 BackendFactory = Callable[[ModelSpec, ServerSettings], Backend]
 
@@ -155,21 +156,38 @@ class Runtime:
             m.non_finite.inc(stats.non_finite)
 
     async def _load(self) -> None:
-        """Load and warm up within ``load_timeout_s``; any failure (a hang included) ends in ``failed``."""
+        """Load and warm up within the load deadline; any failure (a hang included) ends in ``failed``.
+        While it lasts, the log says every ``LOAD_PROGRESS_S`` what it is doing (an engine build at a
+        first start takes minutes, and silence looks like a hang)."""
+        deadline = self.settings.load_deadline_s
+        progress = asyncio.create_task(self._report_progress(time.monotonic(), deadline))
         try:
-            await asyncio.wait_for(self._load_and_warm_up(), self.settings.load_timeout_s)
+            await asyncio.wait_for(self._load_and_warm_up(), deadline)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - report any load failure, then stop the server
             if isinstance(exc, asyncio.TimeoutError):
                 exc = TimeoutError(
-                    f"loading and warming up took longer than {self.settings.load_timeout_s:g} s"
+                    f"loading and warming up took longer than {deadline:g} s (--load-timeout-s)"
                 )
             self._state = "failed"
             self.error = f"{type(exc).__name__}: {exc}"
             logger.error("model failed to load: %s", self.error, exc_info=exc)
             if self.on_fatal is not None:
                 self.on_fatal()
+        finally:
+            progress.cancel()
+
+    async def _report_progress(self, started: float, deadline: float) -> None:
+        while True:
+            await asyncio.sleep(LOAD_PROGRESS_S)
+            logger.info(
+                "still %s the model after %.0f s (of at most %g s)%s",
+                self._state,
+                time.monotonic() - started,
+                deadline,
+                self.settings.engine_build_note,
+            )
 
     async def _load_and_warm_up(self) -> None:
         s, spec = self.settings, self.spec

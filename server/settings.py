@@ -17,6 +17,8 @@ from train.contract import DEFAULTS
 
 ENV_PREFIX = "XLNETQA_"
 JSON_BYTES_PER_CHAR = 12  # the most one character can take in a JSON string ("\ud83d\ude00" is one)
+LOAD_TIMEOUT_S = 600.0
+ENGINE_BUILD_TIMEOUT_S = 3600.0  # xlnet-large engines for several profiles build in tens of minutes
 ITEM_OVERHEAD_BYTES = 512  # field names, numbers, whitespace of one request item (generous)
 
 
@@ -48,6 +50,11 @@ class ServerSettings(BaseSettings):
         "(e.g. CUDA libraries missing: 20-100x slower); the providers really used are logged and reported",
     )
     device_id: int = Field(0, ge=0, description="CUDA device of the onnxruntime GPU providers")
+    torch_device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|cuda(:[0-9]+)?)$",
+        description="--backend torch: where the model runs, cpu or cuda[:N] (a torch that cannot is a refusal)",
+    )
     trt_cache_dir: Path | None = Field(
         None,
         description="onnxruntime TensorRT provider: directory for its engine and timing caches (without it, "
@@ -103,8 +110,11 @@ class ServerSettings(BaseSettings):
     n_best_pool: int = Field(
         DEFAULTS.n_best, ge=1, le=100, description="Candidate starts/ends per window when decoding"
     )
-    load_timeout_s: float = Field(
-        600.0, gt=0.0, description="Loading + warm-up longer than this is a failed load (exit 1)"
+    load_timeout_s: float | None = Field(
+        None,
+        gt=0.0,
+        description=f"Loading + warm-up longer than this is a failed load (exit 1); default {LOAD_TIMEOUT_S:g} s, "
+        f"{ENGINE_BUILD_TIMEOUT_S:g} s with the TensorRT provider (a first start builds its engines)",
     )
     warmup_delay_s: float = Field(0.0, ge=0.0, description="Extra sleep before warm-up (tests of /readyz)")
     graceful_timeout_s: float = Field(
@@ -200,6 +210,29 @@ class ServerSettings(BaseSettings):
         """Short names become full ones here, so every later reader sees onnxruntime's spelling."""
         names = parse_providers(value)
         return "auto" if names is None else ",".join(names)
+
+    @property
+    def builds_engines(self) -> bool:
+        """Whether loading may build TensorRT engines (the onnxruntime TensorRT provider does, at start)."""
+        return self.backend == "onnx" and "TensorrtExecutionProvider" in (self.provider_list() or [])
+
+    @property
+    def load_deadline_s(self) -> float:
+        """``load_timeout_s``, or its default for this configuration."""
+        if self.load_timeout_s is not None:
+            return self.load_timeout_s
+        return ENGINE_BUILD_TIMEOUT_S if self.builds_engines else LOAD_TIMEOUT_S
+
+    @property
+    def engine_build_note(self) -> str:
+        """What the load progress lines add when engines may be building."""
+        if not self.builds_engines:
+            return ""
+        cache = self.trt_cache_dir
+        reuse = (
+            f"the next start reuses {cache}" if cache else "without --trt-cache-dir every start builds them"
+        )
+        return f": the TensorRT provider builds its engines at a first start ({reuse})"
 
     def provider_list(self) -> list[str] | None:
         """Explicit onnxruntime providers (full names), or None for automatic selection."""

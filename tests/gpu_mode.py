@@ -1,11 +1,15 @@
-"""The GPU tests' gate: skip where there is no GPU stack, but *fail* when ``XLNETQA_REQUIRE_GPU=1``.
+"""The GPU tests' gate: skip where there is no GPU stack, but *fail* when ``XLNETQA_REQUIRE_GPU`` says so.
 
 On a GPU machine a broken install (CPU onnxruntime shadowing onnxruntime-gpu, a missing libnvinfer)
-looks exactly like "no GPU here"; with the variable set, `make gpu-test` turns that into a failure.
+looks exactly like "no GPU here"; with ``XLNETQA_REQUIRE_GPU=1`` (`make gpu-test` in the complete GPU
+venv) every such gap is a failure. ``XLNETQA_REQUIRE_GPU=device`` is for a GPU machine whose Python
+lacks packages it cannot fetch (no package index): a CUDA device is still required, and a test whose
+package is missing is skipped with "missing package NAME", so the run lists what it could not test.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -13,25 +17,55 @@ import pytest
 from export.gpu import cuda_device_count, gpu_stack_problem
 
 REQUIRE_ENV = "XLNETQA_REQUIRE_GPU"
+MISSING = "missing package"
+
+
+def required_mode() -> str:
+    """ "all" (everything GPU must run), "device" (a CUDA device must be there) or "" (skip freely)."""
+    value = os.environ.get(REQUIRE_ENV, "").strip().lower()
+    if value in ("1", "true", "yes", "all"):
+        return "all"
+    return "device" if value == "device" else ""
 
 
 def gpu_required() -> bool:
-    return os.environ.get(REQUIRE_ENV, "").strip().lower() in ("1", "true", "yes")
+    return required_mode() == "all"
 
 
-def unavailable(reason: str) -> None:
-    """Skip with ``reason``, or fail with it when the GPU tests were required."""
-    if gpu_required():
-        pytest.fail(f"{REQUIRE_ENV}=1 but {reason}", pytrace=False)
+def unavailable(reason: str, *, device: bool = False) -> None:
+    """Skip with ``reason``, or fail with it when the GPU tests were required (``device``: the reason is
+    a missing CUDA device, which fails in both required modes)."""
+    mode = required_mode()
+    if mode == "all" or (mode == "device" and device):
+        pytest.fail(f"{REQUIRE_ENV}={os.environ[REQUIRE_ENV]} but {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def require_package(module: str, package: str) -> None:
+    """Skip (or fail when everything is required) naming ``package`` when ``module`` is not importable."""
+    if importlib.util.find_spec(module) is None:
+        unavailable(f"{MISSING} {package} (python -m {module} is not importable here)")
 
 
 def require_cuda_device() -> None:
     if cuda_device_count() == 0:
-        unavailable("no CUDA GPU is visible (cuda-bindings / nvidia-smi / /proc list none)")
+        unavailable("no CUDA GPU is visible (cuda-bindings / nvidia-smi / /proc list none)", device=True)
+
+
+def require_torch_cuda() -> None:
+    """torch with a CUDA build that sees the device (the torch backend and training on the GPU)."""
+    require_cuda_device()
+    require_package("torch", "torch")
+    import torch
+
+    if not torch.cuda.is_available():
+        unavailable(f"torch {torch.__version__} sees no CUDA device (a CPU build?)", device=True)
 
 
 def require_tensorrt() -> None:
+    require_cuda_device()
+    require_package("tensorrt", "tensorrt-cu12")
+    require_package("cuda.bindings", "cuda-bindings")
     problem = gpu_stack_problem()
     if problem:
         unavailable(problem)
@@ -40,8 +74,11 @@ def require_tensorrt() -> None:
 def require_provider(provider: str) -> None:
     """A CUDA device and an onnxruntime build that offers ``provider``."""
     require_cuda_device()
+    require_package("onnxruntime", "onnxruntime-gpu")
     import onnxruntime as ort
 
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        unavailable(f"{MISSING} onnxruntime-gpu (onnxruntime {ort.__version__} here is the CPU wheel)")
     if provider not in ort.get_available_providers():
         unavailable(
             f"{provider} is not in this onnxruntime build ({ort.__version__}, providers "

@@ -174,7 +174,7 @@ def test_dockerfile_structure(kind: str) -> None:
     assert entry == [["python", "-m", "server"]]
 
     runs = " ".join(a for k, a in builder["ins"] if k == "RUN")
-    extra = "serve" if kind == "cpu" else "gpu"
+    extra = "serve" if kind == "cpu" else "gpu,tensorrt"
     assert f'pip install ".[{extra}]"' in runs
     # The build fails when torch got in: `import torch` must be expected to fail.
     assert re.search(r'if python -c "import torch".*then .*exit 1', runs), "no build-time torch check"
@@ -414,7 +414,7 @@ def test_k8s_server_deployment_agrees_with_the_server() -> None:
         assert ports[container[probe]["httpGet"]["port"]] == settings.port
     startup = container["startupProbe"]
     budget = startup.get("initialDelaySeconds", 0) + startup["periodSeconds"] * startup["failureThreshold"]
-    assert budget >= settings.load_timeout_s, (
+    assert budget >= settings.load_deadline_s, (
         "the startup probe gives up before the server's own load timeout"
     )
 

@@ -29,6 +29,12 @@ def preflight(settings: ServerSettings) -> None:
         check_providers(providers, settings)
     if backend == "torch" and importlib.util.find_spec("torch") is None:
         raise BackendUnavailable("--backend torch needs torch (pip install 'xlnet-qa[train]')")
+    if backend == "torch" and settings.torch_device != "cpu":
+        from server.backends.torch import torch_device_problem
+
+        problem = torch_device_problem(settings.torch_device)
+        if problem:
+            raise BackendUnavailable(problem)
     if backend == "trt":
         from server.backends.trt import _check_available
 
@@ -48,5 +54,5 @@ def create_backend(spec: ModelSpec, settings: ServerSettings) -> Backend:
     if settings.backend == "torch":
         from server.backends.torch import TorchBackend
 
-        return TorchBackend(spec, settings.threads, settings.inter_op_threads)
+        return TorchBackend(spec, settings.threads, settings.inter_op_threads, settings.torch_device)
     raise BackendUnavailable(f"unknown backend {settings.backend!r}; choose one of {BACKENDS}")

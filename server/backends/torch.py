@@ -1,7 +1,9 @@
 """Torch eager backend: ``QAInference`` (the function that gets exported) under ``inference_mode``.
 
 The only module of the server that imports torch, and only when ``--backend torch`` is chosen; it is
-the reference the ONNX/TensorRT backends are checked against.
+the reference the ONNX/TensorRT backends are checked against. ``--torch-device cuda[:N]`` runs it on a
+GPU; a torch that cannot (a CPU wheel, no device, an index past the last GPU) refuses to start with one
+line rather than serving from the CPU.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ class TorchBackend(Backend):
 
     name = "torch"
 
-    def __init__(self, spec: ModelSpec, threads: int = 1, inter_op_threads: int = 1) -> None:
+    def __init__(
+        self, spec: ModelSpec, threads: int = 1, inter_op_threads: int = 1, device: str = "cpu"
+    ) -> None:
         super().__init__(spec)
         try:
             import torch
@@ -41,29 +45,61 @@ class TorchBackend(Backend):
             torch.set_num_interop_threads(inter_op_threads)
         except RuntimeError:  # only settable before the first parallel work; harmless if already set
             logger.debug("torch inter-op threads already fixed at %d", torch.get_num_interop_threads())
+        self.device = torch.device(device)
+        problem = torch_device_problem(device)
+        if problem:
+            raise BackendUnavailable(problem)
         ckpt = load(spec.directory)
         if ckpt.kind != f"qa:{spec.head}":
             raise BackendUnavailable(
                 f"{spec.directory}: checkpoint is {ckpt.kind!r}, the sidecar says qa:{spec.head}"
             )
-        self.model = QAInference(cast("XLNetForQuestionAnswering", ckpt.model)).eval()  # kind is qa:<head>
+        model = cast("XLNetForQuestionAnswering", ckpt.model).to(self.device)  # kind is qa:<head>
+        self.model = QAInference(model).eval()  # its position tables are made on the weights' device
         self.threads = threads
-        logger.info("torch %s: %s loaded, %d intra-op threads", torch.__version__, ckpt.kind, threads)
+        self.gpu = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
+        logger.info(
+            "torch %s: %s loaded on %s, %d intra-op threads",
+            torch.__version__,
+            ckpt.kind,
+            self.gpu or self.device,
+            threads,
+        )
 
     def run(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         torch = self.torch
         # Intra-op thread counts are per calling thread in some builds; re-assert in the worker thread.
         if torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)
-        args = [torch.from_numpy(np.ascontiguousarray(batch[n], dtype=np.int64)) for n in self.input_names]
+        args = [
+            torch.from_numpy(np.ascontiguousarray(batch[n], dtype=np.int64)).to(self.device)
+            for n in self.input_names
+        ]
         with torch.inference_mode():
             values = self.model(*args)
         out = {
-            n: v.float().numpy() if v.is_floating_point() else v.numpy()
+            n: v.float().cpu().numpy() if v.is_floating_point() else v.cpu().numpy()
             for n, v in zip(self.model.names, values, strict=True)
         }
         check_outputs(out, self.output_names, len(batch["input_ids"]))
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.name, "device": "cpu", "intra_op_threads": self.threads}
+        facts = {"backend": self.name, "device": str(self.device), "intra_op_threads": self.threads}
+        return facts | ({"gpu": self.gpu} if self.gpu else {})
+
+
+def torch_device_problem(device: str) -> str | None:
+    """One line when this torch cannot run on ``device`` ("cpu", "cuda", "cuda:N"); None when it can."""
+    import torch
+
+    where = torch.device(device)
+    if where.type != "cuda":
+        return None
+    build = f"torch {torch.__version__} (CUDA build: {torch.version.cuda or 'none, a CPU wheel'})"
+    if not torch.cuda.is_available():
+        return f"--torch-device {device}: {build} sees no CUDA device"
+    index, count = where.index or 0, torch.cuda.device_count()
+    if index >= count:
+        return f"--torch-device {device}: {build} sees {count} CUDA device(s), numbered from 0"
+    return None
