@@ -7,6 +7,7 @@ looks exactly like "no GPU here"; with the variable set, `make gpu-test` turns t
 from __future__ import annotations
 
 import os
+from typing import NoReturn
 
 import pytest
 
@@ -19,7 +20,7 @@ def gpu_required() -> bool:
     return os.environ.get(REQUIRE_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
-def unavailable(reason: str) -> None:
+def unavailable(reason: str) -> NoReturn:
     """Skip with ``reason``, or fail with it when the GPU tests were required."""
     if gpu_required():
         pytest.fail(f"{REQUIRE_ENV}=1 but {reason}", pytrace=False)
@@ -29,6 +30,20 @@ def unavailable(reason: str) -> None:
 def require_cuda_device() -> None:
     if cuda_device_count() == 0:
         unavailable("no CUDA GPU is visible (cuda-bindings / nvidia-smi / /proc list none)")
+
+
+def require_torch_cuda() -> None:
+    """A CUDA device that torch can use: torch installed (a GPU venv may have none), a CUDA build of it,
+    and a visible device, each named when it is what is missing."""
+    try:
+        import torch
+    except ImportError:
+        unavailable("torch is not installed (the CUDA training tests need the CUDA build of torch)")
+    if not torch.cuda.is_available():
+        build = f"torch {torch.__version__}"
+        if torch.version.cuda is None:
+            unavailable(f"{build} is a CPU-only build; install the CUDA build of torch")
+        unavailable(f"{build} (CUDA {torch.version.cuda}) sees no CUDA device")
 
 
 def require_tensorrt() -> None:
