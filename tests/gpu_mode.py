@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import NoReturn
 
 import pytest
 
@@ -32,7 +33,7 @@ def gpu_required() -> bool:
     return required_mode() == "all"
 
 
-def unavailable(reason: str, *, device: bool = False) -> None:
+def unavailable(reason: str, *, device: bool = False) -> NoReturn:
     """Skip with ``reason``, or fail with it when the GPU tests were required (``device``: the reason is
     a missing CUDA device, which fails in both required modes)."""
     mode = required_mode()
@@ -53,13 +54,17 @@ def require_cuda_device() -> None:
 
 
 def require_torch_cuda() -> None:
-    """torch with a CUDA build that sees the device (the torch backend and training on the GPU)."""
-    require_cuda_device()
-    require_package("torch", "torch")
-    import torch
-
+    """A CUDA device that torch can use: torch installed (a GPU venv may have none), a CUDA build of it,
+    and a visible device, each named when it is what is missing."""
+    try:
+        import torch
+    except ImportError:
+        unavailable(f"torch is not installed ({MISSING} torch; the CUDA tests need its CUDA build)")
     if not torch.cuda.is_available():
-        unavailable(f"torch {torch.__version__} sees no CUDA device (a CPU build?)", device=True)
+        build = f"torch {torch.__version__}"
+        if torch.version.cuda is None:
+            unavailable(f"{build} is a CPU-only build; install the CUDA build of torch")
+        unavailable(f"{build} (CUDA {torch.version.cuda}) sees no CUDA device", device=True)
 
 
 def require_tensorrt() -> None:

@@ -1,11 +1,17 @@
 """Triton model repository: config.pbtxt parsed back and checked field by field against the sidecar, for
-an ONNX export and a TensorRT export (whose engine bytes are only copied, so no GPU is needed); plans
-that Triton could not load (another TensorRT release) or serve at every size (profile above 1) refused."""
+an ONNX export and a TensorRT export (whose engine bytes are only copied, so no GPU is needed), and read
+by Triton's own model-config schema; plans that Triton could not load (another TensorRT release) or serve
+at every size (profile above 1) refused."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -16,7 +22,7 @@ from export.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.testing import tiny_onnx_export
 from export.triton import main
 from export.trt import min_sequence
-from train.contract import INPUT_NAMES
+from train.contract import INDEX_OUTPUTS, INPUT_NAMES
 
 SHAPES = {"opt_shape": [8, 384], "max_shape": [16, 512]}
 
@@ -58,6 +64,31 @@ def trt_export(onnx_export, tmp_path_factory):
     )
     Sidecar.from_dict(data).save(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def optimised_export(tmp_path_factory, spm_dir):
+    """A shallow-head export with both graphs: the optimised model.onnx and the portable one."""
+    return tiny_onnx_export(tmp_path_factory.mktemp("optimised") / "onnx", spm_dir, "shallow")
+
+
+@pytest.fixture(scope="module")
+def triton_schema() -> ModuleType:
+    """Triton's model-config schema (`inference.ModelConfig`, generated from its model_config.proto) as the
+    tritonclient wheel ships it. The module sits in tritonclient.grpc, whose package __init__ insists on
+    grpcio (the `grpc` extra, which also caps protobuf below 7); the schema needs only protobuf, so without
+    grpcio the generated file is loaded on its own."""
+    pytest.importorskip("google.protobuf")
+    tritonclient = pytest.importorskip("tritonclient")
+    try:
+        from tritonclient.grpc import model_config_pb2
+    except (ImportError, RuntimeError):  # RuntimeError: "does not include grpc support"
+        path = Path(tritonclient.__path__[0]) / "grpc" / "model_config_pb2.py"
+        spec = importlib.util.spec_from_file_location("tritonclient_model_config_pb2", path)
+        assert spec is not None and spec.loader is not None, path
+        model_config_pb2 = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(model_config_pb2)
+    return model_config_pb2
 
 
 def trt_variant(trt_export, directory, **trt) -> str:
@@ -191,12 +222,12 @@ def test_repository_errors(onnx_export, trt_export, tmp_path, capsys):
     assert not (tmp_path / "repo" / "xlnet_qa").exists()
 
 
-def test_gpu_instances_get_the_portable_graph(spm_dir, tmp_path, capsys):
+def test_gpu_instances_get_the_portable_graph(optimised_export, spm_dir, tmp_path, capsys):
     """GPU instances load the standard-ops graph (the optimised model.onnx has onnxruntime CPU contrib ops),
     CPU instances the optimised one; an int8 export on GPU instances is refused."""
     import onnx
 
-    export = tiny_onnx_export(tmp_path / "onnx", spm_dir, "shallow")  # optimised: both graphs
+    export = optimised_export  # optimised: both graphs
     side = Sidecar.load(export)
     assert side.portable_model_file and side.portable_model_file != side.model_file
 
@@ -215,6 +246,121 @@ def test_gpu_instances_get_the_portable_graph(spm_dir, tmp_path, capsys):
     capsys.readouterr()
     assert main(["--onnx", str(int8), "--out", str(tmp_path / "int8-gpu")]) == 2
     assert "--instance-kind cpu" in capsys.readouterr().err and not (tmp_path / "int8-gpu").exists()
+
+
+def schema_view(config: Any, schema: ModuleType) -> dict[str, Any]:
+    """What Triton read from config.pbtxt, in the shape `pbtxt.loads` gives (enums by name)."""
+
+    def tensor(t: Any) -> dict[str, Any]:
+        view = {"name": t.name, "data_type": schema.DataType.Name(t.data_type), "dims": list(t.dims)}
+        if t.HasField("reshape"):
+            view["reshape"] = {"shape": list(t.reshape.shape)}
+        return view
+
+    batching = config.dynamic_batching
+    return {
+        "name": config.name,
+        "platform": config.platform,
+        "max_batch_size": config.max_batch_size,
+        "input": [tensor(t) for t in config.input],
+        "output": [tensor(t) for t in config.output],
+        "dynamic_batching": {
+            "preferred_batch_size": list(batching.preferred_batch_size),
+            "max_queue_delay_microseconds": batching.max_queue_delay_microseconds,
+        },
+        "instance_group": [
+            {"count": g.count, "kind": schema.ModelInstanceGroup.Kind.Name(g.kind)}
+            for g in config.instance_group
+        ],
+    }
+
+
+@dataclass(frozen=True)
+class SchemaCase:
+    """One repository to read with Triton's schema: what to write it from, and what it must hold."""
+
+    export: str  # the fixture with the export (a TensorRT one is written with the ONNX export beside it)
+    args: tuple[str, ...] = ()
+    name: str = "xlnet_qa"
+    platform: str = "onnxruntime_onnx"
+    max_batch: int = 32
+    preferred: tuple[int, ...] = (4, 8, 16)
+    delay_us: int = 500
+    kind: str = "KIND_GPU"
+    count: int = 1
+    index_type: str = "TYPE_INT64"  # the beam head's top-k indices: int64 in ONNX, the engine's own int32
+
+
+SCHEMA_CASES = {
+    "onnx": SchemaCase(
+        "onnx_export",
+        ("--name", "qa", "--max-batch-size", "16", "--preferred-batch", "2,8", "--instances", "2"),
+        name="qa",
+        max_batch=16,
+        preferred=(2, 8),
+        count=2,
+    ),
+    "tensorrt": SchemaCase(
+        "trt_export",
+        ("--max-batch-size", "16"),
+        platform="tensorrt_plan",
+        max_batch=16,
+        index_type="TYPE_INT32",
+    ),
+    "onnx-gpu-instances": SchemaCase("optimised_export"),
+    "onnx-cpu-instances": SchemaCase(
+        "optimised_export",
+        ("--instance-kind", "cpu", "--max-queue-delay-us", "0"),
+        delay_us=0,
+        kind="KIND_CPU",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SCHEMA_CASES))
+def test_config_parses_with_tritons_model_config_schema(case, request, onnx_export, triton_schema, tmp_path):
+    """Triton's own schema (protobuf text format into inference.ModelConfig, which rejects unknown fields,
+    unknown enum names and mistyped values, where our parser takes any identifier) reads config.pbtxt as
+    our parser does, with the platform, batching, tensors and instances the writer meant and nothing else."""
+    from google.protobuf import text_format
+
+    want = SCHEMA_CASES[case]
+    source = request.getfixturevalue(want.export)
+    if want.export == "trt_export":
+        args = ["--onnx", str(onnx_export), "--trt", str(source)]
+    else:
+        args = ["--onnx", str(source)]
+    assert main([*args, "--out", str(tmp_path / "repo"), *want.args]) == 0
+    model_dir = tmp_path / "repo" / want.name
+    text = (model_dir / "config.pbtxt").read_text()
+    config = text_format.Parse(text, triton_schema.ModelConfig())
+
+    view = schema_view(config, triton_schema)
+    assert view == read_config(model_dir)  # the same reading, field for field
+    assert {field.name for field, _ in config.ListFields()} == {
+        "name",
+        "platform",
+        "max_batch_size",
+        "input",
+        "output",
+        "dynamic_batching",
+        "instance_group",
+    }  # no backend, optimization, parameters, version policy or warmup: Triton's defaults
+    assert (config.name, config.platform, config.backend) == (want.name, want.platform, "")
+    assert config.max_batch_size == want.max_batch
+    assert config.WhichOneof("scheduling_choice") == "dynamic_batching"
+    batching = config.dynamic_batching
+    assert tuple(batching.preferred_batch_size) == want.preferred
+    assert batching.max_queue_delay_microseconds == want.delay_us
+    (group,) = config.instance_group
+    assert (group.kind, group.count) == (triton_schema.ModelInstanceGroup.Kind.Value(want.kind), want.count)
+    sidecar = Sidecar.load(source)
+    types = {n: "TYPE_INT64" for n in INPUT_NAMES} | {n: "TYPE_FP32" for n in sidecar.outputs}
+    types |= {n: want.index_type for n in INDEX_OUTPUTS if n in sidecar.outputs}
+    check_tensors(view, sidecar, types)
+    assert all(t.data_type == triton_schema.TYPE_INT64 for t in config.input)
+    with pytest.raises(text_format.ParseError):  # what our lenient parser would let through
+        text_format.Parse(text.replace("TYPE_FP32", "TYPE_FLOAT32", 1), triton_schema.ModelConfig())
 
 
 def test_pbtxt_subset():

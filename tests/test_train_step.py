@@ -4,10 +4,12 @@ optimizer and schedule; faults are injected through gradient hooks (finite loss,
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from gpu_mode import REQUIRE_ENV, require_torch_cuda
 
 from train.model import XLNetConfig, XLNetForQuestionAnswering
 from train.optim import make_optimizer, make_scheduler
@@ -126,21 +128,64 @@ def test_precision_rules() -> None:
     assert all(p.dtype == torch.float32 for p in model.parameters())  # master weights stay fp32
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 + GradScaler needs a CUDA device")
-def test_fp16_uses_a_loss_scaler_that_backs_off_on_overflow() -> None:
+def test_the_cuda_gate_names_a_missing_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU venv without torch skips (or, when the GPU tests are required, fails) saying so, rather than
+    reading as 'no GPU here'."""
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="torch is not installed"):
+        require_torch_cuda()
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match=f"{REQUIRE_ENV}=1 but torch is not installed"):
+        require_torch_cuda()
+
+
+def cuda_setup(precision: str) -> tuple[XLNetForQuestionAnswering, TrainStep, dict[str, torch.Tensor]]:
+    """The tiny model, its step and one batch on the CUDA device (the GPU tests' gate passed)."""
     torch.manual_seed(0)
     model = XLNetForQuestionAnswering(
         XLNetConfig.preset("tiny", vocab_size=200, dropout=0.0), head="shallow"
     ).cuda()
     optimizer = make_optimizer(model, lr=1e-3, weight_decay=0.01)
-    trainer = TrainStep(model, optimizer, None, dist=Dist(device=torch.device("cuda")), precision="fp16")
-    rows = {k: v.cuda() for k, v in batch(1).items()}
+    trainer = TrainStep(model, optimizer, None, dist=Dist(device=torch.device("cuda")), precision=precision)
+    return model, trainer, {k: v.cuda() for k, v in batch(1).items()}
+
+
+@pytest.mark.gpu
+def test_fp16_uses_a_loss_scaler_that_backs_off_on_overflow() -> None:
+    require_torch_cuda()
+    model, trainer, rows = cuda_setup("fp16")
     scale = trainer.scaler.get_scale()
     hook = poison(model, float("inf"))
     assert trainer.step(loss_of(rows)).skipped
     assert trainer.scaler.get_scale() < scale
     hook.remove()
     assert not trainer.step(loss_of(rows)).skipped
+
+
+@pytest.mark.gpu
+def test_bf16_on_cuda_autocasts_without_a_scaler_and_keeps_fp32_master_weights() -> None:
+    """The CUDA counterpart of the CPU bf16 rule: the forward really runs in bf16 on the GPU, the step
+    needs no loss scaling, updates fp32 weights, and an infinite gradient still skips it."""
+    require_torch_cuda()
+    if not torch.cuda.is_bf16_supported():
+        pytest.skip(f"{torch.cuda.get_device_name()} has no bfloat16 support")
+    model, trainer, rows = cuda_setup("bf16")
+    assert not trainer.scaler.is_enabled()
+    seen: list[torch.dtype] = []
+    watch = model.start_head.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
+    before = weights(model)
+    outcome = trainer.step(loss_of(rows))
+    watch.remove()
+    assert seen == [torch.bfloat16]  # autocast on the CUDA device, not a silent fp32 run
+    assert not outcome.skipped and torch.isfinite(torch.tensor([outcome.loss, outcome.grad_norm])).all()
+    assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in model.parameters())
+    assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    after = weights(model)
+    hook = poison(model, float("inf"))
+    assert trainer.step(loss_of(rows)).skipped
+    hook.remove()
+    assert all(torch.equal(v, after[k]) for k, v in model.state_dict().items())
 
 
 def test_a_nan_in_a_later_micro_batch_is_caught_with_per_micro_batch_clipping() -> None:
