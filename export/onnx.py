@@ -24,6 +24,7 @@ from export.onnx_pipeline import (
     check_out_dir,
     export_onnx,
 )
+from export.ort_providers import canonical_provider
 from export.sidecar import PRECISIONS
 from train.cli import Parser, run
 from train.model import HEADS
@@ -39,6 +40,14 @@ __all__ = [
 ]
 
 
+def provider_flag(text: str) -> str:
+    """``cuda`` -> ``CUDAExecutionProvider``; argparse's one-line error for an unknown name."""
+    try:
+        return canonical_provider(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> Parser:
     p = Parser(prog=PROG, description="Export a QA checkpoint (ours or HuggingFace XLNet) to ONNX.")
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (ours or HuggingFace XLNet)")
@@ -51,6 +60,16 @@ def build_parser() -> Parser:
     p.add_argument("--tokenizer", help="tokenizer directory, when the checkpoint has no spiece.model")
     p.add_argument(
         "--no-verify", dest="verify", action="store_false", help="skip the onnxruntime-vs-PyTorch check"
+    )
+    p.add_argument(
+        "--verify-provider",
+        dest="verify_providers",
+        action="append",
+        default=[],
+        type=provider_flag,
+        metavar="PROVIDER",
+        help="also verify on this onnxruntime provider (cuda, tensorrt, cpu; repeatable): the graph it would "
+        "serve, on that provider; a session that falls back to another provider fails the export",
     )
     p.add_argument(
         "--optimize",
@@ -80,7 +99,8 @@ def build_parser() -> Parser:
 
 def options_from_args(args: argparse.Namespace) -> OnnxExportOptions:
     """The parsed flags as options (the flags' dests are the options' field names)."""
-    return OnnxExportOptions(**{**vars(args), "checkpoint": Path(args.checkpoint), "out": Path(args.out)})
+    values = {**vars(args), "checkpoint": Path(args.checkpoint), "out": Path(args.out)}
+    return OnnxExportOptions(**{**values, "verify_providers": tuple(args.verify_providers)})
 
 
 def _stderr(line: str) -> None:

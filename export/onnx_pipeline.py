@@ -47,6 +47,7 @@ import torch
 from export.agreement import agreement
 from export.graph import check_graph, nonstandard_ops, op_counts, trace_length_for
 from export.optimize import measure_latency, optimize_offline
+from export.ort_providers import CPU, GPU_PROVIDERS, INT8_CPU_ONLY, canonical_provider, gpu_graph
 from export.precision import quantize_int8, to_fp16
 from export.sessions import default_threads, runner, session
 from export.sidecar import PRECISIONS, SIDECAR_FILE, Sidecar, settings_from_metadata, sha256_file
@@ -103,8 +104,15 @@ class OnnxExportOptions:
     agreement_data: str | os.PathLike[str] | None = None
     agreement_max: int = 0
     benchmark: int = 0
+    verify_providers: tuple[str, ...] = ()  # also verify on these onnxruntime providers (cuda, tensorrt)
 
     def __post_init__(self) -> None:
+        names = tuple(dict.fromkeys(canonical_provider(p) for p in self.verify_providers))
+        object.__setattr__(self, "verify_providers", names)
+        if self.precision == "int8" and any(p in GPU_PROVIDERS for p in names):
+            raise ValueError(f"--verify-provider: {INT8_CPU_ONLY}")
+        if names and not self.verify:
+            raise ValueError("--verify-provider needs verification (drop --no-verify)")
         if self.threads is not None and self.threads < 1:
             raise ValueError("--threads must be >= 1")
         if self.agreement_data and not Path(self.agreement_data).is_file():
@@ -229,6 +237,43 @@ class _Export:
             raise VerificationFailed(f"{label}: " + "; ".join(result.problems))
         return result
 
+    def on_providers(self, final: Path, portable: Path | None) -> dict[str, Any]:
+        """Verify the graph each provider in ``verify_providers`` would serve (GPU ones: the portable
+        graph) on that provider. A session that falls back to another provider is a failure naming the
+        cause, not a pass on the CPU; GPU matmuls (TF32) get the fp32 tolerance x 10."""
+        from export.provider_probe import Probe, fallback_problem, preload_gpu_libraries
+
+        results: dict[str, Any] = {}
+        for provider in self.options.verify_providers:
+            gpu = provider in GPU_PROVIDERS
+            path = (portable or final) if gpu else final
+            preload_gpu_libraries([provider])
+            entries = [provider, CPU] if provider != CPU else [CPU]
+            sess, active, error = None, [CPU], None  # a provider this wheel lacks: onnxruntime uses the CPU
+            if provider in onnxruntime.get_available_providers():
+                try:
+                    sess = session(path, threads=self.threads, providers=entries)
+                    active = list(sess.get_providers())
+                except Exception as exc:  # noqa: BLE001 - onnxruntime raises several types; the message is the fact
+                    active, error = [], f"{type(exc).__name__}: {exc}"
+            problem = fallback_problem(Probe([provider], active=active, error=error))
+            if problem or sess is None:
+                raise VerificationFailed(f"--verify-provider {provider}: {problem}")
+            tol = DEFAULT_TOLERANCE[self.options.precision] * (
+                10 if gpu and self.options.precision == "fp32" else 1
+            )
+            got = run_all(runner(sess, self.names), self.batches)
+            result = compare(self.names, self.reference, got, tol, exact_indices=False, relative=True)
+            self.report(f"verify {path.name} on {provider} (relative tolerance {tol:g}):")
+            for line in result.lines():
+                self.report(line)
+            self.report(f"  -> {'passed' if result.passed else 'FAILED: ' + '; '.join(result.problems)}")
+            if not result.passed:
+                raise VerificationFailed(f"{provider}: " + "; ".join(result.problems))
+            served = PORTABLE_FILE if path == portable and portable != final else MODEL_FILE
+            results[provider] = {"graph": served, **verification_record(result, self.batches)}
+        return results
+
     def fp32(self, portable: Path) -> tuple[Path, Comparison | None, str]:
         if not self.options.optimize:
             return portable, self.fp32_result, MODEL_FILE
@@ -334,6 +379,10 @@ class _Export:
                 )
         else:
             self.record["verification"] = {"passed": None, "skipped": "--no-verify"}
+        if self.options.verify_providers:
+            gpu_source = gpu_graph(MODEL_FILE, PORTABLE_FILE, self.options.precision)
+            gpu_path = portable if gpu_source == PORTABLE_FILE and portable_name == PORTABLE_FILE else final
+            self.record["verification"]["providers"] = self.on_providers(final, gpu_path)
         if self.options.agreement_data:
             self.agreement(final, self.options.agreement_data)
         if self.options.benchmark:

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tomllib
-from gpu_mode import REQUIRE_ENV, require_provider
+from gpu_mode import REQUIRE_ENV, gpu_required, require_provider
 from server_helpers import ServerProcess, server_env
 
 from export.ort_providers import (
@@ -22,12 +20,10 @@ from export.ort_providers import (
     CUDA,
     TENSORRT,
     ProfileShapes,
-    canonical_provider,
     choose_providers,
     graph_for,
     install_problem,
     installed_onnxruntime_wheels,
-    parse_providers,
     provider_names,
     tensorrt_options,
 )
@@ -162,13 +158,19 @@ def test_stack_report_runs_and_fails_when_a_gpu_is_required() -> None:
     strict = subprocess.run(
         [*cmd, "--require-gpu"], cwd=REPO, env=server_env(), capture_output=True, text=True
     )
+    assert "Traceback" not in strict.stderr
     if report["cuda_devices"] == 0:
-        assert strict.returncode == 1 and "Traceback" not in strict.stderr
+        assert strict.returncode == 1
         assert "PROBLEM: no CUDA GPU is visible" in strict.stderr
         assert (
             "need the onnxruntime-gpu wheel" in strict.stderr
             and "TensorRT is not importable" in strict.stderr
         )
+    else:  # a GPU machine: the strict report passes exactly when it finds nothing wrong
+        listed = [line for line in strict.stderr.splitlines() if line.startswith("PROBLEM: ")]
+        assert (strict.returncode == 0) == (not listed), strict.stderr
+        if gpu_required():  # `make gpu-test` in the complete GPU venv: nothing may be wrong
+            assert strict.returncode == 0, strict.stderr
 
 
 def test_stack_report_names_a_wheel_clash_once() -> None:
@@ -190,178 +192,6 @@ def test_stack_report_names_a_wheel_clash_once() -> None:
         "providers": [TENSORRT, CUDA, CPU],
     }
     assert problems(clean, require_gpu=True) == []
-
-
-@pytest.mark.parametrize("name", ["cuda", "CUDAExecutionProvider", "tensorrt", "TRT"])
-def test_server_refuses_missing_providers_before_listening(onnx_export: Path, name: str) -> None:
-    """`--providers cuda` (short or full name) with the CPU wheel: exit 2 and one line with the fix."""
-    import onnxruntime
-
-    if CUDA in onnxruntime.get_available_providers():
-        pytest.skip("this onnxruntime has the CUDA provider: nothing is missing")
-    cmd = [sys.executable, "-m", "server", "--model", str(onnx_export), "--providers", name, "--port", "1"]
-    proc = subprocess.run(cmd, cwd=REPO, env=server_env(), capture_output=True, text=True, timeout=60)
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert "need the onnxruntime-gpu wheel" in lines[0] and "make gpu-venv" in lines[0]
-    assert canonical_provider(name) in lines[0] and "--allow-cpu-fallback" in lines[0]
-
-
-def test_an_unknown_provider_name_is_refused_with_the_spellings(onnx_export: Path) -> None:
-    cmd = [sys.executable, "-m", "server", "--model", str(onnx_export), "--providers", "cuda,cdua"]
-    proc = subprocess.run(cmd, cwd=REPO, env=server_env(), capture_output=True, text=True, timeout=60)
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    assert "unknown onnxruntime provider 'cdua'" in lines[0] and "tensorrt" in lines[0]
-
-
-def test_provider_names_short_and_full() -> None:
-    assert parse_providers("auto") is None and parse_providers(" AUTO ") is None
-    assert parse_providers("cuda") == [CUDA]
-    assert parse_providers("trt, cuda ,cpu") == [TENSORRT, CUDA, CPU]
-    assert parse_providers("TensorrtExecutionProvider,tensorrt") == [TENSORRT]  # one entry per provider
-    assert parse_providers("cudaexecutionprovider") == [CUDA]
-    for bad in ("", " , ", "gpu", "CUDAProvider"):
-        with pytest.raises(ValueError):
-            parse_providers(bad)
-
-
-def test_a_session_that_falls_back_is_caught_by_reading_its_providers() -> None:
-    """onnxruntime's real session, asked for a list whose first provider is not active here: the check
-    reads get_providers() back and names the cause; a session on what was asked passes."""
-    import onnxruntime
-
-    from export.provider_probe import Probe, fallback_problem, probe
-
-    if CUDA in onnxruntime.get_available_providers():
-        pytest.skip("this wheel compiles CUDA in: see the onnxruntime-gpu venv test")
-    result = probe([(CUDA, {"device_id": "0"}), CPU])
-    assert result.active == [CPU] and result.requested == [CUDA, CPU] and not result.ok
-    line = fallback_problem(result, "advice")
-    assert line is not None and "\n" not in line
-    assert line.startswith(f"onnxruntime was asked for {CUDA} but the session runs on {CPU}: ")
-    assert "onnxruntime-gpu" in line and line.endswith("; advice")
-    assert fallback_problem(probe([CPU])) is None
-    assert fallback_problem(Probe([CPU], error="RuntimeError: boom")) is not None
-
-
-def test_the_backend_refuses_a_fallback_unless_allowed(onnx_export: Path) -> None:
-    """In-process: the model's own session is checked too, not only the probe before listening."""
-    import onnxruntime
-
-    from server.backends import BackendUnavailable
-    from server.backends.onnx import OnnxBackend
-    from server.model_spec import resolve_spec
-
-    if CUDA in onnxruntime.get_available_providers():
-        pytest.skip("this wheel compiles CUDA in: see the onnxruntime-gpu venv test")
-    spec = resolve_spec(onnx_export, "onnx")
-    with pytest.raises(BackendUnavailable, match="--allow-cpu-fallback"):
-        OnnxBackend(spec, providers=[CUDA])
-    served = OnnxBackend(spec, providers=[CUDA], allow_cpu_fallback=True)
-    facts = served.describe()
-    assert facts["providers"] == [CPU] and facts["requested_providers"] == [CUDA]
-    assert facts["model_file"] == spec.model_file  # the CPU-optimised graph, not the GPU one
-
-
-def _serve_and_read(python: str, model: Path, tmp_path: Path, *flags: str) -> tuple[dict, dict, str, str]:
-    """Start ``python -m server`` with ``flags``; /readyz, /v1/model's runtime, /metrics and the log."""
-    import httpx
-
-    with ServerProcess(model, tmp_path, *flags, python=python, log_level="info") as server:
-        ready = httpx.get(server.url + "/readyz").json()
-        runtime = httpx.get(server.url + "/v1/model").json()["runtime"]
-        metrics = httpx.get(server.url + "/metrics").text
-        answer = httpx.post(server.url + "/answer", json={"question": "Who?", "context": "Ada wrote it."})
-        assert answer.status_code == 200, answer.text
-    return ready, runtime, metrics, server.log()
-
-
-def test_cpu_fallback_serves_only_when_allowed_and_says_so(onnx_export: Path, tmp_path: Path) -> None:
-    import onnxruntime
-
-    if CUDA in onnxruntime.get_available_providers():
-        pytest.skip("this wheel compiles CUDA in: see the onnxruntime-gpu venv test")
-    ready, runtime, metrics, log = _serve_and_read(
-        sys.executable, onnx_export, tmp_path, "--providers", "cuda", "--allow-cpu-fallback"
-    )
-    assert ready == {"status": "ready", "providers": [CPU]}
-    assert runtime["providers"] == [CPU] and runtime["requested_providers"] == [CUDA]
-    assert f'providers="{CPU}"' in metrics and "xlnetqa_runtime_info{" in metrics
-    assert (
-        "--allow-cpu-fallback: serving from the CPU: onnxruntime was asked for CUDAExecutionProvider" in log
-    )
-
-
-# ---- onnxruntime-gpu without the NVIDIA libraries (make ort-gpu-venv): the silent-fallback case -----
-
-
-def ort_gpu_python() -> str:
-    """The onnxruntime-gpu venv's Python; `make test` builds it and names it, so there it must exist."""
-    named = os.environ.get(ORT_GPU_ENV)
-    python = Path(named) if named else REPO / ".venv-ortgpu" / "bin" / "python"
-    if not python.is_file():
-        if named:
-            pytest.fail(f"{ORT_GPU_ENV}={named} does not exist (make ort-gpu-venv)", pytrace=False)
-        pytest.skip("no onnxruntime-gpu venv (make ort-gpu-venv)")
-    return str(python)
-
-
-def _run_in(python: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [python, *args], cwd=REPO, env=server_env(), capture_output=True, text=True, timeout=timeout
-    )
-
-
-@pytest.mark.parametrize(
-    ("name", "missing"),
-    [("cuda", "libcublasLt.so.12"), (CUDA, "libcublasLt.so.12"), ("tensorrt", "libcublas.so.12")],
-)
-def test_gpu_wheel_without_its_libraries_refuses_to_start(onnx_export: Path, name: str, missing: str) -> None:
-    """The day-one failure: onnxruntime-gpu installed, CUDA libraries (or GPU) missing. onnxruntime would
-    run the model on the CPU and the server say ready; instead: exit 2 within seconds, one line."""
-    python = ort_gpu_python()
-    started = time.monotonic()
-    proc = _run_in(python, "-m", "server", "--model", str(onnx_export), "--providers", name, "--port", "1")
-    elapsed = time.monotonic() - started
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert elapsed < 30, elapsed
-    line = lines[0]
-    assert f"onnxruntime was asked for {canonical_provider(name)} but the session" in line
-    assert f"{missing}: cannot open shared object file" in line and "make gpu-venv" in line
-    assert "--allow-cpu-fallback" in line and proc.stdout == ""
-
-
-def test_gpu_wheel_without_its_libraries_serves_from_the_cpu_when_allowed(
-    onnx_export: Path, tmp_path: Path
-) -> None:
-    python = ort_gpu_python()
-    ready, runtime, metrics, _ = _serve_and_read(
-        python, onnx_export, tmp_path, "--providers", "CUDAExecutionProvider", "--allow-cpu-fallback"
-    )
-    assert ready == {"status": "ready", "providers": [CPU]}
-    assert runtime["requested_providers"] == [CUDA] and runtime["model_file"] == "model.onnx"
-    assert f'providers="{CPU}"' in metrics
-    auto_ready, auto_runtime, _, log = _serve_and_read(python, onnx_export, tmp_path)  # auto: the CPU
-    assert auto_ready["providers"] == [CPU] and auto_runtime["requested_providers"] == "auto"
-    assert "providers auto: CUDA is compiled in but does not run here" in log
-
-
-def test_stack_report_in_the_gpu_wheel_venv_says_no_provider_runs_on_a_gpu() -> None:
-    python = ort_gpu_python()
-    plain = _run_in(python, "-m", "export.stack_report")
-    assert plain.returncode == 0, plain.stderr
-    assert "no onnxruntime provider runs on a GPU here: sessions get the CPU" in plain.stdout
-    assert f"{CUDA}: compiled in, does not run: libonnxruntime_providers_cuda.so cannot load" in plain.stdout
-    report = json.loads(_run_in(python, "-m", "export.stack_report", "--json").stdout)
-    assert report["onnxruntime_wheels"] == {"onnxruntime-gpu": report["onnxruntime"]}
-    assert {CUDA, TENSORRT} <= set(report["providers"]) and set(report["gpu_providers_not_running"]) == {
-        CUDA,
-        TENSORRT,
-    }
-    strict = _run_in(python, "-m", "export.stack_report", "--require-gpu")
-    assert strict.returncode == 1 and f"PROBLEM: {CUDA} is compiled in but does not run here" in strict.stderr
 
 
 # ---- provider choice, options and graph -----------------------------------------------------------
