@@ -14,6 +14,12 @@ TENSORRT_VERSION = "10.14.1.48"
 TENSORRT_WHEEL = "tensorrt-cu12==10.14.1.48.post1"
 ONNXRUNTIME_GPU_VERSION = "1.24.4"
 CUDA_BINDINGS_REQUIREMENT = "cuda-bindings>=12.8,<13"
+# onnxruntime-gpu 1.24.4, tensorrt-cu12 and cuda-bindings<13 are CUDA 12 builds.
+STACK_CUDA_MAJOR = 12
+# The oldest Linux driver that runs CUDA 12.x (minor version compatibility; CUDA Toolkit release notes,
+# "CUDA Toolkit and Minimum Required Driver Version for CUDA Minor Version Compatibility": CUDA 12.x,
+# >= 525.60.13 on Linux x86_64).
+CUDA_DRIVER_MINIMUM = "525.60.13"
 TRITON_GUIDANCE = (
     "serve TensorRT plans with the Triton release whose container ships TensorRT 10.14.x; check NVIDIA's "
     "Frameworks Support Matrix"

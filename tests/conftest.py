@@ -6,6 +6,7 @@ cuda-bindings, and paths to the data. Test modules use them by name; helpers are
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,6 @@ def stand_in_stack(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[Stand
     """Installs the stand-ins of ``trt_stand_in`` for this test: ``cudart, engine = stand_in_stack(...)``."""
 
     def install_here(**options: Any) -> tuple[StandInCudart, StandInEngine]:
-        return install(monkeypatch, **options)
+        return install(lambda name, module: monkeypatch.setitem(sys.modules, name, module), **options)
 
     return install_here

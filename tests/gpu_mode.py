@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from export.gpu import cuda_device_count, gpu_stack_problem
+from export.gpu import cuda_device_problem, gpu_stack_problem
 
 REQUIRE_ENV = "XLNETQA_REQUIRE_GPU"
 
@@ -27,8 +27,9 @@ def unavailable(reason: str) -> None:
 
 
 def require_cuda_device() -> None:
-    if cuda_device_count() == 0:
-        unavailable("no CUDA GPU is visible (cuda-bindings / nvidia-smi / /proc list none)")
+    problem = cuda_device_problem()  # no GPU, or a driver too old for the CUDA runtime, and which
+    if problem:
+        unavailable(problem)
 
 
 def require_tensorrt() -> None:

@@ -18,6 +18,7 @@ import onnx
 import pytest
 from gpu_mode import require_tensorrt
 from onnx import TensorProto, helper, numpy_helper
+from trt_stand_in import StandInCudart
 
 from export import cuda_runtime, gpu, trt_runtime
 from export.gpu_versions import TENSORRT_VERSION, TENSORRT_WHEEL, tensorrt_release, tensorrt_version_problem
@@ -159,12 +160,95 @@ def test_stack_check_order(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", types.ModuleType("tensorrt"))
     monkeypatch.setattr(gpu, "import_cudart", lambda: None)
     assert "cuda-bindings" in gpu.gpu_stack_problem()
-    devices = {"n": 0}
-    cudart = types.SimpleNamespace(cudaGetDeviceCount=lambda: (0, devices["n"]))
+    cudart = StandInCudart(devices=0)
     monkeypatch.setattr(gpu, "import_cudart", lambda: cudart)
-    assert gpu.gpu_stack_problem().startswith("no CUDA GPU is visible")
-    devices["n"] = 2
+    assert gpu.gpu_stack_problem().startswith("no CUDA GPU is visible (the CUDA runtime lists none)")
+    cudart.devices = 2
     assert gpu.gpu_stack_problem() is None and gpu.cuda_device_count() == 2
+
+
+def fake_nvidia_smi(directory: Path, driver: str) -> Path:
+    """An ``nvidia-smi`` answering the driver-version query for two GPUs, as the real one prints it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "nvidia-smi"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'[ "$1" = "--query-gpu=driver_version" ] && [ "$2" = "--format=csv,noheader" ] || exit 9\n'
+        f"printf '{driver}\\n{driver}\\n'\n"
+    )
+    script.chmod(0o755)
+    return directory
+
+
+def test_a_driver_too_old_for_the_runtime_is_not_reported_as_no_gpu(monkeypatch, tmp_path, stand_in_stack):
+    """cudaErrorInsufficientDriver names the installed driver (nvidia-smi, else the kernel module) and the
+    CUDA version it supports, the runtime's CUDA version and the driver the pinned CUDA 12 stack needs."""
+    from server.backends import BackendUnavailable, preflight
+    from server.settings import ServerSettings
+
+    cudart, _ = stand_in_stack(
+        count_error="cudaErrorInsufficientDriver", driver_version=11040, runtime_version=12090
+    )
+    monkeypatch.setenv("PATH", str(fake_nvidia_smi(tmp_path / "bin", "470.82.01")))
+    monkeypatch.setattr(gpu, "PROC_DRIVER_VERSION", tmp_path / "absent")
+    problem = gpu.cuda_device_problem()
+    assert problem == (
+        "the installed NVIDIA driver 470.82.01 (supports CUDA up to 11.4) is too old "
+        "(cudaErrorInsufficientDriver (35)): the CUDA runtime here is 12.9, and the pinned GPU stack "
+        f"(onnxruntime-gpu 1.24.4, TensorRT {TENSORRT_VERSION}) is built for CUDA 12, which needs a driver "
+        "that supports CUDA 12.x (>= 525.60.13 on Linux); upgrade the driver"
+    )
+    assert gpu.cuda_device_count() == 0 and gpu.gpu_stack_problem().startswith(problem)
+    with pytest.raises(BackendUnavailable) as exc:
+        preflight(ServerSettings(backend="trt"))
+    assert str(exc.value).startswith(f"--backend trt: {problem}")
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no nvidia-smi: the kernel module's version
+    (tmp_path / "version").write_text(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  470.82.01  Fri Nov  5 21:45:50 UTC 2021\n"
+    )
+    monkeypatch.setattr(gpu, "PROC_DRIVER_VERSION", tmp_path / "version")
+    assert (
+        "the installed NVIDIA driver 470.82.01 (supports CUDA up to 11.4) is too old"
+        in gpu.cuda_device_problem()
+    )
+    monkeypatch.setattr(gpu, "PROC_DRIVER_VERSION", tmp_path / "absent")
+    assert "the installed NVIDIA driver (supports CUDA up to 11.4) is too old" in gpu.cuda_device_problem()
+    cudart.driver_version = 0  # cudaDriverGetVersion's answer without libcuda
+    problem = gpu.cuda_device_problem()
+    assert problem.startswith("the CUDA runtime finds no NVIDIA driver (cudaErrorInsufficientDriver (35)): ")
+    assert "needs a driver that supports CUDA 12.x (>= 525.60.13 on Linux); install one" in problem
+
+
+def test_no_device_and_other_runtime_errors_say_which(monkeypatch, stand_in_stack):
+    cudart, _ = stand_in_stack(count_error="cudaErrorNoDevice")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    problem = gpu.cuda_device_problem()
+    assert problem.startswith("no CUDA GPU is visible (the CUDA runtime reports cudaErrorNoDevice (100)): ")
+    assert 'pip install ".[gpu]"' in problem
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert gpu.cuda_device_problem() == (
+        "no CUDA GPU is visible (cudaErrorNoDevice (100) with CUDA_VISIBLE_DEVICES=''): list a GPU there, "
+        "or unset it"
+    )
+    monkeypatch.setenv("PATH", "")
+    cudart.count_error = "cudaErrorInvalidValue"
+    assert gpu.cuda_device_problem() == (
+        "the CUDA runtime cannot use a GPU: cudaGetDeviceCount failed with cudaErrorInvalidValue (1): "
+        "invalid argument"
+    )
+    cudart.count_error = None
+    assert gpu.cuda_device_problem() is None and gpu.cuda_device_count() == 1
+
+
+def test_cuda_versions_as_text():
+    assert [gpu.cuda_version_text(v) for v in (12020, 12090, 11040, 13000, 0)] == [
+        "12.2",
+        "12.9",
+        "11.4",
+        "13.0",
+        None,
+    ]
 
 
 def test_device_count_without_a_usable_runtime_asks_the_driver(monkeypatch, tmp_path):
@@ -450,7 +534,10 @@ def test_runner_refuses_a_plan_of_another_tensorrt_before_deserialising(tmp_path
 def test_runner_runs_pads_cuts_and_reuses_buffers(tmp_path, stand_in_stack):
     cudart, engine = stand_in_stack(version=TENSORRT_VERSION + ".post1")
     runner = trt_runtime.TRTRunner(fake_trt_export(tmp_path / "trt"))
-    assert runner.device_name == "Stand-in GPU" and (runner.min_shape, runner.max_shape) == ((2, 8), (4, 64))
+    assert runner.device_name == "Stand-in GPU 0" and (runner.min_shape, runner.max_shape) == (
+        (2, 8),
+        (4, 64),
+    )
     assert runner.io_dtypes() == {
         "input_ids": "int32",
         "attention_mask": "int64",

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import enum
-import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pytest
 
-from export import cuda_runtime, trt_runtime
+from export import trt_runtime
 from export.gpu_versions import TENSORRT_VERSION
 from train.contract import INPUT_NAMES
 
@@ -28,21 +27,46 @@ class StandInStream:
 
 
 class StandInCudart:
-    """cuda-bindings' runtime as the runner uses it: every call returns (cudaError_t, values...); device
-    memory is host memory here (ctypes buffers), so copies really move bytes."""
+    """cuda-bindings' runtime as the runner and export.gpu use it: every call returns (cudaError_t,
+    values...); ``devices`` GPUs named "Stand-in GPU <ordinal>", or cudaGetDeviceCount failing with
+    ``count_error``; versions as CUDA encodes them (12090 = 12.9). Device memory is host memory here
+    (ctypes buffers), so copies really move bytes; ``set_devices`` records every cudaSetDevice."""
 
     class cudaError_t(enum.IntEnum):  # noqa: N801 - the binding's name
         cudaSuccess = 0
         cudaErrorInvalidValue = 1
+        cudaErrorInsufficientDriver = 35
+        cudaErrorNoDevice = 100
+        cudaErrorInvalidDevice = 101
+
+    # CUDA's own descriptions (cudaGetErrorString)
+    DESCRIPTIONS = {
+        0: b"no error",
+        1: b"invalid argument",
+        35: b"CUDA driver version is insufficient for CUDA runtime version",
+        100: b"no CUDA-capable device is detected",
+        101: b"invalid device ordinal",
+    }
 
     class cudaMemcpyKind(enum.IntEnum):  # noqa: N801
         cudaMemcpyHostToDevice = 1
         cudaMemcpyDeviceToHost = 2
 
-    def __init__(self, fail: str | None = None) -> None:
+    def __init__(
+        self,
+        fail: str | None = None,
+        *,
+        devices: int = 1,
+        count_error: str | None = None,
+        driver_version: int = 12090,
+        runtime_version: int = 12090,
+    ) -> None:
         self.memory: dict[int, Any] = {}
         self.calls: list[str] = []
+        self.set_devices: list[int] = []
         self.fail = fail
+        self.devices, self.count_error = devices, count_error
+        self.driver_version, self.runtime_version = driver_version, runtime_version
 
     def _result(self, call: str, *values: Any) -> tuple[Any, ...]:
         self.calls.append(call)
@@ -51,13 +75,29 @@ class StandInCudart:
         return (self.cudaError_t.cudaSuccess, *values)
 
     def cudaGetErrorString(self, err: Any) -> tuple[Any, bytes]:  # noqa: N802
-        return (self.cudaError_t.cudaSuccess, b"invalid argument")
+        return (self.cudaError_t.cudaSuccess, self.DESCRIPTIONS.get(int(err), b"unknown error"))
+
+    def cudaGetDeviceCount(self) -> tuple[Any, int]:  # noqa: N802
+        if self.count_error is not None:
+            return (self.cudaError_t[self.count_error], 0)
+        return (self.cudaError_t.cudaSuccess, self.devices)
+
+    def cudaDriverGetVersion(self) -> tuple[Any, int]:  # noqa: N802
+        return (self.cudaError_t.cudaSuccess, self.driver_version)
+
+    def cudaRuntimeGetVersion(self) -> tuple[Any, int]:  # noqa: N802
+        return (self.cudaError_t.cudaSuccess, self.runtime_version)
 
     def cudaSetDevice(self, device: int) -> tuple[Any, ...]:  # noqa: N802
+        self.set_devices.append(device)
+        if not 0 <= device < self.devices:
+            self.calls.append("cudaSetDevice")
+            return (self.cudaError_t.cudaErrorInvalidDevice,)
         return self._result("cudaSetDevice")
 
     def cudaGetDeviceProperties(self, device: int) -> tuple[Any, ...]:  # noqa: N802
-        return self._result("cudaGetDeviceProperties", types.SimpleNamespace(name=b"Stand-in GPU\0\0\0"))
+        name = f"Stand-in GPU {device}".encode() + b"\0\0\0"
+        return self._result("cudaGetDeviceProperties", types.SimpleNamespace(name=name))
 
     def cudaStreamCreate(self) -> tuple[Any, ...]:  # noqa: N802
         return self._result("cudaStreamCreate", StandInStream())
@@ -170,12 +210,20 @@ def stand_in_tensorrt(version: str, engine: Any) -> types.ModuleType:
 
 
 def install(
-    monkeypatch: pytest.MonkeyPatch, version: str = TENSORRT_VERSION, fail: str | None = None
+    set_module: Callable[[str, Any], None],
+    version: str = TENSORRT_VERSION,
+    fail: str | None = None,
+    **cudart_options: Any,
 ) -> tuple[StandInCudart, StandInEngine]:
-    """TensorRT, cuda-bindings and a GPU, as far as TRTRunner can tell (undone with ``monkeypatch``)."""
-    cudart = StandInCudart(fail)
+    """TensorRT, cuda-bindings and GPUs, as far as export.gpu and TRTRunner can tell: the stand-ins are
+    imported as ``tensorrt`` and ``cuda.bindings.runtime`` (``set_module(name, module)`` puts them in
+    sys.modules), so the stack checks run for real against them."""
+    cudart = StandInCudart(fail, **cudart_options)
     engine = StandInEngine(cudart)
-    monkeypatch.setitem(sys.modules, "tensorrt", stand_in_tensorrt(version, engine))
-    monkeypatch.setattr(trt_runtime, "gpu_stack_problem", lambda: None)
-    monkeypatch.setattr(cuda_runtime, "import_cudart", lambda: cudart)
+    set_module("tensorrt", stand_in_tensorrt(version, engine))
+    for package in ("cuda", "cuda.bindings"):
+        module = types.ModuleType(package)
+        module.__path__ = []
+        set_module(package, module)
+    set_module("cuda.bindings.runtime", cudart)
     return cudart, engine
