@@ -40,7 +40,9 @@ class ServerSettings(BaseSettings):
         "'CUDAExecutionProvider,CPUExecutionProvider'); 'auto' = CUDA when onnxruntime-gpu sees a GPU, else CPU "
         "(the TensorRT provider only when named)",
     )
-    device_id: int = Field(0, ge=0, description="CUDA device of the onnxruntime GPU providers")
+    device_id: int = Field(
+        0, ge=0, description="CUDA device of the onnxruntime GPU providers and of the TensorRT backend (trt)"
+    )
     trt_cache_dir: Path | None = Field(
         None,
         description="onnxruntime TensorRT provider: directory for its engine and timing caches (without it, "

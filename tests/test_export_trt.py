@@ -18,7 +18,7 @@ import onnx
 import pytest
 from gpu_mode import require_tensorrt
 from onnx import TensorProto, helper, numpy_helper
-from trt_stand_in import StandInCudart
+from trt_stand_in import StandInCudart, fake_trt_export
 
 from export import cuda_runtime, gpu, trt_runtime
 from export.gpu_versions import TENSORRT_VERSION, TENSORRT_WHEEL, tensorrt_release, tensorrt_version_problem
@@ -76,19 +76,6 @@ def fake_onnx_export(directory: Path, limit: int = 512, **changes: Any) -> Path:
     fields = dict(model_file="model.onnx", head="simple", d_model=32, n_layer=2, vocab_size=100)
     fields |= dict(backend="onnx", precision="fp32", portable_model_file="model.portable.onnx") | changes
     Sidecar(**fields).save(directory)
-    return directory
-
-
-def fake_trt_export(directory: Path, version: str = TENSORRT_VERSION, **trt: Any) -> Path:
-    """A TensorRT export directory with stand-in engine bytes (shallow head, profile 2x8 .. 4x64)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "model.engine").write_bytes(b"serialized engine stand-in")
-    for name in TOKENIZER_FILES:
-        (directory / name).write_bytes(b"stand-in")
-    shapes = {"min_shape": [2, 8], "opt_shape": [2, 32], "max_shape": [4, 64], "version": version} | trt
-    fields = dict(model_file="model.engine", head="shallow", d_model=32, n_layer=2, vocab_size=100)
-    fields |= dict(backend="tensorrt", precision="fp32", max_seq_len=64, max_query_len=16, doc_stride=32)
-    Sidecar(**fields, trt=shapes).save(directory)
     return directory
 
 
@@ -570,6 +557,17 @@ def test_runner_runs_pads_cuts_and_reuses_buffers(tmp_path, stand_in_stack):
     runner.close()
     assert cudart.memory == {} and cudart.calls[-1] == "cudaStreamDestroy"
     runner.close()  # idempotent
+
+
+def test_the_runner_runs_on_the_device_it_is_given(tmp_path, stand_in_stack):
+    """Every CUDA call of the runner happens on its device: cudaSetDevice(device) at load, per call, at close."""
+    cudart, engine = stand_in_stack(devices=2)
+    runner = trt_runtime.TRTRunner(fake_trt_export(tmp_path / "trt"), device=1)
+    assert runner.device_name == "Stand-in GPU 1"
+    out = runner.run(*(np.ones((2, 8), np.int64) for _ in range(3)))
+    assert out["start_logits"].shape == (2, 8) and engine.context.executed == [(2, 8)]
+    runner.close()
+    assert len(cudart.set_devices) >= 3 and set(cudart.set_devices) == {1}
 
 
 def test_a_failing_cuda_call_names_itself(tmp_path, stand_in_stack):

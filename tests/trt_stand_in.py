@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import shutil
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from export import trt_runtime
 from export.gpu_versions import TENSORRT_VERSION
+from export.sidecar import TOKENIZER_FILES, Sidecar
 from train.contract import INPUT_NAMES
 
 
@@ -227,3 +230,22 @@ def install(
         set_module(package, module)
     set_module("cuda.bindings.runtime", cudart)
     return cudart, engine
+
+
+def fake_trt_export(
+    directory: Path, version: str = TENSORRT_VERSION, *, tokenizer: Path | None = None, **trt: Any
+) -> Path:
+    """A TensorRT export directory with stand-in engine bytes (shallow head, profile 2x8 .. 4x64) and the
+    tokenizer of ``tokenizer`` (a servable directory), else stand-in tokenizer files."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "model.engine").write_bytes(b"serialized engine stand-in")
+    for name in TOKENIZER_FILES:
+        if tokenizer is None:
+            (directory / name).write_bytes(b"stand-in")
+        else:
+            shutil.copyfile(tokenizer / name, directory / name)
+    shapes = {"min_shape": [2, 8], "opt_shape": [2, 32], "max_shape": [4, 64], "version": version} | trt
+    fields = dict(model_file="model.engine", head="shallow", d_model=32, n_layer=2, vocab_size=100)
+    fields |= dict(backend="tensorrt", precision="fp32", max_seq_len=64, max_query_len=16, doc_stride=32)
+    Sidecar(**fields, trt=shapes).save(directory)
+    return directory
