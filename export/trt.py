@@ -37,7 +37,7 @@ import tempfile
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from export.gpu import gpu_stack_problem
 from export.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
@@ -216,12 +216,13 @@ def build_engine(
         profile.set_shape(name, tuple(args.min_shape), tuple(args.opt_shape), tuple(args.max_shape))
     config.add_optimization_profile(profile)
     cache_file = Path(args.timing_cache) if args.timing_cache else None
-    cache_state = load_timing_cache(config, cache_file)
+    timing = load_timing_cache(config, cache_file)  # the config does not own it: held until saved
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise BuildFailed("TensorRT build_serialized_network failed (see the TensorRT log above)")
     if cache_file:
-        save_timing_cache(config, cache_file, cache_state)
+        save_timing_cache(config, cache_file, timing.state)
+    del timing  # the build is done and the cache saved: it may go now
     facts = {
         "source_onnx": graph.name,
         "fp32_constrained_layers": constrained,
@@ -230,12 +231,20 @@ def build_engine(
     return bytes(memoryview(serialized)), facts
 
 
-def load_timing_cache(config: Any, cache_file: Path | None) -> str:
+class TimingCache(NamedTuple):
+    """A timing cache attached to a builder config. The config does not own it (TensorRT: the cache must
+    not be destroyed until after the engine is built), so the builder holds this until the build is done."""
+
+    state: str  # "loaded", "empty" (no file) or "replaced" (a file TensorRT refused)
+    cache: Any  # the tensorrt.ITimingCache
+
+
+def load_timing_cache(config: Any, cache_file: Path | None) -> TimingCache:
     """Attach a timing cache to a builder config: the file's when TensorRT accepts it, else an empty one.
 
     TensorRT checks a serialized cache's header against its own version and the GPU; `set_timing_cache`
     returns False on a mismatch (and `create_timing_cache` may give None for bytes it cannot read), which
-    would otherwise go unnoticed. Returns "loaded", "empty" (no file) or "replaced" (a file it refused).
+    would otherwise go unnoticed. Returns the attached cache, which must outlive the build.
     """
     data = cache_file.read_bytes() if cache_file is not None and cache_file.is_file() else b""
     if data:
@@ -245,7 +254,7 @@ def load_timing_cache(config: Any, cache_file: Path | None) -> str:
             cache = None
         if cache is not None and config.set_timing_cache(cache, ignore_mismatch=False):
             print(f"timing cache loaded: {cache_file} ({len(data)} bytes)")
-            return "loaded"
+            return TimingCache("loaded", cache)
         print(
             f"WARNING: timing cache {cache_file} was made by another TensorRT/GPU; starting with an empty one "
             "(the file is replaced after the build)",
@@ -254,7 +263,7 @@ def load_timing_cache(config: Any, cache_file: Path | None) -> str:
     empty = config.create_timing_cache(b"")
     if empty is None or not config.set_timing_cache(empty, ignore_mismatch=False):
         raise BuildFailed("TensorRT could not attach an empty timing cache to the builder config")
-    return "replaced" if data else "empty"
+    return TimingCache("replaced" if data else "empty", empty)
 
 
 def save_timing_cache(config: Any, cache_file: Path, state: str) -> bool:

@@ -6,6 +6,7 @@ checked against PyTorch fp32."""
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import onnx
 import pytest
 from gpu_mode import require_tensorrt
 from onnx import TensorProto, helper, numpy_helper
-from trt_stand_in import StandInCudart, fake_trt_export
+from trt_stand_in import STRONGLY_TYPED, StandInBuilderConfig, StandInCudart, fake_trt_export
 
 from export import cuda_runtime, gpu, trt_runtime
 from export.gpu_versions import TENSORRT_VERSION, TENSORRT_WHEEL, tensorrt_release, tensorrt_version_problem
@@ -353,61 +354,82 @@ def test_the_exported_graph_has_no_sinusoid_island_and_a_512_position_table(tmp_
 
 
 # --- the timing cache ------------------------------------------------------------------------------------------
-class StandInCache:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def serialize(self) -> bytes:
-        return self.data + b"+tuned"
-
-
-class StandInConfig:
-    """What TensorRT documents of IBuilderConfig's timing cache: a cache whose header does not match this
-    TensorRT/GPU is refused by set_timing_cache (False); unreadable bytes may give no cache at all."""
-
-    def __init__(self, accepts: bytes, unreadable: bytes = b"garbage") -> None:
-        self.accepts, self.unreadable = accepts, unreadable
-        self.attached: StandInCache | None = None
-        self.return_none = False
-
-    def create_timing_cache(self, data: bytes) -> StandInCache | None:
-        return None if bytes(data) == self.unreadable else StandInCache(bytes(data))
-
-    def set_timing_cache(self, cache: StandInCache, ignore_mismatch: bool) -> bool:
-        if cache.data not in (b"", self.accepts) and not ignore_mismatch:
-            return False
-        self.attached = cache
-        return True
-
-    def get_timing_cache(self) -> StandInCache | None:
-        return None if self.return_none else self.attached
-
-
 def test_timing_cache_from_another_tensorrt_starts_empty(tmp_path, capsys):
     cache = tmp_path / "timing.cache"
-    config = StandInConfig(accepts=b"ours")
-    assert load_timing_cache(config, None) == "empty" and config.attached.data == b""
-    assert load_timing_cache(config, cache) == "empty"  # no file yet
+    config = StandInBuilderConfig(accepts=b"ours")
+    timing = load_timing_cache(config, None)
+    assert timing.state == "empty" and config.attached is timing.cache and timing.cache.data == b""
+    timing = load_timing_cache(config, cache)
+    assert timing.state == "empty"  # no file yet
     assert save_timing_cache(config, cache, "empty") and cache.read_bytes() == b"+tuned"
     assert "timing cache written" in capsys.readouterr().out
     cache.write_bytes(b"ours")
-    assert load_timing_cache(config, cache) == "loaded" and config.attached.data == b"ours"
+    timing = load_timing_cache(config, cache)
+    assert timing.state == "loaded" and config.attached is timing.cache and timing.cache.data == b"ours"
     assert "timing cache loaded" in capsys.readouterr().out
     for foreign in (b"theirs", b"garbage"):  # refused by set_timing_cache / no cache from create_timing_cache
         cache.write_bytes(foreign)
-        assert load_timing_cache(config, cache) == "replaced" and config.attached.data == b""
+        timing = load_timing_cache(config, cache)
+        assert timing.state == "replaced" and config.attached is timing.cache and timing.cache.data == b""
         err = capsys.readouterr().err
         assert f"timing cache {cache} was made by another TensorRT/GPU; starting with an empty one" in err
     assert save_timing_cache(config, cache, "replaced") and cache.read_bytes() == b"+tuned"
 
 
+def test_the_config_does_not_keep_the_timing_cache_alive():
+    """Why load_timing_cache returns the cache: TensorRT's config keeps no ownership of it (nor does the
+    stand-in), so a cache nobody holds is gone before the build that should use it."""
+    config = StandInBuilderConfig()
+    timing = load_timing_cache(config, None)
+    assert config.attached is not None
+    del timing
+    gc.collect()
+    assert config.attached is None
+
+
 def test_no_timing_cache_after_the_build_is_a_warning(tmp_path, capsys):
     cache = tmp_path / "timing.cache"
-    config = StandInConfig(accepts=b"ours")
-    load_timing_cache(config, cache)
-    config.return_none = True
-    assert not save_timing_cache(config, cache, "empty") and not cache.exists()
+    config = StandInBuilderConfig(accepts=b"ours")
+    timing = load_timing_cache(config, cache)
+    config.no_cache_after_build = True
+    assert not save_timing_cache(config, cache, timing.state) and not cache.exists()
     assert "returned no timing cache" in capsys.readouterr().err
+
+
+# --- the build command on the stand-in builder -------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("version", "fp16", "path"),
+    [
+        ("10.11.0.33", True, "fp16-flag"),
+        (TENSORRT_VERSION, False, "fp32"),
+        ("11.0.0.114", True, "strongly-typed"),
+    ],
+)
+def test_build_command_on_the_stand_in_builder(tmp_path, capsys, stand_in_stack, version, fp16, path):
+    """``python -m export.trt`` end to end on the stand-in TensorRT: the network flags and builder flags of
+    each precision path, the graph the parser read (fp16 for strongly typed --fp16 builds), the timing
+    cache attached and still alive while the engine builds, then saved, and the export directory."""
+    stand_in_stack(version=version)
+    onnx_dir = fake_onnx_export(tmp_path / "onnx", head="shallow")
+    out, cache = tmp_path / "engine", tmp_path / "timing.cache"
+    args = ["--onnx", str(onnx_dir), "--out", str(out), "--timing-cache", str(cache), "--no-verify"]
+    assert main([*args, *(["--fp16"] if fp16 else [])]) == 0
+    assert f"via the {path!r} path" in capsys.readouterr().out
+    (builder,) = sys.modules["tensorrt"].builders
+    (build,) = builder.builds
+    assert build["timing_cache_alive"] and cache.read_bytes() == b"+tuned"
+    strongly = path == "strongly-typed"
+    assert build["network_flags"] == (1 << STRONGLY_TYPED if strongly else 0)
+    assert ("FP16" in build["config_flags"]) == (path == "fp16-flag")
+    assert ("PREFER_PRECISION_CONSTRAINTS" in build["config_flags"]) == (path == "fp16-flag")
+    table = next(init for init in build["graph"].graph.initializer if init.name == "table")
+    assert table.data_type == (TensorProto.FLOAT16 if strongly else TensorProto.FLOAT)
+    assert build["graph_file"] == ("model.fp16.onnx" if strongly else "model.portable.onnx")
+    side = Sidecar.load(out)
+    assert (side.backend, side.precision) == ("tensorrt", "fp16" if fp16 else "fp32")
+    assert side.trt["path"] == path and side.trt["version"] == version
+    assert side.trt["source_onnx"] == build["graph_file"] and side.trt["device"] == "Stand-in GPU 0"
+    assert side.trt["timing_cache"] == str(cache) and (out / "model.engine").is_file()
 
 
 # --- TensorRT versions ---------------------------------------------------------------------------------------

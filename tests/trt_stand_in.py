@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import gc
 import shutil
 import types
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from export import trt_runtime
 from export.gpu_versions import TENSORRT_VERSION
@@ -198,7 +201,129 @@ class StandInEngine:
         return self.context
 
 
+class StandInTimingCache:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def serialize(self) -> bytes:
+        return self.data + b"+tuned"
+
+
+class StandInBuilderConfig:
+    """IBuilderConfig as export.trt uses it. A serialized timing cache whose header does not match this
+    TensorRT/GPU (anything but b"" and ``accepts``) is refused by set_timing_cache (False); ``unreadable``
+    bytes give no cache at all. Like TensorRT's config, it does not own the cache it is given (the C++
+    config keeps a pointer; the cache must outlive the build): it keeps a weak reference only."""
+
+    def __init__(self, accepts: bytes = b"", unreadable: bytes = b"garbage") -> None:
+        self.accepts, self.unreadable = accepts, unreadable
+        self._cache: weakref.ref[StandInTimingCache] | None = None
+        self.no_cache_after_build = False
+        self.flags: set[str] = set()
+        self.cleared: set[str] = set()
+        self.pools: dict[str, int] = {}
+        self.profiles: list[StandInProfile] = []
+
+    @property
+    def attached(self) -> StandInTimingCache | None:
+        """The attached timing cache, if it is still alive."""
+        return self._cache() if self._cache is not None else None
+
+    def create_timing_cache(self, data: bytes) -> StandInTimingCache | None:
+        return None if bytes(data) == self.unreadable else StandInTimingCache(bytes(data))
+
+    def set_timing_cache(self, cache: StandInTimingCache, ignore_mismatch: bool) -> bool:
+        if cache.data not in (b"", self.accepts) and not ignore_mismatch:
+            return False
+        self._cache = weakref.ref(cache)
+        return True
+
+    def get_timing_cache(self) -> StandInTimingCache | None:
+        return None if self.no_cache_after_build else self.attached
+
+    def set_memory_pool_limit(self, pool: str, size: int) -> None:
+        self.pools[pool] = size
+
+    def set_flag(self, flag: str) -> None:
+        self.flags.add(flag)
+
+    def clear_flag(self, flag: str) -> None:
+        self.cleared.add(flag)
+
+    def add_optimization_profile(self, profile: StandInProfile) -> int:
+        self.profiles.append(profile)
+        return len(self.profiles) - 1
+
+
+class StandInProfile:
+    def __init__(self) -> None:
+        self.shapes: dict[str, tuple[tuple[int, ...], ...]] = {}
+
+    def set_shape(self, name: str, low: tuple[int, ...], opt: tuple[int, ...], high: tuple[int, ...]) -> None:
+        self.shapes[name] = (tuple(low), tuple(opt), tuple(high))
+
+
+class StandInNetwork:
+    """A network the parser filled from an ONNX file: its layers are not modelled (none to constrain)."""
+
+    num_layers = 0
+
+    def __init__(self, flags: int) -> None:
+        self.flags = flags
+        self.parsed: onnx.ModelProto | None = None
+        self.parsed_file = ""
+
+
+class StandInParser:
+    """Reads the ONNX file for real (the network keeps the model), reports no errors."""
+
+    num_errors = 0
+
+    def __init__(self, network: StandInNetwork, logger: Any) -> None:
+        self.network = network
+
+    def parse_from_file(self, path: str) -> bool:
+        self.network.parsed = onnx.load(path)
+        self.network.parsed_file = Path(path).name
+        return True
+
+
+class StandInBuilder:
+    """Records what each build was given, and whether the config's timing cache was still alive then;
+    every builder made is in ``made`` (the module's ``builders``)."""
+
+    made: list[StandInBuilder] = []
+
+    def __init__(self, logger: Any) -> None:
+        self.builds: list[dict[str, Any]] = []
+        self.made.append(self)
+
+    def create_network(self, flags: int) -> StandInNetwork:
+        return StandInNetwork(flags)
+
+    def create_builder_config(self) -> StandInBuilderConfig:
+        return StandInBuilderConfig()
+
+    def create_optimization_profile(self) -> StandInProfile:
+        return StandInProfile()
+
+    def build_serialized_network(self, network: StandInNetwork, config: StandInBuilderConfig) -> bytes:
+        gc.collect()  # a cache nothing holds is gone by now, whatever the interpreter
+        self.builds.append(
+            {
+                "network_flags": network.flags,
+                "graph": network.parsed,
+                "graph_file": network.parsed_file,
+                "config_flags": set(config.flags),
+                "timing_cache_alive": config.attached is not None,
+            }
+        )
+        return b"serialized engine stand-in"
+
+
 def stand_in_tensorrt(version: str, engine: Any) -> types.ModuleType:
+    """A ``tensorrt`` module: the builder API export.trt uses and the runtime TRTRunner uses, whose
+    ``deserialize_cuda_engine`` gives ``engine`` whatever the bytes."""
     trt = types.ModuleType("tensorrt")
     trt.__version__ = version
     trt.Logger = type("Logger", (), {"WARNING": 2, "__init__": lambda self, level: None})
@@ -209,7 +334,18 @@ def stand_in_tensorrt(version: str, engine: Any) -> types.ModuleType:
         {"__init__": lambda self, logger: None, "deserialize_cuda_engine": lambda self, data: engine},
     )
     trt.Runtime = runtime
+    trt.builders = []
+    trt.Builder = type("Builder", (StandInBuilder,), {"made": trt.builders})
+    trt.OnnxParser = StandInParser
+    trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(STRONGLY_TYPED=STRONGLY_TYPED)
+    trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE="WORKSPACE")
+    flags = ["TF32", "PREFER_PRECISION_CONSTRAINTS"] + (["FP16"] if version.startswith("10.") else [])
+    trt.BuilderFlag = types.SimpleNamespace(**{f: f for f in flags})  # 11.x has no FP16 flag
+    trt.float32, trt.float16 = "float32", "float16"
     return trt
+
+
+STRONGLY_TYPED = 1  # NetworkDefinitionCreationFlag.STRONGLY_TYPED's value in TensorRT 10
 
 
 def install(
