@@ -432,6 +432,51 @@ def test_build_command_on_the_stand_in_builder(tmp_path, capsys, stand_in_stack,
     assert side.trt["timing_cache"] == str(cache) and (out / "model.engine").is_file()
 
 
+def test_to_fp16_keeps_the_sinusoid_island_fp32():
+    """The strongly typed fp16 build keeps the types of the converted graph: a graph that computes its
+    sinusoids keeps those nodes, and the values between them, in fp32 (angles of positions in the
+    hundreds have no fractional part left in fp16); the rest becomes fp16."""
+    import onnxruntime as ort
+
+    from export.graph import fp32_island
+    from export.precision import to_fp16
+
+    weight = numpy_helper.from_array(np.full((4, 4), 0.5, np.float32), "weight")
+    freq = numpy_helper.from_array(np.array([[1.0, 0.5, 0.25, 0.1]], np.float32), "freq")
+    nodes = [
+        helper.make_node("Mul", ["pos", "freq"], ["angle"], name="/pos/Mul"),
+        helper.make_node("Sin", ["angle"], ["sin"], name="/pos/Sin"),
+        helper.make_node("Cos", ["angle"], ["cos"], name="/pos/Cos"),
+        helper.make_node("Concat", ["sin", "cos"], ["table"], axis=0, name="/pos/Concat"),
+        helper.make_node("MatMul", ["table", "weight"], ["out"], name="/x/MatMul"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "sinusoids",
+        [helper.make_tensor_value_info("pos", TensorProto.FLOAT, [4, 1])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [8, 4])],
+        initializer=[weight, freq],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    island = set(fp32_island(model))
+    assert island == {"/pos/Mul", "/pos/Sin", "/pos/Cos", "/pos/Concat"}
+    converted = to_fp16(model)
+    inits = {init.name: init.data_type for init in converted.graph.initializer}
+    assert inits == {"freq": TensorProto.FLOAT, "weight": TensorProto.FLOAT16}
+    producer = {out: node for node in converted.graph.node for out in node.output}
+    by_name = {node.name: node for node in converted.graph.node}
+    assert island <= set(by_name)
+    for name in island:  # island nodes read the graph input, constants or each other: no fp16 round trip
+        for value in by_name[name].input:
+            assert value in ("pos", "freq") or producer[value].name in island, (name, value)
+    matmul = by_name["/x/MatMul"]
+    assert producer[matmul.input[0]].op_type == "Cast"  # the fp32 table enters the fp16 MatMul cast
+    positions = {"pos": np.array([[0.0], [100.3], [300.7], [500.9]], np.float32)}
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, positions)[0]
+    got = ort.InferenceSession(converted.SerializeToString()).run(None, positions)[0]
+    assert got.dtype == np.float32 and np.abs(got - expected).max() < 5e-3
+
+
 # --- TensorRT versions ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("built", "runtime", "ok"),
