@@ -273,18 +273,26 @@ def test_the_runtime_and_the_server_backend_import_without_torch():
 
 
 @pytest.mark.parametrize(
-    ("major", "fp16", "graph", "expected"),
+    ("release", "fp16", "graph", "expected"),
     [
-        (10, False, "fp32", ("fp32", "fp32")),
-        (10, True, "fp32", ("fp16-flag", "fp16")),
-        (11, False, "fp32", ("fp32", "fp32")),
-        (11, True, "fp32", ("strongly-typed", "fp16")),
-        (10, False, "fp16", ("strongly-typed", "fp16")),
-        (11, True, "fp16", ("strongly-typed", "fp16")),
+        ((10, 11, 0), False, "fp32", ("fp32", "fp32")),
+        ((10, 11, 0), True, "fp32", ("fp16-flag", "fp16")),  # before 10.12 deprecated weak typing
+        ((10, 0, 1), True, "fp32", ("fp16-flag", "fp16")),
+        ((10, 12, 0), True, "fp32", ("strongly-typed", "fp16")),
+        ((10, 14, 1), True, "fp32", ("strongly-typed", "fp16")),  # the pinned release
+        ((10, 14, 1), False, "fp32", ("fp32", "fp32")),
+        ((11, 0, 0), False, "fp32", ("fp32", "fp32")),
+        ((11, 0, 0), True, "fp32", ("strongly-typed", "fp16")),
+        ((10, 11, 0), False, "fp16", ("strongly-typed", "fp16")),  # an fp16 graph, on any release
+        ((11, 0, 0), True, "fp16", ("strongly-typed", "fp16")),
     ],
 )
-def test_precision_paths(major, fp16, graph, expected):
-    assert choose_path(major, fp16, graph) == expected
+def test_precision_paths(release, fp16, graph, expected):
+    assert choose_path(release, fp16, graph) == expected
+
+
+def test_the_pinned_tensorrt_builds_fp16_strongly_typed():
+    assert choose_path(tensorrt_release(TENSORRT_VERSION), True, "fp32") == ("strongly-typed", "fp16")
 
 
 def test_source_graph_is_the_standard_ops_graph(tmp_path):
@@ -400,6 +408,7 @@ def test_no_timing_cache_after_the_build_is_a_warning(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("version", "fp16", "path"),
     [
+        (TENSORRT_VERSION, True, "strongly-typed"),
         ("10.11.0.33", True, "fp16-flag"),
         (TENSORRT_VERSION, False, "fp32"),
         ("11.0.0.114", True, "strongly-typed"),
