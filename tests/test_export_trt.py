@@ -19,7 +19,13 @@ import onnx
 import pytest
 from gpu_mode import require_tensorrt
 from onnx import TensorProto, helper, numpy_helper
-from trt_stand_in import STRONGLY_TYPED, StandInBuilderConfig, StandInCudart, fake_trt_export
+from trt_stand_in import (
+    STRONGLY_TYPED,
+    StandInBuilderConfig,
+    StandInCudart,
+    fake_nvidia_smi,
+    fake_trt_export,
+)
 
 from export import cuda_runtime, gpu, trt_runtime
 from export.gpu_versions import TENSORRT_VERSION, TENSORRT_WHEEL, tensorrt_release, tensorrt_version_problem
@@ -153,19 +159,6 @@ def test_stack_check_order(monkeypatch):
     assert gpu.gpu_stack_problem().startswith("no CUDA GPU is visible (the CUDA runtime lists none)")
     cudart.devices = 2
     assert gpu.gpu_stack_problem() is None and gpu.cuda_device_count() == 2
-
-
-def fake_nvidia_smi(directory: Path, driver: str) -> Path:
-    """An ``nvidia-smi`` answering the driver-version query for two GPUs, as the real one prints it."""
-    directory.mkdir(parents=True, exist_ok=True)
-    script = directory / "nvidia-smi"
-    script.write_text(
-        "#!/bin/sh\n"
-        f'[ "$1" = "--query-gpu=driver_version" ] && [ "$2" = "--format=csv,noheader" ] || exit 9\n'
-        f"printf '{driver}\\n{driver}\\n'\n"
-    )
-    script.chmod(0o755)
-    return directory
 
 
 def test_a_driver_too_old_for_the_runtime_is_not_reported_as_no_gpu(monkeypatch, tmp_path, stand_in_stack):
@@ -613,13 +606,13 @@ def test_runner_runs_pads_cuts_and_reuses_buffers(tmp_path, stand_in_stack):
 
     def check(batch: int, seq: int) -> None:
         ids = rng.integers(5, 100, (batch, seq))
-        mask, seg = np.ones_like(ids), rng.integers(0, 3, (batch, seq))
+        mask, seg = rng.integers(0, 2, (batch, seq)), rng.integers(0, 3, (batch, seq))
         out = runner.run(ids, mask, seg)
         assert list(out) == ["start_logits", "end_logits", "cls_logits"]
         assert out["start_logits"].dtype == np.float32 and out["start_logits"].shape == (batch, seq)
         np.testing.assert_array_equal(out["start_logits"], ids)
-        np.testing.assert_array_equal(out["end_logits"], 2 * mask + seg)
-        np.testing.assert_array_equal(out["cls_logits"], ids.sum(axis=1))
+        np.testing.assert_array_equal(out["end_logits"], ids * mask + seg)
+        np.testing.assert_array_equal(out["cls_logits"], -(ids * mask).sum(axis=1))
 
     check(1, 5)  # below the profile's 2x8: padded up, then cut back
     assert engine.context.executed[-1] == (2, 8)

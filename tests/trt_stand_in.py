@@ -1,9 +1,11 @@
 """Stand-ins for TensorRT and NVIDIA's cuda-bindings, which need an NVIDIA GPU: enough of both for
-`export.trt_runtime.TRTRunner` (and what serves through it) to run for real on a CPU.
+export.gpu's stack checks, export.trt's build and `export.trt_runtime.TRTRunner` (and the server that
+serves through it) to run for real on a CPU.
 
 Device memory is host memory (ctypes buffers), so the runner's copies really move bytes, and the engine
 computes simple functions of its inputs, so what comes back is checkable after padding and cutting.
-The ``stand_in_stack`` fixture (tests/conftest.py) installs them for one test.
+The ``stand_in_stack`` fixture (tests/conftest.py) installs them for one test; a subprocess gets them
+from ``trt_stand_in_site/sitecustomize.py`` on its PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 from export import trt_runtime
 from export.gpu_versions import TENSORRT_VERSION
@@ -145,7 +146,9 @@ ENGINE_TENSORS = {
 
 
 class StandInContext:
-    """start = input_ids, end = 2 x mask + segment, cls = sum of the unmasked ids: easy to check after pad/cut."""
+    """start = input_ids, end = input_ids x mask + segment, cls = -(sum of the unmasked ids): easy to check
+    after pad/cut, and a QA head's outputs the server decodes into an answer: one paragraph token (the
+    highest id; paragraph tokens have segment 0), answerable (a very negative cls logit)."""
 
     def __init__(self, cudart: StandInCudart) -> None:
         self.cudart = cudart
@@ -177,8 +180,8 @@ class StandInContext:
         self.executed.append(shape)
         ids, mask, seg = (self._array(n, shape) for n in INPUT_NAMES)
         self._array("start_logits", shape)[:] = ids
-        self._array("end_logits", shape)[:] = 2 * mask + seg
-        self._array("cls_logits", shape[:1])[:] = (ids * mask).sum(axis=1)
+        self._array("end_logits", shape)[:] = ids * mask + seg
+        self._array("cls_logits", shape[:1])[:] = -(ids * mask).sum(axis=1)
         return True
 
 
@@ -270,7 +273,7 @@ class StandInNetwork:
 
     def __init__(self, flags: int) -> None:
         self.flags = flags
-        self.parsed: onnx.ModelProto | None = None
+        self.parsed: Any = None  # the onnx.ModelProto read
         self.parsed_file = ""
 
 
@@ -283,6 +286,8 @@ class StandInParser:
         self.network = network
 
     def parse_from_file(self, path: str) -> bool:
+        import onnx  # not at import time: a server process imports this module, and needs no onnx
+
         self.network.parsed = onnx.load(path)
         self.network.parsed_file = Path(path).name
         return True
@@ -384,4 +389,17 @@ def fake_trt_export(
     fields = dict(model_file="model.engine", head="shallow", d_model=32, n_layer=2, vocab_size=100)
     fields |= dict(backend="tensorrt", precision="fp32", max_seq_len=64, max_query_len=16, doc_stride=32)
     Sidecar(**fields, trt=shapes).save(directory)
+    return directory
+
+
+def fake_nvidia_smi(directory: Path, driver: str) -> Path:
+    """An ``nvidia-smi`` answering the driver-version query for two GPUs, as the real one prints it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "nvidia-smi"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'[ "$1" = "--query-gpu=driver_version" ] && [ "$2" = "--format=csv,noheader" ] || exit 9\n'
+        f"printf '{driver}\\n{driver}\\n'\n"
+    )
+    script.chmod(0o755)
     return directory
