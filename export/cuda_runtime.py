@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from export.gpu import INSTALL_HINT, import_cudart
+from export.gpu import INSTALL_HINT, error_string, import_cudart
 from export.gpu_versions import CUDA_BINDINGS_REQUIREMENT
 
 
@@ -30,16 +30,6 @@ def load_cudart() -> Any:
             f"are not installed: {INSTALL_HINT}"
         )
     return cudart
-
-
-def error_string(cudart: Any, err: Any) -> str:
-    """CUDA's description of an error code ("" if even that call fails)."""
-    try:
-        result = cudart.cudaGetErrorString(err)
-    except Exception:  # noqa: BLE001 - only used to decorate an error that is already being raised
-        return ""
-    text = result[-1] if isinstance(result, tuple) else result
-    return text.decode(errors="replace") if isinstance(text, bytes) else str(text)
 
 
 def check(cudart: Any, call: str, result: Any) -> tuple[Any, ...]:

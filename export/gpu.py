@@ -3,20 +3,36 @@ sentence saying what is missing and how to get it.
 
 A CPU build of torch says "no CUDA" on an H100, so devices are counted through the CUDA runtime's own
 Python bindings (``cuda-bindings``, which the ``gpu`` extra installs) and, without them, through the
-driver (``nvidia-smi``, ``/proc/driver/nvidia/gpus``). Torch-free.
+driver (``nvidia-smi``, ``/proc/driver/nvidia/gpus``). When the runtime lists no device it also says why
+(:func:`cuda_device_problem`): a driver older than the CUDA runtime fails the same call as a machine
+without a GPU, and the fix is a driver upgrade, not another machine. Torch-free.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-INSTALL_HINT = 'pip install ".[gpu]" on a machine with an NVIDIA GPU (or: make gpu-venv)'
+from export.gpu_versions import (
+    CUDA_DRIVER_MINIMUM,
+    ONNXRUNTIME_GPU_VERSION,
+    STACK_CUDA_MAJOR,
+    TENSORRT_VERSION,
+)
+
+INSTALL_HINT = 'pip install ".[gpu,tensorrt]" on a machine with an NVIDIA GPU (or: make gpu-venv-tensorrt)'
 PROC_GPUS = Path("/proc/driver/nvidia/gpus")
+PROC_DRIVER_VERSION = Path("/proc/driver/nvidia/version")
+NO_DEVICE = "no CUDA GPU is visible"
+# cudaError_t codes cudaGetDeviceCount answers with when it finds no usable device.
+CUDA_ERROR_INSUFFICIENT_DRIVER = 35  # the driver is older than the CUDA runtime (or absent)
+CUDA_ERROR_NO_DEVICE = 100  # the driver lists no device (none, or CUDA_VISIBLE_DEVICES hides them)
+NEEDED_DRIVER = f"a driver that supports CUDA {STACK_CUDA_MAJOR}.x (>= {CUDA_DRIVER_MINIMUM} on Linux)"
 
 
 def import_cudart() -> Any | None:
@@ -30,16 +46,78 @@ def import_cudart() -> Any | None:
     return None
 
 
-def _count_with_cuda_bindings() -> int | None:
-    """Devices the CUDA runtime sees (honours CUDA_VISIBLE_DEVICES); None without usable cuda-bindings."""
-    cudart = import_cudart()
-    if cudart is None:
+def _text(result: Any) -> str:
+    """The string a cuda-bindings call returns last (bytes decoded)."""
+    text = result[-1] if isinstance(result, tuple) else result
+    return text.decode(errors="replace") if isinstance(text, bytes) else str(text)
+
+
+def error_string(cudart: Any, err: Any) -> str:
+    """CUDA's description of an error code ("" if even that call fails)."""
+    try:
+        return _text(cudart.cudaGetErrorString(err))
+    except Exception:  # noqa: BLE001 - only used to decorate an error that is already being reported
+        return ""
+
+
+def error_name(cudart: Any, err: Any) -> str:
+    """The ``cudaError_t`` member's name ("cudaErrorNoDevice"), from the enum or cudaGetErrorName."""
+    name = getattr(err, "name", None)
+    if name:
+        return str(name)
+    try:
+        return _text(cudart.cudaGetErrorName(err))
+    except Exception:  # noqa: BLE001 - a name only decorates the message
+        return f"cudaError {int(err)}"
+
+
+def cuda_version_text(version: int) -> str | None:
+    """CUDA's integer version as MAJOR.MINOR (12020 -> "12.2"); None for 0 (no driver) or less."""
+    return f"{version // 1000}.{version % 1000 // 10}" if version > 0 else None
+
+
+def _cuda_version(cudart: Any, call: str) -> str | None:
+    """cudaDriverGetVersion / cudaRuntimeGetVersion as MAJOR.MINOR; None if the call fails."""
+    try:
+        err, version = getattr(cudart, call)()
+    except Exception:  # noqa: BLE001 - a version only decorates the message
         return None
+    return cuda_version_text(int(version)) if int(err) == 0 else None
+
+
+def nvidia_driver_version() -> str | None:
+    """The installed NVIDIA driver's version ("535.104.05"): nvidia-smi's, else the kernel module's; None
+    without either."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            out = None
+        lines = out.stdout.split() if out is not None and out.returncode == 0 else []
+        if lines:
+            return lines[0]
+    try:
+        text = PROC_DRIVER_VERSION.read_text(errors="replace")
+    except OSError:
+        return None
+    match = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d+\.\d+(?:\.\d+)?)", text)
+    return match[1] if match else None
+
+
+def _count_with_cuda_bindings(cudart: Any) -> tuple[Any, int] | None:
+    """cudaGetDeviceCount's ``(cudaError_t, devices)`` (honours CUDA_VISIBLE_DEVICES); None when the
+    binding cannot load libcudart."""
     try:
         err, count = cudart.cudaGetDeviceCount()
     except Exception:  # noqa: BLE001 - a binding that cannot load libcudart: ask the driver instead
         return None
-    return int(count) if int(err) == 0 else 0
+    return err, int(count) if int(err) == 0 else 0
 
 
 def _count_with_driver() -> int:
@@ -60,13 +138,66 @@ def _count_with_driver() -> int:
 
 def cuda_device_count() -> int:
     """NVIDIA GPUs usable here, whatever torch build (if any) is installed."""
-    count = _count_with_cuda_bindings()
-    return _count_with_driver() if count is None else count
+    cudart = import_cudart()
+    counted = _count_with_cuda_bindings(cudart) if cudart is not None else None
+    return _count_with_driver() if counted is None else counted[1]
+
+
+def cuda_device_problem() -> str | None:
+    """Why no CUDA device is usable here, in one sentence that says what to do; None when one is.
+
+    Tells apart no GPU (cudaErrorNoDevice), a driver too old for the CUDA runtime
+    (cudaErrorInsufficientDriver: the installed driver and the CUDA version needed are named) and any
+    other error of the runtime. Without cuda-bindings, the driver's own listing decides.
+    """
+    cudart = import_cudart()
+    counted = _count_with_cuda_bindings(cudart) if cudart is not None else None
+    if counted is None:
+        if _count_with_driver():
+            return None
+        return f"{NO_DEVICE} (nvidia-smi and /proc/driver/nvidia list none): use {INSTALL_HINT}"
+    err, count = counted
+    code = int(err)
+    if code == 0:
+        return None if count else f"{NO_DEVICE} (the CUDA runtime lists none): use {INSTALL_HINT}"
+    error = f"{error_name(cudart, err)} ({code})"
+    if code == CUDA_ERROR_NO_DEVICE:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            return (
+                f"{NO_DEVICE} ({error} with CUDA_VISIBLE_DEVICES={visible!r}): list a GPU there, or unset it"
+            )
+        return f"{NO_DEVICE} (the CUDA runtime reports {error}): use {INSTALL_HINT}"
+    if code == CUDA_ERROR_INSUFFICIENT_DRIVER:
+        return _driver_too_old(cudart, error)
+    driver = nvidia_driver_version()
+    return (
+        f"the CUDA runtime cannot use a GPU: cudaGetDeviceCount failed with {error}: "
+        f"{error_string(cudart, err)}" + (f" (NVIDIA driver {driver})" if driver else "")
+    )
+
+
+def _driver_too_old(cudart: Any, error: str) -> str:
+    """cudaErrorInsufficientDriver: the driver installed, and the CUDA version the runtime and wheels need."""
+    driver_cuda = _cuda_version(cudart, "cudaDriverGetVersion")  # the newest CUDA the driver supports
+    runtime_cuda = _cuda_version(cudart, "cudaRuntimeGetVersion")
+    driver = nvidia_driver_version()
+    needed = (
+        f"the CUDA runtime here is {runtime_cuda or '(version unknown)'}, and the pinned GPU stack "
+        f"(onnxruntime-gpu {ONNXRUNTIME_GPU_VERSION}, TensorRT {TENSORRT_VERSION}) is built for CUDA "
+        f"{STACK_CUDA_MAJOR}, which needs {NEEDED_DRIVER}"
+    )
+    if driver is None and driver_cuda is None:
+        return f"the CUDA runtime finds no NVIDIA driver ({error}): {needed}; install one"
+    installed = "NVIDIA driver" + (f" {driver}" if driver else "")
+    if driver_cuda:
+        installed += f" (supports CUDA up to {driver_cuda})"
+    return f"the installed {installed} is too old ({error}): {needed}; upgrade the driver"
 
 
 def gpu_stack_problem() -> str | None:
     """What is missing for TensorRT, checked in order: the tensorrt module, the CUDA runtime bindings
-    (the engine runner's device buffers and stream), then a CUDA device."""
+    (the engine runner's device buffers and stream), then a usable CUDA device."""
     try:
         import tensorrt  # noqa: F401
     except (ImportError, OSError) as exc:  # OSError: the wheel is there but libnvinfer cannot load
@@ -76,6 +207,5 @@ def gpu_stack_problem() -> str | None:
             "the CUDA runtime bindings (cuda-bindings) are not installed; the TensorRT runner keeps its "
             f"buffers through them: install them with {INSTALL_HINT}"
         )
-    if cuda_device_count() == 0:
-        return f"no CUDA GPU is visible (CUDA runtime and driver list none); TensorRT builds and runs engines on the GPU itself: use {INSTALL_HINT}"
-    return None
+    problem = cuda_device_problem()
+    return f"{problem} (TensorRT builds and runs engines on the GPU itself)" if problem else None

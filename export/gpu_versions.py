@@ -30,6 +30,12 @@ WHEEL_PYTHONS = {
     "tensorrt-cu12": ((3, 8), (3, 13)),
 }
 WHEEL_PLATFORMS = {("Linux", "x86_64"), ("Windows", "AMD64")}
+# onnxruntime-gpu 1.24.4, tensorrt-cu12 and cuda-bindings<13 are CUDA 12 builds.
+STACK_CUDA_MAJOR = 12
+# The oldest Linux driver that runs CUDA 12.x (minor version compatibility; CUDA Toolkit release notes,
+# "CUDA Toolkit and Minimum Required Driver Version for CUDA Minor Version Compatibility": CUDA 12.x,
+# >= 525.60.13 on Linux x86_64).
+CUDA_DRIVER_MINIMUM = "525.60.13"
 TRITON_GUIDANCE = (
     "serve TensorRT plans with the Triton release whose container ships TensorRT 10.14.x; check NVIDIA's "
     "Frameworks Support Matrix"

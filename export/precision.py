@@ -1,10 +1,11 @@
-"""Reduced-precision graphs: float16 (for GPUs / TensorRT 11) and dynamic int8 (for CPUs).
+"""Reduced-precision graphs: float16 (for GPUs / strongly typed TensorRT) and dynamic int8 (for CPUs).
 
 - fp16: onnxruntime's copy of onnxconverter-common's `convert_float_to_float16` (no extra dependency),
   `keep_io_types=True` so callers still feed int64 and read float32. An export of `QAInference` carries
   its relative-position tables as constants, computed (sinusoids and projection) in float32 at export
-  time and stored in float16 here; a graph that computes the sinusoids itself keeps those nodes float32
-  (:func:`export.graph.fp32_island`), as the PyTorch model builds the table before `.to(dtype)`. TopK stays float32 (the converter's default block list). Constants beyond fp16 range (the -1e30 mask
+  time and stored in float16 here; a graph that computes the sinusoids itself keeps those nodes, and the
+  values passed between them, float32 (:func:`export.graph.fp32_island`), as the PyTorch model builds
+  the table before `.to(dtype)`. TopK stays float32 (the converter's default block list). Constants beyond fp16 range (the -1e30 mask
   values) are clipped to -65504, which the model's own fp16 path uses too.
 - int8: `quantize_dynamic` with signed int8 weights on every backbone MatMul whose weight is a constant
   (q/k/v/o projections (r is a precomputed table), the segment term, the feed-forward layers); activation x activation MatMuls
@@ -32,14 +33,53 @@ def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
     """A float16 copy of a float32 graph with float32 inputs/outputs (sinusoid nodes, if any, float32)."""
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
+    island = fp32_island(model)
     converted = convert_float_to_float16(
         model,
         keep_io_types=True,
         op_block_list=list(DEFAULT_OP_BLOCK_LIST),
-        node_block_list=fp32_island(model),
+        node_block_list=island,
     )
     _drop_duplicate_nodes(converted)
+    _drop_fp16_round_trips(converted, set(island))
     return converted
+
+
+def _cast_to(node: onnx.NodeProto) -> int | None:
+    return next((a.i for a in node.attribute if a.name == "to"), None) if node.op_type == "Cast" else None
+
+
+def _drop_fp16_round_trips(model: onnx.ModelProto, island: set[str]) -> None:
+    """The converter passes every value between two float32 nodes through float16 (a Cast to fp16, then
+    one back to fp32): the sinusoids' angles (positions up to 512) would lose their fractional part.
+    A float32 consumer reads the float32 value itself when it comes from the island or a float32 graph
+    input; the Casts of such round trips go (the one to fp16 stays while fp16 nodes read it)."""
+    float32, float16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+    producer = {out: node for node in model.graph.node for out in node.output}
+    sources = {i.name for i in model.graph.input if i.type.tensor_type.elem_type == float32}
+    sources |= {out for node in model.graph.node if node.name in island for out in node.output}
+    graph_outputs = {o.name for o in model.graph.output}
+    same: dict[str, str] = {}  # a Cast-to-fp32's output -> the fp32 value before the round trip
+    halves: set[str] = set()  # the round trips' Cast-to-fp16 outputs
+    for node in model.graph.node:
+        first = producer.get(node.input[0]) if node.op_type == "Cast" else None
+        if (
+            first is not None
+            and _cast_to(node) == float32
+            and _cast_to(first) == float16
+            and first.input[0] in sources
+            and node.output[0] not in graph_outputs
+        ):
+            same[node.output[0]] = first.input[0]
+            halves.add(first.output[0])
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            node.input[i] = same.get(name, name)
+    kept = [n for n in model.graph.node if n.output[0] not in same]
+    used = {name for node in kept for name in node.input} | graph_outputs
+    kept = [n for n in kept if n.output[0] not in halves or n.output[0] in used]
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
 
 
 def _drop_duplicate_nodes(model: onnx.ModelProto) -> None:

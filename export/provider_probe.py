@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from export.gpu import cuda_device_count
+from export.gpu import cuda_device_problem
 from export.gpu_versions import ONNXRUNTIME_GPU_VERSION, TENSORRT_VERSION
 from export.ort_providers import (
     CPU,
@@ -196,8 +196,9 @@ def why_inactive(provider: str) -> str:
         trt_missing = _tensorrt_library_problem()
         if trt_missing:
             return f"{trt_missing}; {LIBRARY_HINTS[TENSORRT]}"
-    if provider in GPU_PROVIDERS and cuda_device_count() == 0:
-        return "no CUDA GPU is visible (the NVIDIA driver lists none, or CUDA_VISIBLE_DEVICES hides them)"
+    device = cuda_device_problem() if provider in GPU_PROVIDERS else None
+    if device:  # no GPU, or a driver too old for the CUDA runtime (and which)
+        return device
     return f"{UNKNOWN} (python -m export.stack_report --verbose shows onnxruntime's own log)"
 
 

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from export.gpu import cuda_device_count
+from export.gpu import cuda_device_count, cuda_device_problem
 from export.gpu_versions import ONNXRUNTIME_GPU_VERSION, TENSORRT_VERSION, tensorrt_version_problem
 from export.ort_providers import (
     CUDA,
@@ -74,6 +74,7 @@ def collect(quiet: bool = True) -> dict[str, Any]:
         "gpu_providers_not_running": {k: v for k, v in provider_runs(providers, quiet).items() if v},
         "tensorrt": _tensorrt_version(),
         "cuda_devices": cuda_device_count(),
+        "cuda_device_problem": cuda_device_problem(),
         "pinned": {"onnxruntime-gpu": ONNXRUNTIME_GPU_VERSION, "tensorrt": TENSORRT_VERSION},
     }
 
@@ -91,8 +92,9 @@ def problems(report: dict[str, Any], require_gpu: bool) -> list[str]:
     found: list[str] = [clash] if clash else []
     if not require_gpu:
         return found
-    if report["cuda_devices"] == 0:
-        found.append("no CUDA GPU is visible (cuda-bindings / nvidia-smi / /proc list none)")
+    device = report.get("cuda_device_problem")
+    if device or report["cuda_devices"] == 0:
+        found.append(device or "no CUDA GPU is visible")
     line = install_problem([CUDA, TENSORRT], report["providers"], wheels)
     if line and not clash:  # with a clash, that line already says what install_problem would
         found.append(line)

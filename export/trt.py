@@ -14,18 +14,24 @@ serves a plan's profile as it is and rejects, never pads, a shorter request.
 Precision paths (printed, and recorded as `trt.path` in export.json):
 
 - "fp32":           fp32 graph, no reduced precision (TF32 off unless --tf32, so fp32 means fp32).
-- "fp16-flag":      TensorRT 10.x with --fp16 on an fp32 graph: `BuilderFlag.FP16` (weak typing). Sinusoid
-                    nodes, where a graph computes them, are constrained to fp32 (PREFER_PRECISION_CONSTRAINTS);
-                    exports of `QAInference` have none: their position tables were computed in fp32 at
-                    export and are constants (weights) like any other.
-- "strongly-typed": the graph is already fp16 (`export.onnx --precision fp16`), or TensorRT 11.x, which
-                    has no FP16 flag: an fp32 graph is converted to fp16 on the fly (`export.precision`),
-                    then built as a strongly typed network that keeps the graph's own types.
+- "strongly-typed": an fp16 graph (`export.onnx --precision fp16`) on any TensorRT; from TensorRT 10.12
+                    on (10.12 deprecated weak typing, 11.x removed it) also --fp16 on an fp32 graph, which
+                    is converted on the fly (`export.precision.to_fp16`, which keeps sinusoid nodes, where
+                    a graph computes them, in fp32: `export.graph.fp32_island`). Built as a strongly typed
+                    network (NetworkDefinitionCreationFlag.STRONGLY_TYPED) that keeps the graph's types.
+- "fp16-flag":      TensorRT 10.0-10.11 only (an engine for an older Triton container) with --fp16 on an
+                    fp32 graph: `BuilderFlag.FP16` (weak typing). Sinusoid nodes, where a graph computes
+                    them, are constrained to fp32 (PREFER_PRECISION_CONSTRAINTS). The pinned TensorRT
+                    (export/gpu_versions.py) never takes this path.
 
-Without the `tensorrt` module or a CUDA GPU the command prints one line saying which is missing and how
-to get it, and exits with code 2. The engine is checked against onnxruntime (CPU) on the source graph.
-A timing cache from another TensorRT version or GPU is refused by TensorRT; the build then starts from an
-empty cache (with a warning) and overwrites the file. Torch-free: the GPU's name comes from cuda-bindings.
+Exports of `QAInference` have no sinusoid nodes: their position tables were computed in fp32 at export
+and are constants (weights) like any other.
+
+Without the `tensorrt` module or a usable CUDA GPU (none, or a driver too old for the CUDA runtime) the
+command prints one line saying which is missing and how to get it, and exits with code 2. The engine
+is checked against onnxruntime (CPU) on the source graph. A timing cache from another TensorRT version
+or GPU is refused by TensorRT; the build then starts from an empty cache (with a warning) and overwrites
+the file. Torch-free: the GPU's name comes from cuda-bindings.
 """
 
 from __future__ import annotations
@@ -37,9 +43,10 @@ import tempfile
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from export.gpu import gpu_stack_problem
+from export.gpu_versions import tensorrt_release
 from export.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from train.atomic_dir import atomic_write_bytes
 from train.cli import Parser, run
@@ -73,7 +80,7 @@ def build_parser() -> Parser:
     p.add_argument("--opt-shape", type=parse_shape, default="8x384", help="BATCHxSEQUENCE to tune for")
     p.add_argument("--max-shape", type=parse_shape, default="32x512", help="largest BATCHxSEQUENCE")
     p.add_argument(
-        "--fp16", action="store_true", help="fp16 engine (see the module doc for the 10.x/11.x paths)"
+        "--fp16", action="store_true", help="fp16 engine (strongly typed; see the module doc for older 10.x)"
     )
     p.add_argument(
         "--tf32", action="store_true", help="allow TF32 matmuls in fp32 layers (faster, ~1e-3 error)"
@@ -170,13 +177,19 @@ def source_graph(onnx_dir: Path, sidecar: Sidecar) -> Path:
     return onnx_dir / sidecar.portable_model_file
 
 
-def choose_path(trt_major: int, fp16: bool, graph_precision: str) -> tuple[str, str]:
-    """(build path, engine precision) for a TensorRT major version, --fp16 and the graph's precision."""
+# TensorRT 10.12 deprecated the weak typing APIs (BuilderFlag.FP16 among them); 11.x removed them.
+STRONG_FP16_SINCE = (10, 12)
+
+
+def choose_path(trt_release: Sequence[int], fp16: bool, graph_precision: str) -> tuple[str, str]:
+    """(build path, engine precision) for a TensorRT release (major, minor[, patch]), --fp16 and the graph's
+    precision: fp16 is strongly typed from TensorRT 10.12 on, the FP16 builder flag before."""
     if graph_precision == "fp16":
         return "strongly-typed", "fp16"
     if not fp16:
         return "fp32", "fp32"
-    return ("strongly-typed", "fp16") if trt_major >= 11 else ("fp16-flag", "fp16")
+    strong = tuple(trt_release[:2]) >= STRONG_FP16_SINCE
+    return ("strongly-typed", "fp16") if strong else ("fp16-flag", "fp16")
 
 
 def build_engine(
@@ -189,7 +202,7 @@ def build_engine(
     from export.graph import fp32_island
     from export.precision import to_fp16
 
-    if path == "strongly-typed" and graph_precision != "fp16":  # TensorRT 11 + --fp16 on an fp32 export
+    if path == "strongly-typed" and graph_precision != "fp16":  # --fp16 on an fp32 export
         converted = work / "model.fp16.onnx"
         onnx.save(to_fp16(onnx.load(str(graph))), str(converted))
         print(f"converted {graph.name} to fp16 for the strongly typed build (export.precision.to_fp16)")
@@ -216,12 +229,13 @@ def build_engine(
         profile.set_shape(name, tuple(args.min_shape), tuple(args.opt_shape), tuple(args.max_shape))
     config.add_optimization_profile(profile)
     cache_file = Path(args.timing_cache) if args.timing_cache else None
-    cache_state = load_timing_cache(config, cache_file)
+    timing = load_timing_cache(config, cache_file)  # the config does not own it: held until saved
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise BuildFailed("TensorRT build_serialized_network failed (see the TensorRT log above)")
     if cache_file:
-        save_timing_cache(config, cache_file, cache_state)
+        save_timing_cache(config, cache_file, timing.state)
+    del timing  # the build is done and the cache saved: it may go now
     facts = {
         "source_onnx": graph.name,
         "fp32_constrained_layers": constrained,
@@ -230,12 +244,20 @@ def build_engine(
     return bytes(memoryview(serialized)), facts
 
 
-def load_timing_cache(config: Any, cache_file: Path | None) -> str:
+class TimingCache(NamedTuple):
+    """A timing cache attached to a builder config. The config does not own it (TensorRT: the cache must
+    not be destroyed until after the engine is built), so the builder holds this until the build is done."""
+
+    state: str  # "loaded", "empty" (no file) or "replaced" (a file TensorRT refused)
+    cache: Any  # the tensorrt.ITimingCache
+
+
+def load_timing_cache(config: Any, cache_file: Path | None) -> TimingCache:
     """Attach a timing cache to a builder config: the file's when TensorRT accepts it, else an empty one.
 
     TensorRT checks a serialized cache's header against its own version and the GPU; `set_timing_cache`
     returns False on a mismatch (and `create_timing_cache` may give None for bytes it cannot read), which
-    would otherwise go unnoticed. Returns "loaded", "empty" (no file) or "replaced" (a file it refused).
+    would otherwise go unnoticed. Returns the attached cache, which must outlive the build.
     """
     data = cache_file.read_bytes() if cache_file is not None and cache_file.is_file() else b""
     if data:
@@ -245,7 +267,7 @@ def load_timing_cache(config: Any, cache_file: Path | None) -> str:
             cache = None
         if cache is not None and config.set_timing_cache(cache, ignore_mismatch=False):
             print(f"timing cache loaded: {cache_file} ({len(data)} bytes)")
-            return "loaded"
+            return TimingCache("loaded", cache)
         print(
             f"WARNING: timing cache {cache_file} was made by another TensorRT/GPU; starting with an empty one "
             "(the file is replaced after the build)",
@@ -254,7 +276,7 @@ def load_timing_cache(config: Any, cache_file: Path | None) -> str:
     empty = config.create_timing_cache(b"")
     if empty is None or not config.set_timing_cache(empty, ignore_mismatch=False):
         raise BuildFailed("TensorRT could not attach an empty timing cache to the builder config")
-    return "replaced" if data else "empty"
+    return TimingCache("replaced" if data else "empty", empty)
 
 
 def save_timing_cache(config: Any, cache_file: Path, state: str) -> bool:
@@ -402,7 +424,13 @@ def build(args: argparse.Namespace) -> int:
     from export.trt_runtime import TRTRunner
     from train.atomic_dir import atomic_directory
 
-    path, precision = choose_path(int(trt.__version__.split(".")[0]), args.fp16, sidecar.precision)
+    release = tensorrt_release(trt.__version__)
+    if release is None:
+        print(
+            f"{PROG}: error: TensorRT's version {trt.__version__!r} is not MAJOR.MINOR.PATCH", file=sys.stderr
+        )
+        return 2
+    path, precision = choose_path(release, args.fp16, sidecar.precision)
     print(
         f"{PROG}: TensorRT {trt.__version__} on {device_name()}: building a {precision} engine "
         f"via the {path!r} path from {graph}, profile {args.min_shape} .. {args.max_shape}"

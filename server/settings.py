@@ -49,7 +49,9 @@ class ServerSettings(BaseSettings):
         description="serve even when onnxruntime falls back from the first --providers entry to another "
         "(e.g. CUDA libraries missing: 20-100x slower); the providers really used are logged and reported",
     )
-    device_id: int = Field(0, ge=0, description="CUDA device of the onnxruntime GPU providers")
+    device_id: int = Field(
+        0, ge=0, description="CUDA device of the onnxruntime GPU providers and of the TensorRT backend (trt)"
+    )
     torch_device: str = Field(
         "cpu",
         pattern=r"^(cpu|cuda(:[0-9]+)?)$",

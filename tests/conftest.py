@@ -1,16 +1,20 @@
 """Shared pytest fixtures: tokenizers trained on the sample, tiny QA checkpoints and their ONNX export
-(built once per session), servers on loopback (one per test module), and paths to the data. Test
-modules use them by name; helpers are plain imports from ``fixtures_spm`` and ``server_helpers``."""
+(built once per session), servers on loopback (one per test module), stand-ins for TensorRT and
+cuda-bindings, and paths to the data. Test modules use them by name; helpers are plain imports from
+``fixtures_spm``, ``server_helpers`` and ``trt_stand_in``."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fixtures_spm import make_tokenizer_dir
 from server_helpers import ServerProcess, build_qa_checkpoint, export_onnx
+from trt_stand_in import StandInCudart, StandInEngine, install
 
 from train.tokenizer import XLNetTokenizer
 
@@ -105,3 +109,16 @@ def torch_server(onnx_export: Path, tmp_path_factory: pytest.TempPathFactory) ->
         yield s.start()
     finally:
         s.stop()
+
+
+# ---- TensorRT and cuda-bindings, which need an NVIDIA GPU ----------------------------------------------------
+
+
+@pytest.fixture
+def stand_in_stack(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[StandInCudart, StandInEngine]]:
+    """Installs the stand-ins of ``trt_stand_in`` for this test: ``cudart, engine = stand_in_stack(...)``."""
+
+    def install_here(**options: Any) -> tuple[StandInCudart, StandInEngine]:
+        return install(lambda name, module: monkeypatch.setitem(sys.modules, name, module), **options)
+
+    return install_here

@@ -15,7 +15,7 @@ from typing import NoReturn
 
 import pytest
 
-from export.gpu import cuda_device_count, gpu_stack_problem
+from export.gpu import cuda_device_problem, gpu_stack_problem
 
 REQUIRE_ENV = "XLNETQA_REQUIRE_GPU"
 MISSING = "missing package"
@@ -49,8 +49,9 @@ def require_package(module: str, package: str) -> None:
 
 
 def require_cuda_device() -> None:
-    if cuda_device_count() == 0:
-        unavailable("no CUDA GPU is visible (cuda-bindings / nvidia-smi / /proc list none)", device=True)
+    problem = cuda_device_problem()  # no GPU, or a driver too old for the CUDA runtime, and which
+    if problem:
+        unavailable(problem, device=True)
 
 
 def require_torch_cuda() -> None:

@@ -6,8 +6,7 @@ checked against PyTorch fp32."""
 from __future__ import annotations
 
 import argparse
-import ctypes
-import enum
+import gc
 import os
 import subprocess
 import sys
@@ -20,6 +19,13 @@ import onnx
 import pytest
 from gpu_mode import require_tensorrt
 from onnx import TensorProto, helper, numpy_helper
+from trt_stand_in import (
+    STRONGLY_TYPED,
+    StandInBuilderConfig,
+    StandInCudart,
+    fake_nvidia_smi,
+    fake_trt_export,
+)
 
 from export import cuda_runtime, gpu, trt_runtime
 from export.gpu_versions import TENSORRT_VERSION, TENSORRT_WHEEL, tensorrt_release, tensorrt_version_problem
@@ -77,19 +83,6 @@ def fake_onnx_export(directory: Path, limit: int = 512, **changes: Any) -> Path:
     fields = dict(model_file="model.onnx", head="simple", d_model=32, n_layer=2, vocab_size=100)
     fields |= dict(backend="onnx", precision="fp32", portable_model_file="model.portable.onnx") | changes
     Sidecar(**fields).save(directory)
-    return directory
-
-
-def fake_trt_export(directory: Path, version: str = TENSORRT_VERSION, **trt: Any) -> Path:
-    """A TensorRT export directory with stand-in engine bytes (shallow head, profile 2x8 .. 4x64)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "model.engine").write_bytes(b"serialized engine stand-in")
-    for name in TOKENIZER_FILES:
-        (directory / name).write_bytes(b"stand-in")
-    shapes = {"min_shape": [2, 8], "opt_shape": [2, 32], "max_shape": [4, 64], "version": version} | trt
-    fields = dict(model_file="model.engine", head="shallow", d_model=32, n_layer=2, vocab_size=100)
-    fields |= dict(backend="tensorrt", precision="fp32", max_seq_len=64, max_query_len=16, doc_stride=32)
-    Sidecar(**fields, trt=shapes).save(directory)
     return directory
 
 
@@ -161,12 +154,82 @@ def test_stack_check_order(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", types.ModuleType("tensorrt"))
     monkeypatch.setattr(gpu, "import_cudart", lambda: None)
     assert "cuda-bindings" in gpu.gpu_stack_problem()
-    devices = {"n": 0}
-    cudart = types.SimpleNamespace(cudaGetDeviceCount=lambda: (0, devices["n"]))
+    cudart = StandInCudart(devices=0)
     monkeypatch.setattr(gpu, "import_cudart", lambda: cudart)
-    assert gpu.gpu_stack_problem().startswith("no CUDA GPU is visible")
-    devices["n"] = 2
+    assert gpu.gpu_stack_problem().startswith("no CUDA GPU is visible (the CUDA runtime lists none)")
+    cudart.devices = 2
     assert gpu.gpu_stack_problem() is None and gpu.cuda_device_count() == 2
+
+
+def test_a_driver_too_old_for_the_runtime_is_not_reported_as_no_gpu(monkeypatch, tmp_path, stand_in_stack):
+    """cudaErrorInsufficientDriver names the installed driver (nvidia-smi, else the kernel module) and the
+    CUDA version it supports, the runtime's CUDA version and the driver the pinned CUDA 12 stack needs."""
+    from server.backends import BackendUnavailable, preflight
+    from server.settings import ServerSettings
+
+    cudart, _ = stand_in_stack(
+        count_error="cudaErrorInsufficientDriver", driver_version=11040, runtime_version=12090
+    )
+    monkeypatch.setenv("PATH", str(fake_nvidia_smi(tmp_path / "bin", "470.82.01")))
+    monkeypatch.setattr(gpu, "PROC_DRIVER_VERSION", tmp_path / "absent")
+    problem = gpu.cuda_device_problem()
+    assert problem == (
+        "the installed NVIDIA driver 470.82.01 (supports CUDA up to 11.4) is too old "
+        "(cudaErrorInsufficientDriver (35)): the CUDA runtime here is 12.9, and the pinned GPU stack "
+        f"(onnxruntime-gpu 1.24.4, TensorRT {TENSORRT_VERSION}) is built for CUDA 12, which needs a driver "
+        "that supports CUDA 12.x (>= 525.60.13 on Linux); upgrade the driver"
+    )
+    assert gpu.cuda_device_count() == 0 and gpu.gpu_stack_problem().startswith(problem)
+    with pytest.raises(BackendUnavailable) as exc:
+        preflight(ServerSettings(backend="trt"))
+    assert str(exc.value).startswith(f"--backend trt: {problem}")
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no nvidia-smi: the kernel module's version
+    (tmp_path / "version").write_text(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  470.82.01  Fri Nov  5 21:45:50 UTC 2021\n"
+    )
+    monkeypatch.setattr(gpu, "PROC_DRIVER_VERSION", tmp_path / "version")
+    assert (
+        "the installed NVIDIA driver 470.82.01 (supports CUDA up to 11.4) is too old"
+        in gpu.cuda_device_problem()
+    )
+    monkeypatch.setattr(gpu, "PROC_DRIVER_VERSION", tmp_path / "absent")
+    assert "the installed NVIDIA driver (supports CUDA up to 11.4) is too old" in gpu.cuda_device_problem()
+    cudart.driver_version = 0  # cudaDriverGetVersion's answer without libcuda
+    problem = gpu.cuda_device_problem()
+    assert problem.startswith("the CUDA runtime finds no NVIDIA driver (cudaErrorInsufficientDriver (35)): ")
+    assert "needs a driver that supports CUDA 12.x (>= 525.60.13 on Linux); install one" in problem
+
+
+def test_no_device_and_other_runtime_errors_say_which(monkeypatch, stand_in_stack):
+    cudart, _ = stand_in_stack(count_error="cudaErrorNoDevice")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    problem = gpu.cuda_device_problem()
+    assert problem.startswith("no CUDA GPU is visible (the CUDA runtime reports cudaErrorNoDevice (100)): ")
+    assert 'pip install ".[gpu]"' in problem
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert gpu.cuda_device_problem() == (
+        "no CUDA GPU is visible (cudaErrorNoDevice (100) with CUDA_VISIBLE_DEVICES=''): list a GPU there, "
+        "or unset it"
+    )
+    monkeypatch.setenv("PATH", "")
+    cudart.count_error = "cudaErrorInvalidValue"
+    assert gpu.cuda_device_problem() == (
+        "the CUDA runtime cannot use a GPU: cudaGetDeviceCount failed with cudaErrorInvalidValue (1): "
+        "invalid argument"
+    )
+    cudart.count_error = None
+    assert gpu.cuda_device_problem() is None and gpu.cuda_device_count() == 1
+
+
+def test_cuda_versions_as_text():
+    assert [gpu.cuda_version_text(v) for v in (12020, 12090, 11040, 13000, 0)] == [
+        "12.2",
+        "12.9",
+        "11.4",
+        "13.0",
+        None,
+    ]
 
 
 def test_device_count_without_a_usable_runtime_asks_the_driver(monkeypatch, tmp_path):
@@ -203,18 +266,26 @@ def test_the_runtime_and_the_server_backend_import_without_torch():
 
 
 @pytest.mark.parametrize(
-    ("major", "fp16", "graph", "expected"),
+    ("release", "fp16", "graph", "expected"),
     [
-        (10, False, "fp32", ("fp32", "fp32")),
-        (10, True, "fp32", ("fp16-flag", "fp16")),
-        (11, False, "fp32", ("fp32", "fp32")),
-        (11, True, "fp32", ("strongly-typed", "fp16")),
-        (10, False, "fp16", ("strongly-typed", "fp16")),
-        (11, True, "fp16", ("strongly-typed", "fp16")),
+        ((10, 11, 0), False, "fp32", ("fp32", "fp32")),
+        ((10, 11, 0), True, "fp32", ("fp16-flag", "fp16")),  # before 10.12 deprecated weak typing
+        ((10, 0, 1), True, "fp32", ("fp16-flag", "fp16")),
+        ((10, 12, 0), True, "fp32", ("strongly-typed", "fp16")),
+        ((10, 14, 1), True, "fp32", ("strongly-typed", "fp16")),  # the pinned release
+        ((10, 14, 1), False, "fp32", ("fp32", "fp32")),
+        ((11, 0, 0), False, "fp32", ("fp32", "fp32")),
+        ((11, 0, 0), True, "fp32", ("strongly-typed", "fp16")),
+        ((10, 11, 0), False, "fp16", ("strongly-typed", "fp16")),  # an fp16 graph, on any release
+        ((11, 0, 0), True, "fp16", ("strongly-typed", "fp16")),
     ],
 )
-def test_precision_paths(major, fp16, graph, expected):
-    assert choose_path(major, fp16, graph) == expected
+def test_precision_paths(release, fp16, graph, expected):
+    assert choose_path(release, fp16, graph) == expected
+
+
+def test_the_pinned_tensorrt_builds_fp16_strongly_typed():
+    assert choose_path(tensorrt_release(TENSORRT_VERSION), True, "fp32") == ("strongly-typed", "fp16")
 
 
 def test_source_graph_is_the_standard_ops_graph(tmp_path):
@@ -284,61 +355,128 @@ def test_the_exported_graph_has_no_sinusoid_island_and_a_512_position_table(tmp_
 
 
 # --- the timing cache ------------------------------------------------------------------------------------------
-class StandInCache:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def serialize(self) -> bytes:
-        return self.data + b"+tuned"
-
-
-class StandInConfig:
-    """What TensorRT documents of IBuilderConfig's timing cache: a cache whose header does not match this
-    TensorRT/GPU is refused by set_timing_cache (False); unreadable bytes may give no cache at all."""
-
-    def __init__(self, accepts: bytes, unreadable: bytes = b"garbage") -> None:
-        self.accepts, self.unreadable = accepts, unreadable
-        self.attached: StandInCache | None = None
-        self.return_none = False
-
-    def create_timing_cache(self, data: bytes) -> StandInCache | None:
-        return None if bytes(data) == self.unreadable else StandInCache(bytes(data))
-
-    def set_timing_cache(self, cache: StandInCache, ignore_mismatch: bool) -> bool:
-        if cache.data not in (b"", self.accepts) and not ignore_mismatch:
-            return False
-        self.attached = cache
-        return True
-
-    def get_timing_cache(self) -> StandInCache | None:
-        return None if self.return_none else self.attached
-
-
 def test_timing_cache_from_another_tensorrt_starts_empty(tmp_path, capsys):
     cache = tmp_path / "timing.cache"
-    config = StandInConfig(accepts=b"ours")
-    assert load_timing_cache(config, None) == "empty" and config.attached.data == b""
-    assert load_timing_cache(config, cache) == "empty"  # no file yet
+    config = StandInBuilderConfig(accepts=b"ours")
+    timing = load_timing_cache(config, None)
+    assert timing.state == "empty" and config.attached is timing.cache and timing.cache.data == b""
+    timing = load_timing_cache(config, cache)
+    assert timing.state == "empty"  # no file yet
     assert save_timing_cache(config, cache, "empty") and cache.read_bytes() == b"+tuned"
     assert "timing cache written" in capsys.readouterr().out
     cache.write_bytes(b"ours")
-    assert load_timing_cache(config, cache) == "loaded" and config.attached.data == b"ours"
+    timing = load_timing_cache(config, cache)
+    assert timing.state == "loaded" and config.attached is timing.cache and timing.cache.data == b"ours"
     assert "timing cache loaded" in capsys.readouterr().out
     for foreign in (b"theirs", b"garbage"):  # refused by set_timing_cache / no cache from create_timing_cache
         cache.write_bytes(foreign)
-        assert load_timing_cache(config, cache) == "replaced" and config.attached.data == b""
+        timing = load_timing_cache(config, cache)
+        assert timing.state == "replaced" and config.attached is timing.cache and timing.cache.data == b""
         err = capsys.readouterr().err
         assert f"timing cache {cache} was made by another TensorRT/GPU; starting with an empty one" in err
     assert save_timing_cache(config, cache, "replaced") and cache.read_bytes() == b"+tuned"
 
 
+def test_the_config_does_not_keep_the_timing_cache_alive():
+    """Why load_timing_cache returns the cache: TensorRT's config keeps no ownership of it (nor does the
+    stand-in), so a cache nobody holds is gone before the build that should use it."""
+    config = StandInBuilderConfig()
+    timing = load_timing_cache(config, None)
+    assert config.attached is not None
+    del timing
+    gc.collect()
+    assert config.attached is None
+
+
 def test_no_timing_cache_after_the_build_is_a_warning(tmp_path, capsys):
     cache = tmp_path / "timing.cache"
-    config = StandInConfig(accepts=b"ours")
-    load_timing_cache(config, cache)
-    config.return_none = True
-    assert not save_timing_cache(config, cache, "empty") and not cache.exists()
+    config = StandInBuilderConfig(accepts=b"ours")
+    timing = load_timing_cache(config, cache)
+    config.no_cache_after_build = True
+    assert not save_timing_cache(config, cache, timing.state) and not cache.exists()
     assert "returned no timing cache" in capsys.readouterr().err
+
+
+# --- the build command on the stand-in builder -------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("version", "fp16", "path"),
+    [
+        (TENSORRT_VERSION, True, "strongly-typed"),
+        ("10.11.0.33", True, "fp16-flag"),
+        (TENSORRT_VERSION, False, "fp32"),
+        ("11.0.0.114", True, "strongly-typed"),
+    ],
+)
+def test_build_command_on_the_stand_in_builder(tmp_path, capsys, stand_in_stack, version, fp16, path):
+    """``python -m export.trt`` end to end on the stand-in TensorRT: the network flags and builder flags of
+    each precision path, the graph the parser read (fp16 for strongly typed --fp16 builds), the timing
+    cache attached and still alive while the engine builds, then saved, and the export directory."""
+    stand_in_stack(version=version)
+    onnx_dir = fake_onnx_export(tmp_path / "onnx", head="shallow")
+    out, cache = tmp_path / "engine", tmp_path / "timing.cache"
+    args = ["--onnx", str(onnx_dir), "--out", str(out), "--timing-cache", str(cache), "--no-verify"]
+    assert main([*args, *(["--fp16"] if fp16 else [])]) == 0
+    assert f"via the {path!r} path" in capsys.readouterr().out
+    (builder,) = sys.modules["tensorrt"].builders
+    (build,) = builder.builds
+    assert build["timing_cache_alive"] and cache.read_bytes() == b"+tuned"
+    strongly = path == "strongly-typed"
+    assert build["network_flags"] == (1 << STRONGLY_TYPED if strongly else 0)
+    assert ("FP16" in build["config_flags"]) == (path == "fp16-flag")
+    assert ("PREFER_PRECISION_CONSTRAINTS" in build["config_flags"]) == (path == "fp16-flag")
+    table = next(init for init in build["graph"].graph.initializer if init.name == "table")
+    assert table.data_type == (TensorProto.FLOAT16 if strongly else TensorProto.FLOAT)
+    assert build["graph_file"] == ("model.fp16.onnx" if strongly else "model.portable.onnx")
+    side = Sidecar.load(out)
+    assert (side.backend, side.precision) == ("tensorrt", "fp16" if fp16 else "fp32")
+    assert side.trt["path"] == path and side.trt["version"] == version
+    assert side.trt["source_onnx"] == build["graph_file"] and side.trt["device"] == "Stand-in GPU 0"
+    assert side.trt["timing_cache"] == str(cache) and (out / "model.engine").is_file()
+
+
+def test_to_fp16_keeps_the_sinusoid_island_fp32():
+    """The strongly typed fp16 build keeps the types of the converted graph: a graph that computes its
+    sinusoids keeps those nodes, and the values between them, in fp32 (angles of positions in the
+    hundreds have no fractional part left in fp16); the rest becomes fp16."""
+    import onnxruntime as ort
+
+    from export.graph import fp32_island
+    from export.precision import to_fp16
+
+    weight = numpy_helper.from_array(np.full((4, 4), 0.5, np.float32), "weight")
+    freq = numpy_helper.from_array(np.array([[1.0, 0.5, 0.25, 0.1]], np.float32), "freq")
+    nodes = [
+        helper.make_node("Mul", ["pos", "freq"], ["angle"], name="/pos/Mul"),
+        helper.make_node("Sin", ["angle"], ["sin"], name="/pos/Sin"),
+        helper.make_node("Cos", ["angle"], ["cos"], name="/pos/Cos"),
+        helper.make_node("Concat", ["sin", "cos"], ["table"], axis=0, name="/pos/Concat"),
+        helper.make_node("MatMul", ["table", "weight"], ["out"], name="/x/MatMul"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "sinusoids",
+        [helper.make_tensor_value_info("pos", TensorProto.FLOAT, [4, 1])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [8, 4])],
+        initializer=[weight, freq],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    island = set(fp32_island(model))
+    assert island == {"/pos/Mul", "/pos/Sin", "/pos/Cos", "/pos/Concat"}
+    converted = to_fp16(model)
+    inits = {init.name: init.data_type for init in converted.graph.initializer}
+    assert inits == {"freq": TensorProto.FLOAT, "weight": TensorProto.FLOAT16}
+    producer = {out: node for node in converted.graph.node for out in node.output}
+    by_name = {node.name: node for node in converted.graph.node}
+    assert island <= set(by_name)
+    for name in island:  # island nodes read the graph input, constants or each other: no fp16 round trip
+        for value in by_name[name].input:
+            assert value in ("pos", "freq") or producer[value].name in island, (name, value)
+    matmul = by_name["/x/MatMul"]
+    assert producer[matmul.input[0]].op_type == "Cast"  # the fp32 table enters the fp16 MatMul cast
+    positions = {"pos": np.array([[0.0], [100.3], [300.7], [500.9]], np.float32)}
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, positions)[0]
+    got = ort.InferenceSession(converted.SerializeToString()).run(None, positions)[0]
+    assert got.dtype == np.float32 and np.abs(got - expected).max() < 5e-3
 
 
 # --- TensorRT versions ---------------------------------------------------------------------------------------
@@ -431,170 +569,6 @@ def test_compare_reports_nan_outputs():
 
 
 # --- TRTRunner through stand-ins for TensorRT and cuda-bindings --------------------------------------------------
-class StandInStream:
-    def __int__(self) -> int:
-        return 7
-
-
-class StandInCudart:
-    """cuda-bindings' runtime as the runner uses it: every call returns (cudaError_t, values...); device
-    memory is host memory here (ctypes buffers), so copies really move bytes."""
-
-    class cudaError_t(enum.IntEnum):  # noqa: N801 - the binding's name
-        cudaSuccess = 0
-        cudaErrorInvalidValue = 1
-
-    class cudaMemcpyKind(enum.IntEnum):  # noqa: N801
-        cudaMemcpyHostToDevice = 1
-        cudaMemcpyDeviceToHost = 2
-
-    def __init__(self, fail: str | None = None) -> None:
-        self.memory: dict[int, Any] = {}
-        self.calls: list[str] = []
-        self.fail = fail
-
-    def _result(self, call: str, *values: Any) -> tuple[Any, ...]:
-        self.calls.append(call)
-        if call == self.fail:
-            return (self.cudaError_t.cudaErrorInvalidValue, *(None for _ in values))
-        return (self.cudaError_t.cudaSuccess, *values)
-
-    def cudaGetErrorString(self, err: Any) -> tuple[Any, bytes]:  # noqa: N802
-        return (self.cudaError_t.cudaSuccess, b"invalid argument")
-
-    def cudaSetDevice(self, device: int) -> tuple[Any, ...]:  # noqa: N802
-        return self._result("cudaSetDevice")
-
-    def cudaGetDeviceProperties(self, device: int) -> tuple[Any, ...]:  # noqa: N802
-        return self._result("cudaGetDeviceProperties", types.SimpleNamespace(name=b"Stand-in GPU\0\0\0"))
-
-    def cudaStreamCreate(self) -> tuple[Any, ...]:  # noqa: N802
-        return self._result("cudaStreamCreate", StandInStream())
-
-    def cudaStreamDestroy(self, stream: Any) -> tuple[Any, ...]:  # noqa: N802
-        return self._result("cudaStreamDestroy")
-
-    def cudaMalloc(self, nbytes: int) -> tuple[Any, ...]:  # noqa: N802
-        buffer = ctypes.create_string_buffer(nbytes)
-        self.memory[ctypes.addressof(buffer)] = buffer
-        return self._result("cudaMalloc", ctypes.addressof(buffer))
-
-    def cudaFree(self, pointer: int) -> tuple[Any, ...]:  # noqa: N802
-        del self.memory[pointer]
-        return self._result("cudaFree")
-
-    def cudaMemcpyAsync(self, dst: int, src: int, nbytes: int, kind: Any, stream: Any) -> tuple[Any, ...]:  # noqa: N802
-        assert isinstance(stream, StandInStream) and isinstance(dst, int) and isinstance(src, int)
-        device = dst if kind == self.cudaMemcpyKind.cudaMemcpyHostToDevice else src
-        assert device in self.memory and nbytes <= len(self.memory[device])
-        result = self._result(f"cudaMemcpyAsync {kind.name}")
-        if result[0] == self.cudaError_t.cudaSuccess:
-            ctypes.memmove(dst, src, nbytes)
-        return result
-
-    def cudaStreamSynchronize(self, stream: Any) -> tuple[Any, ...]:  # noqa: N802
-        return self._result("cudaStreamSynchronize")
-
-
-# The stand-in engine: shallow head, input_ids as int32 and start_logits as fp16 (conversions both ways).
-ENGINE_TENSORS = {
-    "input_ids": ("INPUT", "INT32"),
-    "attention_mask": ("INPUT", "INT64"),
-    "token_type_ids": ("INPUT", "INT64"),
-    "start_logits": ("OUTPUT", "HALF"),
-    "end_logits": ("OUTPUT", "FLOAT"),
-    "cls_logits": ("OUTPUT", "FLOAT"),
-}
-
-
-class StandInContext:
-    """start = input_ids, end = 2 x mask + segment, cls = sum of the unmasked ids: easy to check after pad/cut."""
-
-    def __init__(self, cudart: StandInCudart) -> None:
-        self.cudart = cudart
-        self.shapes: dict[str, tuple[int, ...]] = {}
-        self.addresses: dict[str, int] = {}
-        self.executed: list[tuple[int, ...]] = []
-
-    def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
-        self.shapes[name] = tuple(shape)
-        return True
-
-    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
-        batch, seq = self.shapes["input_ids"]
-        return (batch,) if name == "cls_logits" else (batch, seq)
-
-    def set_tensor_address(self, name: str, pointer: int) -> bool:
-        self.addresses[name] = pointer
-        return True
-
-    def _array(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        dtype = trt_runtime.NUMPY_DTYPES[ENGINE_TENSORS[name][1]]
-        return np.frombuffer(self.cudart.memory[self.addresses[name]], dtype, int(np.prod(shape))).reshape(
-            shape
-        )
-
-    def execute_async_v3(self, stream_handle: int) -> bool:
-        assert stream_handle == 7
-        shape = self.shapes["input_ids"]
-        self.executed.append(shape)
-        ids, mask, seg = (self._array(n, shape) for n in INPUT_NAMES)
-        self._array("start_logits", shape)[:] = ids
-        self._array("end_logits", shape)[:] = 2 * mask + seg
-        self._array("cls_logits", shape[:1])[:] = (ids * mask).sum(axis=1)
-        return True
-
-
-class StandInEngine:
-    def __init__(self, cudart: StandInCudart) -> None:
-        self.names = list(ENGINE_TENSORS)
-        self.num_io_tensors = len(self.names)
-        self.context = StandInContext(cudart)
-
-    def get_tensor_name(self, i: int) -> str:
-        return self.names[i]
-
-    def get_tensor_dtype(self, name: str) -> Any:
-        return types.SimpleNamespace(name=ENGINE_TENSORS[name][1])
-
-    def get_tensor_mode(self, name: str) -> str:
-        return ENGINE_TENSORS[name][0]
-
-    def create_execution_context(self) -> StandInContext:
-        return self.context
-
-
-def stand_in_tensorrt(version: str, engine: Any) -> types.ModuleType:
-    trt = types.ModuleType("tensorrt")
-    trt.__version__ = version
-    trt.Logger = type("Logger", (), {"WARNING": 2, "__init__": lambda self, level: None})
-    trt.TensorIOMode = types.SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT")
-    runtime = type(
-        "Runtime",
-        (),
-        {"__init__": lambda self, logger: None, "deserialize_cuda_engine": lambda self, data: engine},
-    )
-    trt.Runtime = runtime
-    return trt
-
-
-@pytest.fixture
-def stand_in_stack(monkeypatch):
-    """TensorRT, cuda-bindings and a GPU, as far as TRTRunner can tell."""
-
-    def install(
-        version: str = TENSORRT_VERSION, fail: str | None = None
-    ) -> tuple[StandInCudart, StandInEngine]:
-        cudart = StandInCudart(fail)
-        engine = StandInEngine(cudart)
-        monkeypatch.setitem(sys.modules, "tensorrt", stand_in_tensorrt(version, engine))
-        monkeypatch.setattr(trt_runtime, "gpu_stack_problem", lambda: None)
-        monkeypatch.setattr(cuda_runtime, "import_cudart", lambda: cudart)
-        return cudart, engine
-
-    return install
-
-
 def test_runner_without_a_gpu_stack_says_what_is_missing(tmp_path):
     problem = gpu.gpu_stack_problem()
     if problem is None:
@@ -616,7 +590,10 @@ def test_runner_refuses_a_plan_of_another_tensorrt_before_deserialising(tmp_path
 def test_runner_runs_pads_cuts_and_reuses_buffers(tmp_path, stand_in_stack):
     cudart, engine = stand_in_stack(version=TENSORRT_VERSION + ".post1")
     runner = trt_runtime.TRTRunner(fake_trt_export(tmp_path / "trt"))
-    assert runner.device_name == "Stand-in GPU" and (runner.min_shape, runner.max_shape) == ((2, 8), (4, 64))
+    assert runner.device_name == "Stand-in GPU 0" and (runner.min_shape, runner.max_shape) == (
+        (2, 8),
+        (4, 64),
+    )
     assert runner.io_dtypes() == {
         "input_ids": "int32",
         "attention_mask": "int64",
@@ -629,13 +606,13 @@ def test_runner_runs_pads_cuts_and_reuses_buffers(tmp_path, stand_in_stack):
 
     def check(batch: int, seq: int) -> None:
         ids = rng.integers(5, 100, (batch, seq))
-        mask, seg = np.ones_like(ids), rng.integers(0, 3, (batch, seq))
+        mask, seg = rng.integers(0, 2, (batch, seq)), rng.integers(0, 3, (batch, seq))
         out = runner.run(ids, mask, seg)
         assert list(out) == ["start_logits", "end_logits", "cls_logits"]
         assert out["start_logits"].dtype == np.float32 and out["start_logits"].shape == (batch, seq)
         np.testing.assert_array_equal(out["start_logits"], ids)
-        np.testing.assert_array_equal(out["end_logits"], 2 * mask + seg)
-        np.testing.assert_array_equal(out["cls_logits"], ids.sum(axis=1))
+        np.testing.assert_array_equal(out["end_logits"], ids * mask + seg)
+        np.testing.assert_array_equal(out["cls_logits"], -(ids * mask).sum(axis=1))
 
     check(1, 5)  # below the profile's 2x8: padded up, then cut back
     assert engine.context.executed[-1] == (2, 8)
@@ -649,6 +626,17 @@ def test_runner_runs_pads_cuts_and_reuses_buffers(tmp_path, stand_in_stack):
     runner.close()
     assert cudart.memory == {} and cudart.calls[-1] == "cudaStreamDestroy"
     runner.close()  # idempotent
+
+
+def test_the_runner_runs_on_the_device_it_is_given(tmp_path, stand_in_stack):
+    """Every CUDA call of the runner happens on its device: cudaSetDevice(device) at load, per call, at close."""
+    cudart, engine = stand_in_stack(devices=2)
+    runner = trt_runtime.TRTRunner(fake_trt_export(tmp_path / "trt"), device=1)
+    assert runner.device_name == "Stand-in GPU 1"
+    out = runner.run(*(np.ones((2, 8), np.int64) for _ in range(3)))
+    assert out["start_logits"].shape == (2, 8) and engine.context.executed == [(2, 8)]
+    runner.close()
+    assert len(cudart.set_devices) >= 3 and set(cudart.set_devices) == {1}
 
 
 def test_a_failing_cuda_call_names_itself(tmp_path, stand_in_stack):

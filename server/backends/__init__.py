@@ -50,7 +50,7 @@ def create_backend(spec: ModelSpec, settings: ServerSettings) -> Backend:
     if settings.backend == "trt":
         from server.backends.trt import TrtBackend
 
-        return TrtBackend(spec)
+        return TrtBackend(spec, settings.device_id)
     if settings.backend == "torch":
         from server.backends.torch import TorchBackend
 

@@ -2,9 +2,10 @@
 
 TensorRT needs an NVIDIA GPU, the ``tensorrt`` package and NVIDIA's ``cuda-bindings`` (the runner's
 device buffers and stream); without any of them the server refuses to start with one line (exit 2)
-instead of a traceback, and so it does for an engine built by another TensorRT release. The engine's
-optimisation profile (sidecar ``trt.min_shape``/``max_shape``) caps the micro-batcher's batch size and
-sets the shortest padding. Torch-free: neither this backend nor the runner imports torch.
+instead of a traceback, and so it does for an engine built by another TensorRT release. The engine runs
+on CUDA device ``--device-id``; its optimisation profile (sidecar ``trt.min_shape``/``max_shape``) caps
+the micro-batcher's batch size and sets the shortest padding. Torch-free: neither this backend nor the
+runner imports torch.
 """
 
 from __future__ import annotations
@@ -35,18 +36,24 @@ class TrtBackend(Backend):
 
     name = "trt"
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, device_id: int = 0) -> None:
         super().__init__(spec)
         _check_available()
         from export.trt_runtime import TRTRunner
 
+        self.device_id = device_id
         try:
-            self.runner = TRTRunner(spec.directory)
+            self.runner = TRTRunner(spec.directory, device=device_id)
         except Exception as exc:  # noqa: BLE001 - CUDA/engine errors come in many types; report them in one line
             raise BackendUnavailable(
-                f"--backend trt: cannot load the engine in {spec.directory}: {exc}"
+                f"--backend trt: cannot load the engine in {spec.directory} on CUDA device {device_id}: {exc}"
             ) from None
-        logger.info("TensorRT engine loaded from %s on %s", spec.directory, self.runner.device_name)
+        logger.info(
+            "TensorRT engine loaded from %s on CUDA device %d (%s)",
+            spec.directory,
+            device_id,
+            self.runner.device_name,
+        )
 
     def run(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         raw = self.runner.run(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
@@ -58,6 +65,7 @@ class TrtBackend(Backend):
         return {
             "backend": self.name,
             "device": "cuda",
+            "device_id": self.device_id,
             "gpu": self.runner.device_name,
             "tensorrt": (self.runner.sidecar.trt or {}).get("version"),
             "engine_min_shape": list(self.runner.min_shape),
