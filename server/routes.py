@@ -200,13 +200,18 @@ def batch_router(max_items: int) -> APIRouter:
     return router
 
 
-@ops_router.get("/healthz", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
+@ops_router.get(
+    "/healthz",
+    response_model=HealthResponse,
+    response_model_exclude_none=True,
+    responses={503: {"model": HealthResponse}},
+)
 async def healthz(runtime: RuntimeDep) -> Any:
     """Liveness: 200 while the process can serve or recover (also while the model loads); 503 when
     only a restart helps (the model failed to load, the batcher crashed, a backend call hangs)."""
     if runtime.live:
         return HealthResponse(status=runtime.state)
-    return JSONResponse(HealthResponse(status=runtime.state).model_dump(), status_code=503)
+    return JSONResponse(HealthResponse(status=runtime.state).model_dump(exclude_none=True), status_code=503)
 
 
 @ops_router.get(
@@ -219,7 +224,7 @@ async def readyz(runtime: RuntimeDep, settings: SettingsDep) -> Any:
     """Readiness: 200 once the model is loaded and warmed up; 503 before, after a failure and while stopping."""
     if runtime.ready:
         return HealthResponse(status="ready", **runtime.runs_on())
-    body = HealthResponse(status=runtime.state).model_dump()
+    body = HealthResponse(status=runtime.state).model_dump(exclude_none=True)
     return JSONResponse(body, status_code=503, headers={"Retry-After": str(settings.retry_after_s)})
 
 

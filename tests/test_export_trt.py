@@ -97,7 +97,7 @@ def test_missing_stack_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert lines[0].startswith("python -m export.trt: error: ") and 'pip install ".[gpu]"' in lines[0]
+    assert lines[0].startswith("python -m export.trt: error: ") and 'pip install ".[gpu,tensorrt]"' in lines[0]
     which = next(w for w in ("TensorRT is not available", "cuda-bindings", "no CUDA GPU") if w in problem)
     assert which in lines[0] and not (tmp_path / "trt").exists()
 
@@ -206,7 +206,7 @@ def test_no_device_and_other_runtime_errors_say_which(monkeypatch, stand_in_stac
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     problem = gpu.cuda_device_problem()
     assert problem.startswith("no CUDA GPU is visible (the CUDA runtime reports cudaErrorNoDevice (100)): ")
-    assert 'pip install ".[gpu]"' in problem
+    assert 'pip install ".[gpu,tensorrt]"' in problem
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert gpu.cuda_device_problem() == (
         "no CUDA GPU is visible (cudaErrorNoDevice (100) with CUDA_VISIBLE_DEVICES=''): list a GPU there, "

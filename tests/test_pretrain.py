@@ -174,8 +174,8 @@ def saving_after(checkpoints: Path, step: int) -> bool:
 
 
 def test_sigkill_during_saves_always_leaves_the_exact_checkpoint_of_its_step(spm_dir, tmp_path):
-    """kill -9 a run that saves every step, many times, each time 0-30 ms after a save began (its
-    temporary directory appeared): `latest` always loads and equals, tensor by tensor, an
+    """kill -9 a run that saves every step, many times, each time at once or 0-30 ms after a save began
+    (its temporary directory appeared): `latest` always loads and equals, tensor by tensor, an
     uninterrupted run's checkpoint of the same step; some kills provably interrupted a save (its
     temporary directory was left, and the next start removed it); the finished run equals the
     uninterrupted one."""
@@ -197,7 +197,9 @@ def test_sigkill_during_saves_always_leaves_the_exact_checkpoint_of_its_step(spm
             time.sleep(0.001)
         if proc.poll() is not None:
             break  # finished before this kill: nothing left to interrupt
-        time.sleep(rng.uniform(0.0, 0.03))  # somewhere inside (or just after) that save
+        # every other kill at once (inside the save unless it just ended: saves of this tiny model take
+        # milliseconds), the others somewhere in the next 30 ms (inside or just after it)
+        time.sleep(0.0 if kills % 2 == 0 else rng.uniform(0.0, 0.03))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         kills += 1
