@@ -97,7 +97,9 @@ def test_missing_stack_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert lines[0].startswith("python -m export.trt: error: ") and 'pip install ".[gpu,tensorrt]"' in lines[0]
+    assert (
+        lines[0].startswith("python -m export.trt: error: ") and 'pip install ".[gpu,tensorrt]"' in lines[0]
+    )
     which = next(w for w in ("TensorRT is not available", "cuda-bindings", "no CUDA GPU") if w in problem)
     assert which in lines[0] and not (tmp_path / "trt").exists()
 
