@@ -31,13 +31,13 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	fi
 
-# Also the onnxruntime-gpu venv (tests/test_provider_fallback.py), where this Python and platform have its wheel.
+# Also the onnxruntime-gpu venv for tests/test_provider_fallback.py, where this Python and platform have
+# its wheel and the package index answers; otherwise those tests skip, and the reason is printed here.
 test: venv browser
-	@if $(PYTHON) -m export.gpu_versions; then \
-		$(MAKE) --no-print-directory ort-gpu-venv || exit 1; \
+	@if $(PYTHON) -m export.gpu_versions --index $(PYPI_INDEX) && $(MAKE) --no-print-directory ort-gpu-venv; then \
 		export XLNETQA_ORT_GPU_PYTHON=$(ORT_GPU_VENV)/bin/python; \
 	else \
-		echo "make test: no onnxruntime-gpu wheel for this Python/platform: its venv's tests skip" >&2; \
+		echo "make test: WARNING: no onnxruntime-gpu venv (see above): its tests skip" >&2; \
 	fi; \
 	$(PY) -m pytest tests
 
@@ -64,10 +64,10 @@ format: venv
 GPU_VENV ?= .venv-gpu
 GPU_PY := $(GPU_VENV)/bin/python
 NVIDIA_INDEX ?= https://pypi.nvidia.com
-PYPI_INDEX ?= https://pypi.org/simple/
+PYPI_INDEX ?= $(or $(PIP_INDEX_URL),https://pypi.org/simple/)
 GPU_TEST_FILES = $$(grep -l "mark.gpu" tests/test_*.py)
 
-$(GPU_VENV)/.installed: pyproject.toml
+$(GPU_VENV)/.installed: pyproject.toml export/gpu_versions.py
 	$(PYTHON) -m export.gpu_versions --index $(PYPI_INDEX)
 	$(PYTHON) -m venv $(GPU_VENV)
 	$(GPU_PY) -m pip install --quiet --upgrade pip
@@ -88,10 +88,17 @@ gpu-venv-tensorrt: $(GPU_VENV)/.tensorrt
 # The GPU tests, failing (not skipping) when the GPU stack is missing or broken. Where the GPU venv cannot
 # be made (a GPU machine with no package index), the machine's own Python runs the GPU tests it can: a CUDA
 # device is still required, and tests whose packages it lacks are skipped, naming the package.
+# Only an unreachable package index (or a Python without the wheels) lets them fall back; a venv that
+# could be built but is broken (e.g. TensorRT installed and failing its stack report) fails the target.
 gpu-test:
 	@py=$(GPU_PY); mode=1; \
 	if ! $(MAKE) --no-print-directory gpu-venv-tensorrt; then \
-		mode=device; $(MAKE) --no-print-directory gpu-venv || py=$(PYTHON); \
+		$(PYTHON) -m export.gpu_versions --tensorrt --index $(NVIDIA_INDEX) && exit 1; \
+		mode=device; \
+		if ! $(MAKE) --no-print-directory gpu-venv; then \
+			$(PYTHON) -m export.gpu_versions --index $(PYPI_INDEX) && exit 1; \
+			py=$(PYTHON); \
+		fi; \
 		echo "make gpu-test: the GPU venv is incomplete: running the GPU tests with $$py (a CUDA device is required; tests needing packages it lacks are skipped, naming them)" >&2; \
 	fi; \
 	XLNETQA_REQUIRE_GPU=$$mode $$py -m pytest -p no:cacheprovider -m gpu $(GPU_TEST_FILES)
@@ -100,13 +107,19 @@ gpu-test:
 # and ask; with an incomplete venv the stages whose packages are missing are reported by name.
 gpu-check:
 	@py=$(GPU_PY); \
-	if ! $(MAKE) --no-print-directory gpu-venv-tensorrt; then $(MAKE) --no-print-directory gpu-venv || py=$(PYTHON); fi; \
+	if ! $(MAKE) --no-print-directory gpu-venv-tensorrt; then \
+		$(PYTHON) -m export.gpu_versions --tensorrt --index $(NVIDIA_INDEX) && exit 1; \
+		if ! $(MAKE) --no-print-directory gpu-venv; then \
+			$(PYTHON) -m export.gpu_versions --index $(PYPI_INDEX) && exit 1; \
+			py=$(PYTHON); \
+		fi; \
+	fi; \
 	$$py -m bench.gpu_smoke
 
 # onnxruntime-gpu without the NVIDIA libraries, beside the CPU venv: the "CUDA libraries missing" case
-# the server must refuse (tests/test_onnx_providers.py runs a server in it). CPU machines and CI.
+# the server must refuse (tests/test_provider_fallback.py runs servers in it). CPU machines and CI.
 ORT_GPU_VENV ?= .venv-ortgpu
-$(ORT_GPU_VENV)/.installed: pyproject.toml
+$(ORT_GPU_VENV)/.installed: pyproject.toml export/gpu_versions.py
 	$(PYTHON) -m venv $(ORT_GPU_VENV)
 	$(ORT_GPU_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(ORT_GPU_VENV)/bin/python -m pip install --quiet "onnxruntime-gpu==$$($(PYTHON) -m export.gpu_versions --print onnxruntime-gpu)" -e ".[serve-core]"

@@ -47,7 +47,7 @@ import torch
 from export.agreement import agreement
 from export.graph import check_graph, nonstandard_ops, op_counts, trace_length_for
 from export.optimize import measure_latency, optimize_offline
-from export.ort_providers import CPU, GPU_PROVIDERS, INT8_CPU_ONLY, canonical_provider, gpu_graph
+from export.ort_providers import CPU, GPU_PROVIDERS, INT8_CPU_ONLY, canonical_provider
 from export.precision import quantize_int8, to_fp16
 from export.sessions import default_threads, runner, session
 from export.sidecar import PRECISIONS, SIDECAR_FILE, Sidecar, settings_from_metadata, sha256_file
@@ -379,9 +379,8 @@ class _Export:
                 )
         else:
             self.record["verification"] = {"passed": None, "skipped": "--no-verify"}
-        if self.options.verify_providers:
-            gpu_source = gpu_graph(MODEL_FILE, PORTABLE_FILE, self.options.precision)
-            gpu_path = portable if gpu_source == PORTABLE_FILE and portable_name == PORTABLE_FILE else final
+        if self.options.verify_providers:  # GPU providers serve the portable graph (int8 has none: refused)
+            gpu_path = portable if portable_name == PORTABLE_FILE else final
             self.record["verification"]["providers"] = self.on_providers(final, gpu_path)
         if self.options.agreement_data:
             self.agreement(final, self.options.agreement_data)

@@ -29,6 +29,7 @@ GPU_PROVIDERS = (TENSORRT, CUDA)
 # Short names a user may type (flags, env, config); full names pass through, any case.
 PROVIDER_ALIASES = {"cpu": CPU, "cuda": CUDA, "tensorrt": TENSORRT, "trt": TENSORRT}
 KNOWN_PROVIDERS = (CPU, CUDA, TENSORRT)
+KNOWN_PROVIDERS_FASTEST_FIRST = (TENSORRT, CUDA, CPU)
 ONNXRUNTIME_WHEELS = ("onnxruntime", "onnxruntime-gpu")
 GPU_WHEEL = "onnxruntime-gpu"
 
@@ -56,10 +57,17 @@ def parse_providers(text: str) -> list[str] | None:
     """A comma-separated provider list in full or short names, de-duplicated in order; None for ``auto``."""
     if text.strip().lower() == "auto":
         return None
-    names = [canonical_provider(p) for p in text.split(",") if p.strip()]
+    names = list(dict.fromkeys(canonical_provider(p) for p in text.split(",") if p.strip()))
     if not names:
         raise ValueError("no onnxruntime provider named (use 'auto', or e.g. 'cuda' or 'tensorrt,cuda')")
-    return list(dict.fromkeys(names))
+    order = [KNOWN_PROVIDERS_FASTEST_FIRST.index(n) for n in names]
+    if order != sorted(order):  # onnxruntime gives each node to the first provider that takes it
+        best = ",".join(sorted(names, key=KNOWN_PROVIDERS_FASTEST_FIRST.index))
+        raise ValueError(
+            f"providers {','.join(names)}: onnxruntime gives each node to the first provider that takes it, "
+            f"so a faster one listed later gets (almost) nothing; list them fastest first: {best}"
+        )
+    return names
 
 
 def installed_onnxruntime_wheels(distributions: Iterable[Any] | None = None) -> dict[str, str]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from export.gpu import cuda_device_problem
+from export.gpu import cuda_device_count, cuda_device_problem
 from export.gpu_versions import ONNXRUNTIME_GPU_VERSION, TENSORRT_VERSION
 from export.ort_providers import (
     CPU,
@@ -174,14 +174,20 @@ def probe(entries: Sequence[ProviderEntry], model: str | Path | None = None, *, 
         }
         session.run(None, feeds)
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises several types; the message is the fact
-        return Probe(requested, error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
+        return Probe(requested, error=first_line(exc))
     finally:
-        if quiet:
+        if quiet:  # onnxruntime has no getter for it: back to its default, which nothing here changes
             ort.set_default_logger_severity(ORT_DEFAULT_LOG_SEVERITY)
     return Probe(requested, active=list(session.get_providers()))
 
 
-def why_inactive(provider: str) -> str:
+def first_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (onnxruntime's messages run to many lines, or none)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else repr(exc)
+
+
+def why_inactive(provider: str, device_id: int = 0) -> str:
     """The most likely reason onnxruntime did not run ``provider``: the wrong wheel, a library that does
     not load, no usable GPU, in that order."""
     import onnxruntime as ort
@@ -199,6 +205,9 @@ def why_inactive(provider: str) -> str:
     device = cuda_device_problem() if provider in GPU_PROVIDERS else None
     if device:  # no GPU, or a driver too old for the CUDA runtime (and which)
         return device
+    count = cuda_device_count() if provider in GPU_PROVIDERS else 0
+    if provider in GPU_PROVIDERS and device_id >= count:
+        return f"--device-id {device_id}, but this machine has {count} CUDA device(s), numbered from 0"
     return f"{UNKNOWN} (python -m export.stack_report --verbose shows onnxruntime's own log)"
 
 
@@ -210,12 +219,12 @@ def _tensorrt_library_problem() -> str | None:
     return None
 
 
-def fallback_problem(result: Probe, advice: str = "") -> str | None:
+def fallback_problem(result: Probe, advice: str = "", device_id: int = 0) -> str | None:
     """One line when the session does not run on the first provider asked for; None when it does."""
     if result.ok:
         return None
     asked = result.requested[0]
-    cause = why_inactive(asked)
+    cause = why_inactive(asked, device_id)
     if result.error is None:
         got = f"the session runs on {', '.join(result.active) or 'nothing'}"
     else:  # onnxruntime's message names its source file first; the cause says it better unless unknown

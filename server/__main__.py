@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
     from server.auth import KeyFileError, KeyRing
-    from server.backends import BackendUnavailable, preflight
+    from server.backends import BackendUnavailable, check_spec, preflight
     from server.hosts import is_loopback
     from server.model_spec import ModelSpecError, resolve_spec
     from server.slow_clients import HeaderDeadlineProtocol
@@ -73,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         preflight(settings)
         spec = resolve_spec(settings.model, settings.backend)
+        check_spec(spec, settings)
         keys = KeyRing.from_settings(settings.api_keys_file)
         tls_problem = _tls_problem(settings)
     except (ModelSpecError, BackendUnavailable, KeyFileError) as exc:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from server.backends import Backend
+from server.backends import Backend, BackendUnavailable
 from server.batching import BatcherClosed, BatchStats, MicroBatcher
 from server.errors import ApiError
 from server.metrics import Metrics
@@ -172,7 +172,9 @@ class Runtime:
                 )
             self._state = "failed"
             self.error = f"{type(exc).__name__}: {exc}"
-            logger.error("model failed to load: %s", self.error, exc_info=exc)
+            # a refusal the backend explains in one line needs no traceback; anything else does
+            explained = isinstance(exc, BackendUnavailable)
+            logger.error("model failed to load: %s", self.error, exc_info=None if explained else exc)
             if self.on_fatal is not None:
                 self.on_fatal()
         finally:

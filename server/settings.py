@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from export.ort_providers import parse_providers
+from export.ort_providers import TENSORRT, parse_providers
 from train.contract import DEFAULTS
 
 ENV_PREFIX = "XLNETQA_"
@@ -216,7 +216,7 @@ class ServerSettings(BaseSettings):
     @property
     def builds_engines(self) -> bool:
         """Whether loading may build TensorRT engines (the onnxruntime TensorRT provider does, at start)."""
-        return self.backend == "onnx" and "TensorrtExecutionProvider" in (self.provider_list() or [])
+        return self.backend == "onnx" and TENSORRT in (self.provider_list() or [])
 
     @property
     def load_deadline_s(self) -> float:

@@ -85,6 +85,9 @@ def require_provider(provider: str) -> None:
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         unavailable(f"{MISSING} onnxruntime-gpu (onnxruntime {ort.__version__} here is the CPU wheel)")
+    from export.provider_probe import preload_gpu_libraries
+
+    preload_gpu_libraries([provider])  # as the server does: NVIDIA's pip wheels are not on the loader path
     if provider not in ort.get_available_providers():
         unavailable(
             f"{provider} is not in this onnxruntime build ({ort.__version__}, providers "

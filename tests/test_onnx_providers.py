@@ -29,7 +29,6 @@ from export.ort_providers import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-ORT_GPU_ENV = "XLNETQA_ORT_GPU_PYTHON"  # set by `make test` to the venv `make ort-gpu-venv` builds
 PROFILE = ProfileShapes(max_batch=8, max_seq_len=384)
 # ops that carry the model's arithmetic: on a GPU provider none may run on the CPU
 COMPUTE_OPS = {

@@ -6,6 +6,7 @@ without a GPU."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -49,6 +50,9 @@ def test_provider_names_short_and_full() -> None:
     assert parse_providers("auto") is None and parse_providers(" AUTO ") is None
     assert parse_providers("cuda") == [CUDA]
     assert parse_providers("trt, cuda ,cpu") == [TENSORRT, CUDA, CPU]
+    for never_used in ("cpu,cuda", "cuda,tensorrt", "cuda,cpu,trt"):
+        with pytest.raises(ValueError, match="list them fastest first: "):
+            parse_providers(never_used)
     assert parse_providers("TensorrtExecutionProvider,tensorrt") == [TENSORRT]  # one entry per provider
     assert parse_providers("cudaexecutionprovider") == [CUDA]
     for bad in ("", " , ", "gpu", "CUDAProvider"):
@@ -119,13 +123,15 @@ def test_cpu_fallback_serves_only_when_allowed_and_says_so(onnx_export: Path, tm
     assert runtime["providers"] == [CPU] and runtime["requested_providers"] == [CUDA]
     assert f'providers="{CPU}"' in metrics and "xlnetqa_runtime_info{" in metrics
     assert (
-        "--allow-cpu-fallback: serving from the CPU: onnxruntime was asked for CUDAExecutionProvider" in log
+        "--allow-cpu-fallback: skipping CUDAExecutionProvider: onnxruntime was asked for CUDAExecutionProvider"
+        in log
     )
 
 
 # ---- onnxruntime-gpu without the NVIDIA libraries (make ort-gpu-venv): the silent-fallback case -----
 
 
+@functools.cache
 def ort_gpu_python() -> str:
     """The onnxruntime-gpu venv's Python; `make test` builds it and names it, so there it must exist."""
     named = os.environ.get(ORT_GPU_ENV)
@@ -134,6 +140,14 @@ def ort_gpu_python() -> str:
         if named:
             pytest.fail(f"{ORT_GPU_ENV}={named} does not exist (make ort-gpu-venv)", pytrace=False)
         pytest.skip("no onnxruntime-gpu venv (make ort-gpu-venv)")
+    code = (
+        "from export.provider_probe import provider_library_problem as p; print(p('CUDAExecutionProvider'))"
+    )
+    check = _run_in(str(python), "-c", code)
+    if check.returncode != 0 or check.stdout.strip() == "None":
+        pytest.skip(
+            "CUDA's libraries load here (a system-wide CUDA): the missing-library case cannot be made"
+        )
     return str(python)
 
 
@@ -227,3 +241,32 @@ def test_export_fails_when_a_named_provider_falls_back(qa_checkpoint: Path, tmp_
         [*cmd, "--verify-provider", "gpu"], cwd=REPO, env=server_env(), capture_output=True, text=True
     )
     assert bad.returncode == 2 and "unknown onnxruntime provider 'gpu'" in bad.stderr
+
+
+def test_fallback_walks_down_the_list_and_int8_is_refused_before_listening(onnx_export: Path) -> None:
+    """With --allow-cpu-fallback each provider that does not run is skipped in turn (TensorRT, then CUDA,
+    then the CPU), each with its cause; an int8 export is refused for GPU providers before listening."""
+    import dataclasses
+
+    from server.backends import BackendUnavailable, check_spec
+    from server.model_spec import resolve_spec
+    from server.settings import ServerSettings
+
+    python = ort_gpu_python()
+    proc = _run_in(
+        python,
+        "-c",
+        "import logging, sys; logging.basicConfig(stream=sys.stdout, level=logging.WARNING);"
+        "from server.backends.onnx import first_that_runs;"
+        "print(first_that_runs(['TensorrtExecutionProvider', 'CUDAExecutionProvider', 'CPUExecutionProvider'], 0))",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "['CPUExecutionProvider']"
+    assert (
+        "skipping TensorrtExecutionProvider" in proc.stdout
+        and "skipping CUDAExecutionProvider" in proc.stdout
+    )
+    spec = dataclasses.replace(resolve_spec(onnx_export, "onnx"), precision="int8")
+    with pytest.raises(BackendUnavailable, match="int8 export runs on the CPU provider only"):
+        check_spec(spec, ServerSettings(providers="cuda"))
+    check_spec(spec, ServerSettings(providers="cpu"))  # the CPU is what int8 runs on

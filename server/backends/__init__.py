@@ -8,12 +8,21 @@ from server.settings import ServerSettings
 
 BACKENDS = ("onnx", "trt", "torch")
 
-__all__ = ["BACKENDS", "Backend", "BackendUnavailable", "create_backend", "dummy_batch", "preflight"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "BackendUnavailable",
+    "check_spec",
+    "create_backend",
+    "dummy_batch",
+    "preflight",
+]
 
 
 def preflight(settings: ServerSettings) -> None:
-    """Cheap checks before the server starts listening (missing packages, providers or GPU, an unusable
-    cache directory -> BackendUnavailable with one line saying what to do)."""
+    """Checks before the server starts listening (missing packages, a GPU provider that does not run a
+    probe session, no GPU, an unusable cache directory -> BackendUnavailable with one line saying what
+    to do). Fast: the probe session is a tiny model."""
     import importlib.util
 
     backend, providers = settings.backend, settings.provider_list()
@@ -56,3 +65,12 @@ def create_backend(spec: ModelSpec, settings: ServerSettings) -> Backend:
 
         return TorchBackend(spec, settings.threads, settings.inter_op_threads, settings.torch_device)
     raise BackendUnavailable(f"unknown backend {settings.backend!r}; choose one of {BACKENDS}")
+
+
+def check_spec(spec: ModelSpec, settings: ServerSettings) -> None:
+    """What the model itself rules out before listening: an int8 export on a GPU provider."""
+    from export.ort_providers import GPU_PROVIDERS, INT8_CPU_ONLY
+
+    providers = settings.provider_list() or []
+    if settings.backend == "onnx" and spec.precision == "int8" and any(p in GPU_PROVIDERS for p in providers):
+        raise BackendUnavailable(f"--providers {','.join(providers)}: {INT8_CPU_ONLY}")

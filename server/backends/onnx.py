@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from export.ort_providers import CPU, TENSORRT, ProviderEntry
 from server.backends.base import Backend, BackendUnavailable, check_outputs
 from server.model_spec import ModelSpec
 from server.settings import ServerSettings
@@ -33,7 +34,7 @@ _NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 def prepare_trt_cache_dir(cache_dir: Path | None, providers: Sequence[str] | None) -> None:
     """Create the TensorRT provider's engine/timing cache directory (no other provider uses it);
     BackendUnavailable naming the flag if it cannot be made."""
-    if cache_dir is None or "TensorrtExecutionProvider" not in (providers or []):
+    if cache_dir is None or TENSORRT not in (providers or []):
         return
     try:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
@@ -58,29 +59,35 @@ def check_providers(providers: Sequence[str], settings: ServerSettings) -> None:
     problem = install_problem(providers, available, installed_onnxruntime_wheels())
     if problem is None and providers[0] in GPU_PROVIDERS:
         preload_gpu_libraries(providers)
-        problem = fallback_problem(probe(probe_entries(providers, settings.device_id)))
+        problem = fallback_problem(
+            probe(probe_entries(providers, settings.device_id)), device_id=settings.device_id
+        )
     if problem is not None:
         raise BackendUnavailable(f"--providers: {problem}; {FALLBACK_ADVICE}")
 
 
-def probe_entries(providers: Sequence[str], device_id: int) -> list:
+def probe_entries(providers: Sequence[str], device_id: int) -> list[ProviderEntry]:
     """``providers`` with the device option for the GPU ones (the probe runs where the model will)."""
     from export.ort_providers import GPU_PROVIDERS
 
     return [(p, {"device_id": str(device_id)}) if p in GPU_PROVIDERS else p for p in providers]
 
 
-def runs_first(providers: Sequence[str], device_id: int) -> bool:
-    """Whether a probe session runs on ``providers[0]``; if not, the reason is logged as a warning."""
-    from export.ort_providers import CPU
+def first_that_runs(providers: Sequence[str], device_id: int) -> list[str]:
+    """``providers`` from the first entry a probe session really runs on (the CPU at the latest): with
+    ``--allow-cpu-fallback``, TensorRT that does not load falls back to CUDA where CUDA works, not
+    straight to the CPU. Each skipped provider is logged as a warning with its cause."""
     from export.provider_probe import fallback_problem, probe
 
-    if providers[0] == CPU:
-        return True
-    problem = fallback_problem(probe(probe_entries(providers, device_id)))
-    if problem:
-        logger.warning("--allow-cpu-fallback: serving from the CPU: %s", problem)
-    return problem is None
+    for k, provider in enumerate(providers):
+        rest = list(providers[k:])
+        if provider == CPU:
+            return rest
+        problem = fallback_problem(probe(probe_entries(rest, device_id)), device_id=device_id)
+        if problem is None:
+            return rest
+        logger.warning("--allow-cpu-fallback: skipping %s: %s", provider, problem)
+    return [CPU]
 
 
 def auto_providers(available: Sequence[str], device_id: int) -> list[str]:
@@ -90,7 +97,7 @@ def auto_providers(available: Sequence[str], device_id: int) -> list[str]:
 
     if CUDA not in available:
         return list(available)
-    usable = usable_gpu_providers(available, device_id)
+    usable = usable_gpu_providers([CUDA, CPU], device_id)  # auto never picks TensorRT: no need to probe it
     if CUDA not in usable:
         logger.info(
             "providers auto: CUDA is compiled in but does not run here (%s); using the CPU",
@@ -122,7 +129,7 @@ class OnnxBackend(Backend):
             import onnxruntime as ort
         except ImportError as exc:
             raise BackendUnavailable(f"--backend onnx needs onnxruntime ({exc})") from None
-        from export.ort_providers import CPU, ProfileShapes, choose_providers, graph_for, provider_names
+        from export.ort_providers import ProfileShapes, choose_providers, graph_for, provider_names
         from export.provider_probe import preload_gpu_libraries
         from train.contract import shortest_sequence
 
@@ -131,8 +138,8 @@ class OnnxBackend(Backend):
         self.requested = list(providers) if providers else None
         if providers:
             preload_gpu_libraries(providers)
-            if allow_cpu_fallback and not runs_first(providers, device_id):
-                providers = [CPU]  # and so the CPU graph, not the GPU one
+            if allow_cpu_fallback:  # the first of TensorRT, CUDA, CPU that runs (and so its graph)
+                providers = first_that_runs(providers, device_id)
         else:
             available = auto_providers(available, device_id)
         try:
@@ -187,18 +194,25 @@ class OnnxBackend(Backend):
 
     @staticmethod
     def _open(
-        path: Path, threads: int, inter_op_threads: int, wanted: list, asked: list[str], allow_fallback: bool
+        path: Path,
+        threads: int,
+        inter_op_threads: int,
+        wanted: Sequence[ProviderEntry],
+        asked: list[str],
+        allow_fallback: bool,
     ) -> Any:
         """The model's session; a GPU provider that raises is a refusal, or a CPU session if allowed."""
-        from export.ort_providers import CPU
-        from export.provider_probe import Probe, fallback_problem
+        from export.provider_probe import Probe, fallback_problem, first_line
         from export.sessions import session
 
         try:
             return session(path, threads=threads, inter_op_threads=inter_op_threads, providers=wanted)
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises several types; the message is the fact
-            problem = fallback_problem(Probe(asked, error=f"{type(exc).__name__}: {exc}"))
-            if not allow_fallback or asked[0] == CPU:
+            error = first_line(exc)
+            if asked[0] == CPU:  # nothing to fall back from: the model itself does not load
+                raise BackendUnavailable(f"{path.name}: onnxruntime cannot load it ({error})") from None
+            problem = fallback_problem(Probe(asked, error=error))
+            if not allow_fallback:
                 raise BackendUnavailable(f"{path.name}: {problem}; {FALLBACK_ADVICE}") from None
             logger.warning("--allow-cpu-fallback: %s", problem)
             return session(path, threads=threads, inter_op_threads=inter_op_threads, providers=[CPU])
