@@ -65,9 +65,9 @@ def test_streams_are_contiguous_slices_and_tail_is_dropped() -> None:
     assert not rows.reversed_rows.any()
     # boundaries: positions where a new sentence starts inside the row
     for r in range(4):
-        sent = rows.sentence_ids[r]
+        sent = ts.sentence_ids[25 * r : 25 * (r + 1)]
         expected = [p for p in range(1, 25) if sent[p] != sent[p - 1]]
-        assert rows.boundaries[r].tolist() == expected
+        assert rows.boundaries[r].to_array().tolist() == expected
 
 
 def test_bi_data_reverses_second_half_of_the_batch() -> None:
@@ -79,7 +79,13 @@ def test_bi_data_reverses_second_half_of_the_batch() -> None:
     np.testing.assert_array_equal(rows.ids[1], ts.ids[50:100])
     np.testing.assert_array_equal(rows.ids[2], ts.ids[:50][::-1])
     np.testing.assert_array_equal(rows.ids[3], ts.ids[50:100][::-1])
-    np.testing.assert_array_equal(rows.sentence_ids[2], ts.sentence_ids[:50][::-1])
+    # the reversed row's boundaries are those of its reversed sentence ids, looked up lazily
+    sent = ts.sentence_ids[:50][::-1]
+    expected = [p for p in range(1, 50) if sent[p] != sent[p - 1]]
+    assert rows.boundaries[2].to_array().tolist() == expected
+    assert [rows.boundaries[2].search(x, side) for x in range(51) for side in ("left", "right")] == [
+        int(np.searchsorted(expected, x, side=side)) for x in range(51) for side in ("left", "right")
+    ]
     assert rows.reversed_rows.tolist() == [False, False, True, True]
 
 

@@ -25,9 +25,11 @@ from tqdm import tqdm
 from train import checkpoint
 from train.cli import Parser, run
 from train.data import PretrainBatches, PretrainDataConfig
+from train.data.shards import TOKENIZER_DIR, ShardedCorpus
 from train.loop import LoopPlan, StepReport, run_loop
 from train.model import ACTIVATIONS, PRESETS, XLNetConfig, XLNetLMHeadModel
 from train.optim import DECAYS, OPTIMIZERS, make_optimizer, make_scheduler
+from train.prepare_corpus import prepare_directory
 from train.run_record import add_run_flags, explicit_flags, open_run
 from train.runlog import MetricsLog
 from train.runtime import Dist, autocast, init_distributed, seed_everything
@@ -43,8 +45,12 @@ def build_parser() -> Parser:
     g.add_argument(
         "--corpus",
         nargs="+",
-        default=[str(SAMPLE_CORPUS), str(SAMPLE_TRAIN)],
-        help="plain-text files (blank line between documents) and/or SQuAD JSON files",
+        help="plain-text files (blank line between documents), SQuAD JSON or JSONL files, prepared into the "
+        "run directory's data/ first (default: the shipped sample)",
+    )
+    g.add_argument(
+        "--data",
+        help="a corpus prepared by python -m train.prepare_corpus: memory-mapped, nothing tokenized at start",
     )
     g.add_argument("--spm", help="sentencepiece model to use (spiece.model or a directory holding one)")
     g.add_argument(
@@ -135,22 +141,50 @@ def pretrain_loss(model, batch: dict[str, torch.Tensor], mems=None, precision: s
 
 
 def check_corpus(args) -> None:
+    if args.data and args.corpus:
+        raise ValueError("give --corpus (prepared into the run) or --data (prepared already), not both")
+    if args.data and args.train_spm:
+        raise ValueError("--data holds its tokenizer: --train-spm does not apply")
+    if args.data:
+        ShardedCorpus(args.data)  # a missing or unfinished directory fails here, in one line
+        return
+    args.corpus = args.corpus or [str(SAMPLE_CORPUS), str(SAMPLE_TRAIN)]
     for f in args.corpus:
         if not Path(f).exists():
             raise FileNotFoundError(f"corpus file not found: {f}")
 
 
-def unigram_entropy(ids: np.ndarray) -> float:
+def unigram_entropy(counts: np.ndarray) -> float:
     """Entropy (nats/token) of the corpus' unigram distribution: the loss of a model that ignores context."""
-    counts = np.bincount(ids.reshape(-1).astype(np.int64))
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
+
+
+def open_corpus(args, tokenizer: XLNetTokenizer, out: Path, d: Dist) -> ShardedCorpus:
+    """``--data`` as it is, or ``--corpus`` prepared into ``out/data`` by the main rank (kept for resumes);
+    either way, ids of another tokenizer are refused."""
+    if args.data:
+        corpus = ShardedCorpus(args.data)
+    else:
+        if d.is_main:
+            prepare_directory(args.corpus, tokenizer, out / "data", workers=1)
+        if d.enabled:
+            dist.barrier()
+        corpus = ShardedCorpus(out / "data")
+    if corpus.tokenizer_fingerprint != tokenizer.fingerprint():
+        raise ValueError(
+            f"{corpus.directory}: its token ids come from another tokenizer ({corpus.tokenizer_fingerprint[:12]}, "
+            f"this one is {tokenizer.fingerprint()[:12]}): prepare the corpus again with this --spm"
+        )
+    return corpus
 
 
 def resolve_tokenizer(args, out: Path, d: Dist) -> XLNetTokenizer:
     if args.spm:
         spm = Path(args.spm)
         return XLNetTokenizer.from_dir(spm) if spm.is_dir() else XLNetTokenizer(spm, do_lower_case=args.lower)
+    if args.data:
+        return XLNetTokenizer.from_dir(Path(args.data) / TOKENIZER_DIR)
     tok_dir = out / "tokenizer"
     if d.is_main and not (tok_dir / "spiece.model").exists():
         vocab = args.train_spm or 8000
@@ -202,8 +236,9 @@ def pretrain(args) -> dict:
         batch_size=args.batch_size,
         seed=args.seed,
     )
-    data = PretrainBatches.from_files(args.corpus, tokenizer, data_cfg, rank=d.rank, world_size=d.world_size)
-    baseline = unigram_entropy(data.rows.ids)
+    corpus = open_corpus(args, tokenizer, out, d)
+    data = PretrainBatches(corpus, tokenizer.word_start_table, data_cfg, rank=d.rank, world_size=d.world_size)
+    baseline = unigram_entropy(corpus.unigram_counts())
     seed_everything(args.seed)  # identical initial weights on every rank
     config = model_config(args, tokenizer.vocab_size)
     model = XLNetLMHeadModel(config).to(d.device)
@@ -233,7 +268,7 @@ def pretrain(args) -> dict:
     if d.is_main:
         print(
             f"Pretraining {args.config} ({n_params / 1e6:.2f}M params, vocab {config.vocab_size}) on "
-            f"{len(data.rows.ids.reshape(-1)) * d.world_size:,} tokens, {len(data)} batches/pass, world {d.world_size}; "
+            f"{data.num_tokens:,} tokens, {len(data)} batches/pass, world {d.world_size}; "
             f"unigram-entropy baseline {baseline:.3f} nats/token",
             flush=True,
         )

@@ -25,9 +25,10 @@ import numpy as np
 from train.contract import CLS_ID, SEP_ID
 from train.data.config import PretrainDataConfig
 from train.data.permutation import example_permutation, target_arrays
+from train.data.rows import Corpus
 from train.data.segments import assemble_example, split_a_and_b
 from train.data.spans import sample_span_mask
-from train.data.streams import TokenStream, num_forward_streams, stream_rows, tokenize_documents
+from train.data.streams import TokenStream, as_corpus, num_forward_streams, stream_rows, tokenize_documents
 
 STATE_VERSION = 1
 
@@ -66,7 +67,7 @@ class PretrainBatches(Iterator[dict[str, np.ndarray]]):
 
     def __init__(
         self,
-        stream: TokenStream,
+        stream: TokenStream | Corpus,
         word_start_table: np.ndarray,
         config: PretrainDataConfig,
         *,
@@ -79,25 +80,27 @@ class PretrainBatches(Iterator[dict[str, np.ndarray]]):
         self.world_size = world_size
         self.passes = passes
         self.word_start_table = np.asarray(word_start_table, dtype=bool)
-        if len(stream) and int(stream.ids.max()) >= len(self.word_start_table):
+        corpus = as_corpus(stream)
+        max_id = corpus.max_id()
+        if max_id >= len(self.word_start_table):
             raise ValueError(
-                f"token id {int(stream.ids.max())} is outside word_start_table (size "
+                f"token id {max_id} is outside word_start_table (size "
                 f"{len(self.word_start_table)}): tokenizer and token stream do not match"
             )
         n_fwd = num_forward_streams(config.batch_size, world_size, config.bi_data)
-        stream_len = len(stream) // n_fwd
+        stream_len = len(corpus) // n_fwd
         if batches_per_pass(stream_len, config.seq_len, config.reuse_len) == 0:
             raise ValueError(
-                f"corpus too small: {len(stream)} tokens cut into {n_fwd} streams (batch_size="
+                f"corpus too small: {len(corpus)} tokens cut into {n_fwd} streams (batch_size="
                 f"{config.batch_size} x world_size={world_size}{', halved by bi_data' if config.bi_data else ''}) "
                 f"gives {stream_len} tokens per stream, but one example needs seq_len={config.seq_len}; "
                 "use more text, a smaller batch_size or a shorter seq_len"
             )
         self.rows = stream_rows(
-            stream, config.batch_size, bi_data=config.bi_data, rank=rank, world_size=world_size
+            corpus, config.batch_size, bi_data=config.bi_data, rank=rank, world_size=world_size
         )
         self.num_batches_per_pass = batches_per_pass(self.rows.stream_len, config.seq_len, config.reuse_len)
-        self._num_tokens = len(stream)
+        self._num_tokens = len(corpus)
         self._rng = np.random.default_rng(np.random.SeedSequence([config.seed, rank]))
         self._pass = 0
         self._position = 0
@@ -127,6 +130,11 @@ class PretrainBatches(Iterator[dict[str, np.ndarray]]):
     def __len__(self) -> int:
         """Batches in one pass over the streams."""
         return self.num_batches_per_pass
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the whole corpus (all ranks)."""
+        return self._num_tokens
 
     @property
     def pass_index(self) -> int:
@@ -167,7 +175,7 @@ class PretrainBatches(Iterator[dict[str, np.ndarray]]):
         }
         rng = self._rng
         for r in range(bsz):
-            row = self.rows.ids[r]
+            row = self.rows.rows[r]
             pair = split_a_and_b(
                 self.rows.stream_len, self.rows.boundaries[r], i + cfg.reuse_len, cfg.ab_len, rng
             )

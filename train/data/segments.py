@@ -13,6 +13,7 @@ import numpy as np
 
 from train.contract import CLS_ID, SEP_ID
 from train.data.config import NUM_FUNCTIONAL
+from train.data.rows import ArrayBoundaries, Boundaries, Row
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,17 @@ class SegmentPair:
 
 
 def split_a_and_b(
-    data_len: int, boundaries: np.ndarray, begin: int, tot_len: int, rng: np.random.Generator
+    data_len: int,
+    boundaries: Boundaries | np.ndarray,
+    begin: int,
+    tot_len: int,
+    rng: np.random.Generator,
 ) -> SegmentPair | None:
     """Choose A (starting at `begin`) and B with `a_len + b_len == tot_len`, or `None` past the end.
 
-    `boundaries` are the sorted positions where a new sentence starts in the row. Cut points are the
-    boundaries strictly inside `(begin, begin + tot_len)`; A always ends on one of them when one exists.
+    `boundaries` are the sorted positions where a new sentence starts in the row (looked up lazily,
+    `train.data.rows`, or an array). Cut points are the boundaries strictly inside
+    `(begin, begin + tot_len)`; A always ends on one of them when one exists.
     - continuation (p = 0.5, needs a cut point): B runs from A's end to the first boundary at or
       after `begin + tot_len` (or the end of the row);
     - random (otherwise, and always without a cut point): B starts at a uniform position in the row,
@@ -49,27 +55,28 @@ def split_a_and_b(
     """
     if begin + tot_len >= data_len:
         return None
-    lo = int(np.searchsorted(boundaries, begin, side="right"))
-    hi = int(np.searchsorted(boundaries, begin + tot_len, side="left"))
-    cut_points = boundaries[lo:hi]
-    end_idx = int(boundaries[hi]) if hi < len(boundaries) else data_len
+    bounds = ArrayBoundaries(boundaries) if isinstance(boundaries, np.ndarray) else boundaries
+    lo = bounds.search(begin, "right")
+    hi = bounds.search(begin + tot_len, "left")
+    n_cut = hi - lo
+    end_idx = bounds.at(hi) if hi < len(bounds) else data_len
 
     a_begin = begin
-    if len(cut_points) == 0 or rng.random() < 0.5:
+    if n_cut == 0 or rng.random() < 0.5:
         is_next = False
-        a_end = end_idx if len(cut_points) == 0 else int(cut_points[rng.integers(len(cut_points))])
+        a_end = end_idx if n_cut == 0 else bounds.at(lo + int(rng.integers(n_cut)))
         b_len = max(1, tot_len - (a_end - a_begin))
         # `data_len - 1`: the original keeps one token after B for its LM target.
         b_begin = int(rng.integers(0, data_len - 1 - b_len + 1))
         b_end = b_begin + b_len
         # Widen B to whole sentences: back to its sentence start, forward to the next boundary.
-        k = int(np.searchsorted(boundaries, b_begin, side="right"))
-        b_begin = int(boundaries[k - 1]) if k > 0 else 0
-        k = int(np.searchsorted(boundaries, b_end, side="left"))
-        b_end = min(int(boundaries[k]) if k < len(boundaries) else data_len, data_len - 1)
+        k = bounds.search(b_begin, "right")
+        b_begin = bounds.at(k - 1) if k > 0 else 0
+        k = bounds.search(b_end, "left")
+        b_end = min(bounds.at(k) if k < len(bounds) else data_len, data_len - 1)
     else:
         is_next = True
-        a_end = int(cut_points[rng.integers(len(cut_points))])
+        a_end = bounds.at(lo + int(rng.integers(n_cut)))
         b_begin = a_end
         b_end = end_idx
 
@@ -82,7 +89,7 @@ def split_a_and_b(
 
 
 def assemble_example(
-    row: np.ndarray, start: int, reuse_len: int, pair: SegmentPair
+    row: Row | np.ndarray, start: int, reuse_len: int, pair: SegmentPair
 ) -> tuple[np.ndarray, np.ndarray]:
     """Lay out `reuse + A + <sep> + B + <sep> + <cls>`; returns (input ids int64, segment ids int64).
 

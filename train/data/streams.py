@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from train.contract import EOD_ID
+from train.data.rows import ArrayCorpus, Corpus, Row, RowBoundaries
 
 
 @dataclass(frozen=True)
@@ -79,21 +80,22 @@ def tokenize_documents(
 
 @dataclass(frozen=True)
 class StreamRows:
-    """The streams one rank reads: row `r` of `ids`/`sentence_ids` is stream `r` of its batch.
+    """The streams one rank reads: ``rows[r]`` is stream ``r`` of its batch, read lazily (``train.data.rows``).
 
     With `bi_data` the first half of the rows are forward streams and the second half are the same
     streams reversed (`reversed_rows[r]` says which), exactly the per-core layout of the original.
-    `boundaries[r]` lists the positions `p` of row `r` with `sentence_ids[r, p] != sentence_ids[r, p-1]`.
+    `boundaries[r]` gives the positions `p` of row `r` where a new sentence starts (p > 0).
     """
 
-    ids: np.ndarray
-    sentence_ids: np.ndarray
+    rows: list[Row]
+    boundaries: list[RowBoundaries]
     reversed_rows: np.ndarray
-    boundaries: list[np.ndarray]
+    stream_len: int
 
     @property
-    def stream_len(self) -> int:
-        return int(self.ids.shape[1])
+    def ids(self) -> np.ndarray:
+        """All rows as one [rows, stream_len] array: a copy of the rank's whole share (small corpora only)."""
+        return np.stack([row.to_array() for row in self.rows]) if self.rows else np.zeros((0, 0), np.int64)
 
 
 def num_forward_streams(batch_size: int, world_size: int, bi_data: bool) -> int:
@@ -102,10 +104,22 @@ def num_forward_streams(batch_size: int, world_size: int, bi_data: bool) -> int:
     return total // 2 if bi_data else total
 
 
+def as_corpus(stream: TokenStream | Corpus) -> Corpus:
+    """A token stream in memory, or a prepared (memory-mapped) corpus, as a :class:`Corpus`."""
+    if isinstance(stream, TokenStream):
+        return ArrayCorpus.from_sentence_ids(stream.ids, stream.sentence_ids)
+    return stream
+
+
 def stream_rows(
-    stream: TokenStream, batch_size: int, *, bi_data: bool = False, rank: int = 0, world_size: int = 1
+    stream: TokenStream | Corpus,
+    batch_size: int,
+    *,
+    bi_data: bool = False,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> StreamRows:
-    """Cut `stream` into parallel streams and return the ones owned by `rank`.
+    """Cut the corpus into parallel streams and return the ones owned by `rank`, without reading them.
 
     The corpus is cut into `num_forward_streams` contiguous equal slices (the tail that does not fill a
     slice is dropped, like `batchify`). Rank `k` owns the forward slices `[k*h, (k+1)*h)` with
@@ -117,19 +131,15 @@ def stream_rows(
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
     if bi_data and batch_size % 2:
         raise ValueError(f"bi_data=True needs an even batch_size, got {batch_size}")
+    corpus = as_corpus(stream)
     n_fwd = num_forward_streams(batch_size, world_size, bi_data)
-    step = len(stream) // n_fwd
-    ids = stream.ids[: n_fwd * step].reshape(n_fwd, step)
-    sent = stream.sentence_ids[: n_fwd * step].reshape(n_fwd, step)
+    step = len(corpus) // n_fwd
     per_rank = n_fwd // world_size
-    ids = ids[rank * per_rank : (rank + 1) * per_rank]
-    sent = sent[rank * per_rank : (rank + 1) * per_rank]
+    forward = [Row(corpus, (rank * per_rank + k) * step, step) for k in range(per_rank)]
+    rows = forward + ([Row(corpus, r.start, step, reverse=True) for r in forward] if bi_data else [])
     reversed_rows = np.zeros(batch_size, dtype=bool)
     if bi_data:
-        ids = np.concatenate([ids, ids[:, ::-1]], axis=0)
-        sent = np.concatenate([sent, sent[:, ::-1]], axis=0)
         reversed_rows[per_rank:] = True
-    ids = np.ascontiguousarray(ids)
-    sent = np.ascontiguousarray(sent)
-    boundaries = [np.flatnonzero(row[1:] != row[:-1]) + 1 for row in sent]
-    return StreamRows(ids=ids, sentence_ids=sent, reversed_rows=reversed_rows, boundaries=boundaries)
+    return StreamRows(
+        rows=rows, boundaries=[RowBoundaries(r) for r in rows], reversed_rows=reversed_rows, stream_len=step
+    )

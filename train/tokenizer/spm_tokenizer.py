@@ -10,6 +10,7 @@ spans in the *original* text for every token, which SQuAD answer alignment and s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import unicodedata
@@ -169,6 +170,14 @@ class XLNetTokenizer:
         }
         (d / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         return d
+
+    def fingerprint(self) -> str:
+        """sha256 of the model and every flag that changes ids: prepared token ids are only valid with
+        the tokenizer of this fingerprint."""
+        flags = [self.do_lower_case, self.remove_space, self.keep_accents, self.split_digit_commas]
+        digest = hashlib.sha256(self._model_bytes)
+        digest.update(json.dumps(flags).encode())
+        return digest.hexdigest()
 
     # ---- vocabulary ---------------------------------------------------------------------------------
 
