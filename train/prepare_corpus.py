@@ -181,6 +181,7 @@ def _run_jobs(
     jobs = [(k, units[k], str(out), max_line_chars) for k in todo]
     if not jobs:
         return
+    workers = min(workers, len(jobs))
     started, tokens = time.monotonic(), 0
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenizing", file=sys.stderr)
 
