@@ -188,3 +188,39 @@ def test_bench_abuse_per_key_refuses_the_adversaries_key_with_429(
         k.endswith(": 401") for k in attack["adversary_status"]
     )  # its key is valid: limits, not auth
     assert (tmp_path / "abuse-keys.txt").stat().st_mode & 0o077 == 0
+
+
+def test_corpus_memory_bench_prepares_and_trains_on_both_corpora(tmp_path: Path, capsys) -> None:
+    """Tiny sizes: both corpora are built, prepared and trained on, and the table says so (no timing is
+    asserted here; the figures go to BENCHMARKS.md)."""
+    from bench.corpus_memory import main
+
+    out = tmp_path / "results.json"
+    assert (
+        main(
+            [
+                "--gb",
+                "0.004",
+                "--small-mb",
+                "1",
+                "--steps",
+                "2",
+                "--workers",
+                "2",
+                "--work",
+                str(tmp_path),
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    results = json.loads(out.read_text())
+    assert results["large"]["tokens"] > 3 * results["small"]["tokens"] > 0
+    for name in ("small", "large"):
+        assert results[name]["train"]["peak_rss_mb"] > 0 and results[name]["prepare"]["wall_s"] > 0
+    table = capsys.readouterr().out
+    assert (
+        "| corpus | MB | tokens | prepare MB/s/worker | peak RSS MB |" in table
+        and "large - small peak RSS" in table
+    )
