@@ -216,7 +216,7 @@ def test_corpus_memory_bench_prepares_and_trains_on_both_corpora(tmp_path: Path,
         == 0
     )
     results = json.loads(out.read_text())
-    assert results["large"]["tokens"] > 3 * results["small"]["tokens"] > 0
+    assert results["large"]["tokens"] > 2 * results["small"]["tokens"] > 0  # 4 MB of text against 1 MB
     for name in ("small", "large"):
         assert results[name]["train"]["peak_rss_mb"] > 0 and results[name]["prepare"]["wall_s"] > 0
     table = capsys.readouterr().out
