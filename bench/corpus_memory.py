@@ -1,12 +1,13 @@
 """Pretraining memory and start-up against corpus size: ``python -m bench.corpus_memory``.
 
-    python -m bench.corpus_memory [--gb 1.0] [--small-mb 6] [--steps 20] [--workers 2] [--work DIR]
+    python -m bench.corpus_memory [--gb 1.0] [--small-mb 6] [--steps 20] [--workers 2] [--ranks 1] [--work DIR]
 
 Builds two plain-text corpora from the shipped sample (seeded shuffles of its sentences into documents
 of 3-8 sentences): a small one (``--small-mb``) and a large one (``--gb``). Prepares both with
 ``python -m train.prepare_corpus --workers N`` (MB/s per worker), then runs the same ``--steps``
 pretraining steps on each with ``--data``, each in its own process: peak RSS (``wait4``'s ru_maxrss) and
-start-up (launch to the first logged step). Prints a Markdown table with the machine and the command
+start-up (launch to the first logged step); ``--ranks 2`` trains with torchrun on CPU ranks (the peak is
+the largest process's). Prints a Markdown table with the machine and the command
 lines (BENCHMARKS.md). Nothing runs in parallel with the timed runs.
 """
 
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -80,6 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--small-mb", type=float, default=6.0, help="size of the small corpus (MB)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument(
+        "--ranks",
+        type=int,
+        default=1,
+        help="train with torchrun on this many CPU ranks (peak RSS: the largest process)",
+    )
     p.add_argument("--work", type=Path, default=Path("runs/bench-corpus"))
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
@@ -104,7 +112,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         tokens = json.loads((data / "manifest.json").read_text())["tokens"]
         run = work / f"{name}-run"
-        train_cmd = [sys.executable, "-m", "train.pretrain", "--data", str(data), "--config", "tiny"]
+        shutil.rmtree(run, ignore_errors=True)  # start-up is read off its metrics file: none may be left
+        launcher = [sys.executable]
+        if args.ranks > 1:  # wait4 on torchrun reports the largest of it and its reaped ranks
+            launcher += [
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                str(args.ranks),
+                "--master_port",
+                "29533",
+            ]
+        train_cmd = [
+            *launcher,
+            "-m",
+            "train.pretrain",
+            "--data",
+            str(data),
+            "--config",
+            "tiny",
+            "--device",
+            "cpu",
+        ]
         train_cmd += ["--steps", str(args.steps), "--log-every", "1", "--out", str(run), "--overwrite"]
         train = timed(train_cmd, work / f"{name}-train.log", first_step=run / "metrics.jsonl")
         mb = text.stat().st_size / 1e6

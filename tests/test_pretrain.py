@@ -261,6 +261,23 @@ def test_torchrun_two_processes_on_cpu(spm_dir, tmp_path):
     assert len(read_metrics(out)) == 4  # only rank 0 writes
 
 
+def test_torchrun_two_ranks_on_a_prepared_corpus(spm_dir, tmp_path):
+    """The ranks memory-map one prepared directory (nothing tokenized at start) and train together."""
+    from train.prepare_corpus import main as prepare_main
+
+    data = tmp_path / "data"
+    assert prepare_main(["--corpus", str(SAMPLE_CORPUS), "--spm", str(spm_dir), "--out", str(data)]) == 0
+    out = tmp_path / "ddp"
+    base = torchrun_pretrain(spm_dir, out)
+    at = base.index("--corpus")  # the tiny arguments name the sample; --data replaces it
+    cmd = [*base[:at], *base[at + 2 :], "--data", str(data), "--steps", "3"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "world 2" in proc.stdout and "tokenizing" not in proc.stdout + proc.stderr
+    assert not (out / "data").exists() and len(read_metrics(out)) == 3
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
