@@ -164,6 +164,36 @@ def test_kill_and_resume_reaches_the_same_loss(spm_dir, tmp_path):
     assert max((sd_a[k] - sd_b[k]).abs().max().item() for k in sd_a) <= 1e-5
 
 
+def test_kill_9_on_prepared_data_then_resume_continues_at_the_same_token(spm_dir, tmp_path):
+    """kill -9 a --data run after a checkpoint; --resume gives every later step the loss of an
+    uninterrupted run (the same batches: the data position in the checkpoint is exact)."""
+    from train.prepare_corpus import main as prepare_main
+
+    data = tmp_path / "data"
+    assert prepare_main(["--corpus", str(SAMPLE_CORPUS), "--spm", str(spm_dir), "--out", str(data)]) == 0
+    at = RESUME_ARGS.index("--corpus")
+    common = [*RESUME_ARGS[:at], *RESUME_ARGS[at + 2 :], "--data", str(data), "--save-every", "1"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert pretrain_main([*common, "--out", str(straight)]) == 0
+    cmd = [sys.executable, "-m", "train.pretrain", *common, "--out", str(killed)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while proc.poll() is None and time.time() < deadline:
+        latest = latest_checkpoint(killed)
+        if latest is not None and int(latest.name.split("-")[1]) >= 3:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    stopped = int(latest_checkpoint(killed).name.split("-")[1])
+    assert 3 <= stopped < 8, stopped
+    assert pretrain_main([*common, "--out", str(killed), "--resume"]) == 0
+    a = {r["step"]: r["loss"] for r in read_metrics(straight)}
+    b = {r["step"]: r["loss"] for r in read_metrics(killed)}
+    for step in range(stopped + 1, 9):
+        assert abs(a[step] - b[step]) <= 1e-5, (step, a[step], b[step])
+
+
 def saving_after(checkpoints: Path, step: int) -> bool:
     """Is a save of a step after ``step`` under way (its temporary directory exists)?"""
     try:
