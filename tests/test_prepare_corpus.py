@@ -176,3 +176,39 @@ def test_pretrain_refuses_a_corpus_of_another_tokenizer(
         timeout=300,
     )
     assert missing.returncode == 2 and "no manifest.json" in missing.stderr.strip().splitlines()[-1]
+
+
+def test_a_full_disk_fails_in_one_line_and_a_rerun_finishes_the_same_shards(
+    text_corpus: Path, spm_dir: Path, tmp_path: Path
+) -> None:
+    """A write that fails (here the file-size limit, as a full disk would) is exit 1 in one line; nothing
+    of it is recorded, no manifest written, and the same command then finishes identically. Twice: the
+    tokenizer's copy failing, then a shard's counts file (its ids file fits)."""
+    import resource
+
+    clean, full = tmp_path / "clean", tmp_path / "full"
+    assert prepare([text_corpus], spm_dir, clean, "--shard-mb", "0.01", "--workers", "1") == 0
+    counts_size = (clean / "shard-00000.counts").stat().st_size
+    assert (clean / "shard-00000.ids").stat().st_size < counts_size // 2
+    cmd = [sys.executable, "-m", "train.prepare_corpus", "--corpus", str(text_corpus), "--spm", str(spm_dir)]
+    cmd += ["--out", str(full), "--shard-mb", "0.01", "--workers", "1", "--num-tasks", "2"]
+
+    def run(task: int, limit: int | None) -> subprocess.CompletedProcess:
+        def cap() -> None:
+            if limit is not None:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+        argv = [*cmd, "--task", str(task)]
+        return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300, preexec_fn=cap)
+
+    for task, limit in ((1, 4000), (1, None), (0, counts_size // 2), (0, None)):
+        proc = run(task, limit)
+        if limit is None:
+            assert proc.returncode == 0, proc.stderr
+            continue
+        last = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert last.startswith(f"{PROG}: error: ") and "File too large" in last
+        assert not (full / MANIFEST).exists() and not (full / "shard-00000.json").exists()
+    assert shard_bytes(full) == shard_bytes(clean)
+    assert ShardedCorpus(full, verify=True).manifest["tokens"] == ShardedCorpus(clean).manifest["tokens"]

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from train.atomic_dir import atomic_write_bytes, recover_interrupted
+from train.atomic_dir import atomic_directory, atomic_write_bytes, recover_interrupted
 from train.cli import Parser, run
 from train.data.prepare import (
     DEFAULT_MAX_LINE_CHARS,
@@ -104,8 +104,9 @@ def claim_directory(out: Path, tokenizer: XLNetTokenizer, units: list[Unit], opt
         theirs = XLNetTokenizer.from_dir(tok_dir).fingerprint()
         if theirs != tokenizer.fingerprint():
             raise ValueError(f"--out {out}: prepared with another tokenizer ({theirs[:12]}); use a new --out")
-    else:
-        tokenizer.save(tok_dir)
+    else:  # whole or not at all: a killed or failed save must not leave a truncated model to read next time
+        with atomic_directory(tok_dir) as tmp:
+            tokenizer.save(tmp)
     plan = plan_json(units, options)
     path = out / PLAN
     if path.is_file() and path.read_bytes() != plan:
@@ -193,17 +194,19 @@ def _run_jobs(
         per_worker = bar.n / elapsed / 1e6 / workers
         bar.set_postfix(tokens_per_s=f"{tokens / elapsed:,.0f}", mb_per_s_per_worker=f"{per_worker:.2f}")
 
-    if workers == 1:  # in this process: no start-up cost for small corpora
-        _init_worker(str(out / TOKENIZER_DIR))
-        for job in jobs:
-            done(*_prepare_one(job)[1:])
-    else:
-        context = multiprocessing.get_context("spawn")  # no inherited state (threads, open files)
-        initargs = (str(out / TOKENIZER_DIR),)
-        with context.Pool(workers, initializer=_init_worker, initargs=initargs) as pool:
-            for _, size, count in pool.imap_unordered(_prepare_one, jobs):
-                done(size, count)
-    bar.close()
+    try:  # the bar is closed before any error is reported, so the error is the last line
+        if workers == 1:  # in this process: no start-up cost for small corpora
+            _init_worker(str(out / TOKENIZER_DIR))
+            for job in jobs:
+                done(*_prepare_one(job)[1:])
+        else:
+            context = multiprocessing.get_context("spawn")  # no inherited state (threads, open files)
+            initargs = (str(out / TOKENIZER_DIR),)
+            with context.Pool(workers, initializer=_init_worker, initargs=initargs) as pool:
+                for _, size, count in pool.imap_unordered(_prepare_one, jobs):
+                    done(size, count)
+    finally:
+        bar.close()
 
 
 def _main(argv: Sequence[str] | None) -> int:
