@@ -50,10 +50,11 @@ from export.optimize import measure_latency, optimize_offline
 from export.ort_providers import CPU, GPU_PROVIDERS, INT8_CPU_ONLY, canonical_provider
 from export.precision import quantize_int8, to_fp16
 from export.sessions import default_threads, runner, session
-from export.sidecar import PRECISIONS, SIDECAR_FILE, Sidecar, settings_from_metadata, sha256_file
+from export.sidecar import PRECISIONS, SIDECAR_FILE, Sidecar, settings_from_metadata
 from export.torch_export import export_graph, load_qa_checkpoint, torch_runner, weights_file
 from export.verify import DEFAULT_SHAPES, DEFAULT_TOLERANCE, Comparison, compare, run_all, sample_batches
 from train.atomic_dir import atomic_directory
+from train.digests import sha256_file
 from train.model import HEADS, XLNetForQuestionAnswering
 from train.model.inference import QAInference
 from train.squad.answerability import Answerability

@@ -9,7 +9,6 @@ relies on and fails with one message naming the file and the problem, never a Ke
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -19,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from train.contract import DEFAULTS, INPUT_NAMES, OUTPUT_NAMES
+from train.digests import sha256_file
 from train.squad.answerability import Answerability, AnswerabilityError, from_metadata
 
 FORMAT_VERSION = 1
@@ -55,15 +55,6 @@ def settings_from_metadata(metadata: Mapping[str, Any] | None) -> dict[str, floa
         if value is not None:
             out[key] = type(default)(value)
     return out
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in chunks (weights files are hundreds of MB)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass

@@ -27,6 +27,7 @@ from export.torch_export import torch_runner
 from export.verify import compare, run_all, sample_batches
 from train import checkpoint
 from train.contract import INPUT_NAMES
+from train.digests import sha256_file
 from train.model import XLNetConfig, XLNetLMHeadModel
 from train.model.inference import QAInference, derive_p_mask, output_names
 
@@ -74,7 +75,7 @@ def test_every_head_exports_and_verifies(exports, head):
     assert max(ver["shapes"])[1] > side.exporter["trace_shape"][1] and max(b for b, _ in ver["shapes"]) > 1
     assert all(d <= 1e-4 for d in ver["max_abs_diff"].values())
     assert set(ver["max_abs_diff"]) | set(ver["fraction_equal"]) == set(side.outputs)
-    assert side.source_checkpoint_sha256 == sc.sha256_file(ckpt / "model.safetensors")
+    assert side.source_checkpoint_sha256 == sha256_file(ckpt / "model.safetensors")
     assert side.exporter["torch"] == torch.__version__ and side.exporter["folded_ifs"] >= (head != "simple")
     cfg = checkpoint.load(ckpt).config
     assert (side.d_model, side.n_layer, side.vocab_size) == (cfg.d_model, cfg.n_layer, cfg.vocab_size)

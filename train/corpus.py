@@ -14,7 +14,7 @@ A document is a ``list[str]`` of non-empty, whitespace-stripped lines.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,21 +81,26 @@ def read_squad_contexts(path: PathLike) -> list[str]:
     return contexts
 
 
-def _iter_text_documents(path: Path) -> Iterator[list[str]]:
+def line_documents(lines: Iterable[str]) -> Iterator[list[str]]:
+    """Plain-text documents: stripped non-empty lines, a blank line between documents."""
     doc: list[str] = []
-    try:
-        with path.open(encoding="utf-8-sig") as f:
-            for line in f:
-                line = line.strip()
-                if line:
-                    doc.append(line)
-                elif doc:
-                    yield doc
-                    doc = []
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    for line in lines:
+        line = line.strip()
+        if line:
+            doc.append(line)
+        elif doc:
+            yield doc
+            doc = []
     if doc:
         yield doc
+
+
+def _iter_text_documents(path: Path) -> Iterator[list[str]]:
+    try:
+        with path.open(encoding="utf-8-sig") as f:
+            yield from line_documents(f)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def _checked_paths(paths: Sequence[PathLike]) -> list[Path]:

@@ -14,7 +14,6 @@ document), so a prepared corpus holds exactly the token stream ``--corpus`` buil
 
 from __future__ import annotations
 
-import array
 import gzip
 import io
 import json
@@ -24,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from train.contract import EOD_ID
-from train.corpus import read_squad_contexts
+from train.corpus import line_documents, read_squad_contexts
 from train.data.shards import id_dtype
+from train.data.streams import encode_documents
 from train.text import split_sentences
 
 DEFAULT_SHARD_MB = 64.0
@@ -137,16 +136,7 @@ def iter_unit_documents(unit: Unit) -> Iterator[list[str]]:
             if sentences := split_sentences(" ".join(text.split())):
                 yield sentences
         return
-    doc: list[str] = []
-    for line in stream:
-        line = line.strip()
-        if line:
-            doc.append(line)
-        elif doc:
-            yield doc
-            doc = []
-    if doc:
-        yield doc
+    yield from line_documents(stream)
 
 
 @dataclass(frozen=True)
@@ -160,33 +150,16 @@ class Tokenized:
 def tokenize_unit(
     unit: Unit, encode: Callable[[str], list[int]], vocab_size: int, max_line_chars: int
 ) -> Tokenized:
-    """Token ids, sentence starts and id counts of one unit, 4 bytes a token while it is built."""
-    ids, starts = array.array("i"), array.array("q")
-    skipped = 0
-    for doc in iter_unit_documents(unit):
-        wrote = False
-        for line in doc:
-            line = line.strip()
-            if len(line) > max_line_chars:
-                skipped += 1
-                continue
-            pieces = encode(line) if line else []
-            if not pieces:
-                continue
-            starts.append(len(ids))
-            ids.extend(pieces)
-            wrote = True
-        if wrote:
-            ids.append(EOD_ID)
-    token_ids = np.frombuffer(ids, dtype=np.int32) if ids else np.zeros(0, np.int32)
+    """Token ids, sentence starts and id counts of one unit (``encode_documents``, as ``--corpus`` in memory)."""
+    encoded = encode_documents(iter_unit_documents(unit), encode, max_line_chars=max_line_chars)
+    token_ids = encoded.ids
     if token_ids.size and (token_ids.min() < 0 or token_ids.max() >= vocab_size):
         raise ValueError(f"{unit.source}: the tokenizer produced ids outside [0, {vocab_size})")
-    counts = np.bincount(token_ids, minlength=vocab_size).astype(np.int64)
     return Tokenized(
         ids=token_ids.astype(id_dtype(vocab_size)),
-        starts=np.frombuffer(starts, dtype=np.int64) if starts else np.zeros(0, np.int64),
-        counts=counts,
-        skipped_lines=skipped,
+        starts=encoded.starts,
+        counts=np.bincount(token_ids, minlength=vocab_size).astype(np.int64),
+        skipped_lines=encoded.skipped_lines,
     )
 
 

@@ -17,7 +17,6 @@ corpus. Torch-free.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from typing import Any, Literal
 import numpy as np
 
 from train.atomic_dir import atomic_write_bytes
+from train.digests import sha256_bytes, sha256_file
 
 FORMAT = "xlnet-qa-corpus/1"
 MANIFEST = "manifest.json"
@@ -42,18 +42,6 @@ def shard_name(index: int) -> str:
 def id_dtype(vocab_size: int) -> np.dtype:
     """uint16 while every id fits (half the disk and page cache of uint32)."""
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -101,7 +89,8 @@ def write_shard(
 
 
 def read_record(directory: Path, index: int) -> ShardRecord | None:
-    """The shard's record if it is finished (record present, files of the recorded sizes)."""
+    """The shard's record if it is finished: the record is written after its files, so it exists only
+    for a shard whose files are complete (None for a missing or unreadable record)."""
     path = directory / f"{shard_name(index)}.json"
     if not path.is_file():
         return None
