@@ -28,7 +28,6 @@ from typing import Any
 from export.gpu import cuda_device_count, cuda_device_problem
 from export.gpu_versions import ONNXRUNTIME_GPU_VERSION, TENSORRT_VERSION
 from export.ort_providers import (
-    CPU,
     CUDA,
     GPU_PROVIDERS,
     TENSORRT,
@@ -231,18 +230,3 @@ def fallback_problem(result: Probe, advice: str = "", device_id: int = 0) -> str
         got = f"the session failed ({result.error})" if cause.startswith(UNKNOWN) else "the session failed"
     line = f"onnxruntime was asked for {asked} but {got}: {cause}"
     return f"{line}; {advice}" if advice else line
-
-
-def usable_gpu_providers(available: Sequence[str], device_id: int = 0) -> list[str]:
-    """The compiled-in GPU providers that really run a session here (CPU always counts as usable)."""
-    usable = []
-    for provider in available:
-        if provider == CPU:
-            usable.append(provider)
-            continue
-        if provider not in GPU_PROVIDERS:
-            continue
-        preload_gpu_libraries([provider])
-        if probe([(provider, {"device_id": str(device_id)}), CPU]).ok:
-            usable.append(provider)
-    return usable

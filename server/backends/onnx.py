@@ -91,19 +91,21 @@ def first_that_runs(providers: Sequence[str], device_id: int) -> list[str]:
 
 
 def auto_providers(available: Sequence[str], device_id: int) -> list[str]:
-    """``auto``'s candidates: the compiled-in GPU providers only if they really run (else the CPU, logged)."""
+    """``auto``'s candidates: CUDA and the CPU if a probe session really runs on CUDA, else the CPU alone
+    (logged). TensorRT is never probed: auto never picks it."""
     from export.ort_providers import CUDA
-    from export.provider_probe import usable_gpu_providers, why_inactive
+    from export.provider_probe import preload_gpu_libraries, probe, why_inactive
 
     if CUDA not in available:
         return list(available)
-    usable = usable_gpu_providers([CUDA, CPU], device_id)  # auto never picks TensorRT: no need to probe it
-    if CUDA not in usable:
-        logger.info(
-            "providers auto: CUDA is compiled in but does not run here (%s); using the CPU",
-            why_inactive(CUDA),
-        )
-    return usable
+    preload_gpu_libraries([CUDA])
+    if probe(probe_entries([CUDA, CPU], device_id)).ok:
+        return [CUDA, CPU]
+    logger.info(
+        "providers auto: CUDA is compiled in but does not run here (%s); using the CPU",
+        why_inactive(CUDA, device_id),
+    )
+    return [CPU]
 
 
 class OnnxBackend(Backend):
