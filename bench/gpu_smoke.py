@@ -97,6 +97,12 @@ SERVERS = {
 }
 
 
+def one_line(message: str) -> str:
+    """A failure for one table cell: a server's log ends in the exception that stopped it."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    return " ... ".join(dict.fromkeys([lines[0], lines[-1]])) if lines else ""
+
+
 def missing(packages: Sequence[str]) -> list[str]:
     """The packages of ``packages`` this Python cannot import (onnxruntime-gpu: the CUDA provider)."""
     absent = []
@@ -204,7 +210,7 @@ class Stages:
         try:
             value = call()
         except Exception as exc:  # noqa: BLE001 - report every stage, then fail
-            self.results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            self.results[name] = {"error": f"{type(exc).__name__}: {one_line(str(exc))}"}
             return None
         self.results[name] = value if isinstance(value, dict) else {"ok": str(value)}
         return value
@@ -220,7 +226,7 @@ class Stages:
             if "missing" in r:
                 rows.append([name, "NOT RUN", "missing packages: " + ", ".join(r["missing"]), "", ""])
             elif "error" in r:
-                rows.append([name, "FAILED", r["error"][:100], "", ""])
+                rows.append([name, "FAILED", r["error"][:200], "", ""])
             elif "p50_ms" in r:
                 p50, p99 = f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}"
                 rows.append([name, r["ran_on"], repr(r["answer"])[:40], p50, p99])

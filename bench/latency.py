@@ -108,6 +108,12 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--skip", default="", help="comma-separated paths to skip: a,b,c,d,e,f")
     ap.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu, or cuda[:N]: the torch paths (a) and (c) on that GPU, in fp32 and under bf16 autocast "
+        "(the CPU onnxruntime paths are skipped there)",
+    )
+    ap.add_argument(
         "--realistic", type=int, default=0, help="also time N dev questions at their true window lengths"
     )
     ap.add_argument(
@@ -133,8 +139,16 @@ def main(argv=None) -> int:
         ap.error("--realistic must be >= 0")
     if args.spm is not None and not args.spm.exists():
         ap.error(f"--spm {args.spm} does not exist")
+    from server.backends.torch import torch_device_problem
+
+    if problem := torch_device_problem(args.device, flag="--device"):
+        ap.error(problem)
+    device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     skip = set(args.skip.split(","))
+    if device.type == "cuda":
+        skip |= {"b", "d", "e", "f"}  # onnxruntime on the CPU: not what a GPU run compares
+        print("on CUDA: paths (b), (d), (e), (f) skipped; (a) and (c) in fp32 and bf16 autocast")
     config = XLNetConfig.preset(args.config, vocab_size=args.vocab, dropout=0.0)
     torch.manual_seed(0)
     ours = XLNetForQuestionAnswering(config, head="simple").eval()
@@ -149,13 +163,22 @@ def main(argv=None) -> int:
     runners: dict[str, Callable[[dict[str, np.ndarray]], Callable[[], object]]] = {}
     inference = QAInference(ours)
 
-    def torch_runner(module):
+    hf.to(device)
+    inference.to(device)
+
+    def torch_runner(module, autocast: torch.dtype | None = None):
         def make(feeds):
-            tensors = tuple(torch.from_numpy(feeds[n]) for n in INPUT_NAMES)
+            tensors = tuple(torch.from_numpy(feeds[n]).to(device) for n in INPUT_NAMES)
 
             def run():
-                with torch.inference_mode():
-                    return module(*tensors)
+                with (
+                    torch.inference_mode(),
+                    torch.autocast(device.type, autocast or torch.float32, enabled=bool(autocast)),
+                ):
+                    out = module(*tensors)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)  # the kernels are timed, not their launch
+                return out
 
             return run
 
@@ -167,6 +190,11 @@ def main(argv=None) -> int:
         runners["(b) HF -> ONNX -> ORT"] = lambda feeds: hf_onnx_runner(hf, feeds, args.threads)
     if "c" not in skip:
         runners["(c) ours torch eager"] = torch_runner(inference)
+    if device.type == "cuda":
+        if "a" not in skip:
+            runners["(a) HF eager, bf16 autocast"] = torch_runner(HFWrapper(hf), torch.bfloat16)
+        if "c" not in skip:
+            runners["(c) ours torch eager, bf16 autocast"] = torch_runner(inference, torch.bfloat16)
     for key, precision in (("d", "fp32"), ("e", "int8")):
         if key in skip:
             continue
@@ -202,6 +230,10 @@ def main(argv=None) -> int:
             rows.append([name, f"{b}x{t}", p50 * 1e3, p90 * 1e3, flops / p50 / 1e9, speedup])
             print(f"  {name} {b}x{t}: p50 {p50 * 1e3:.1f} ms", flush=True)
     print(f"\nMachine: {machine_line(args.threads)}")
+    if device.type == "cuda":
+        print(
+            f"GPU: {torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}, TF32 matmul {torch.backends.cuda.matmul.allow_tf32}"
+        )
     print(
         f"Model: {args.config} preset (d_model {config.d_model}, {config.n_layer} layers), random weights, "
         f"{xlnet_forward_flops(1, 384, config.d_model, config.d_inner, config.n_layer) / 1e9:.0f} GFLOP at 1x384\n"

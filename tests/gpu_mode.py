@@ -42,6 +42,10 @@ def unavailable(reason: str, *, device: bool = False) -> NoReturn:
     pytest.skip(reason)
 
 
+# module -> pip package: what a server needs beyond torch and numpy
+SERVING_PACKAGES = {"fastapi": "fastapi", "uvicorn": "uvicorn", "pydantic_settings": "pydantic-settings"}
+
+
 def require_package(module: str, package: str) -> None:
     """Skip (or fail when everything is required) naming ``package`` when ``module`` is not importable."""
     if importlib.util.find_spec(module) is None:

@@ -89,17 +89,21 @@ class TorchBackend(Backend):
         return facts | ({"gpu": self.gpu} if self.gpu else {})
 
 
-def torch_device_problem(device: str) -> str | None:
-    """One line when this torch cannot run on ``device`` ("cpu", "cuda", "cuda:N"); None when it can."""
+def torch_device_problem(device: str, flag: str = "--torch-device") -> str | None:
+    """One line, naming the command-line ``flag``, when this torch cannot run on ``device`` ("cpu",
+    "cuda", "cuda:N"); None when it can."""
     import torch
 
-    where = torch.device(device)
+    try:
+        where = torch.device(device)
+    except RuntimeError:
+        return f"{flag} {device!r}: not a torch device (cpu, cuda or cuda:N)"
     if where.type != "cuda":
         return None
     build = f"torch {torch.__version__} (CUDA build: {torch.version.cuda or 'none, a CPU wheel'})"
     if not torch.cuda.is_available():
-        return f"--torch-device {device}: {build} sees no CUDA device"
+        return f"{flag} {device}: {build} sees no CUDA device"
     index, count = where.index or 0, torch.cuda.device_count()
     if index >= count:
-        return f"--torch-device {device}: {build} sees {count} CUDA device(s), numbered from 0"
+        return f"{flag} {device}: {build} sees {count} CUDA device(s), numbered from 0"
     return None
