@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from train.sample_data import SAMPLE_CALIBRATION, SAMPLE_DIR
+from train.common.sample_data import SAMPLE_CALIBRATION, SAMPLE_DIR
 
 REPO = Path(__file__).resolve().parent
 SAMPLE = SAMPLE_DIR
@@ -57,8 +57,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     from train import evaluate, finetune, pretrain
-    from train import synth as synth_cli
     from train import tokenizer as tokenizer_cli
+    from train.experiments import synth as synth_cli
 
     tok_dir = out / "tokenizer"
     stage(
@@ -108,7 +108,7 @@ def main() -> int:
     )
     synthetic = out / "synthetic.json"
     stage(
-        "3/8 write cloze questions from the sample text (train.synth)",
+        "3/8 write cloze questions from the sample text (train.experiments.synth)",
         synth_cli.main,
         ["--input", str(SAMPLE / "corpus.json"), str(SAMPLE / "train.json"), "--out", str(synthetic)],
     )
@@ -158,7 +158,7 @@ def main() -> int:
         ],
     )
 
-    from export import onnx as onnx_export
+    from export.onnx import cli as onnx_export
 
     stage(
         "7/8 export to ONNX and verify against PyTorch",
@@ -208,8 +208,8 @@ def said(res) -> str:
 def verdict(eval_dir: Path, model_dir: Path) -> str:
     """What the demo's model reached on the dev article (nothing was fitted or chosen on it), against
     answering none, with a paired bootstrap interval, and what the fitted decision rule expected."""
+    from train.experiments.study import span_quality
     from train.squad import paired_bootstrap, per_question_f1, read_squad
-    from train.study import span_quality
 
     examples = read_squad(SAMPLE / "dev.json")
     predictions = json.loads((eval_dir / "predictions.json").read_text())

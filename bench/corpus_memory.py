@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.common import machine_line, markdown_table
-from train.corpus import iter_texts
-from train.sample_data import SAMPLE_CORPUS, SAMPLE_TRAIN
+from train.common.corpus import iter_texts
+from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_TRAIN
 
 PROG = "python -m bench.corpus_memory"
 REPO = Path(__file__).resolve().parents[1]

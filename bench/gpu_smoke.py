@@ -35,7 +35,7 @@ import httpx
 from bench.common import markdown_table, percentile
 from export.stack_report import collect, problems
 from server.process import ServerProcess
-from train.sample_data import SAMPLE_CORPUS, SAMPLE_DEV
+from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_DEV
 
 PROG = "python -m bench.gpu_smoke"
 # pip name -> module that proves it is importable here
@@ -132,7 +132,7 @@ def first_question() -> tuple[str, str]:
 
 def make_checkpoint(work: Path) -> Path:
     """A tiny random QA checkpoint (vocabulary trained on the sample)."""
-    from export.testing import tiny_qa_checkpoint
+    from export.onnx.testing import tiny_qa_checkpoint
     from train.tokenizer import train_spm
 
     train_spm([SAMPLE_CORPUS], work / "tokenizer", 2000)
@@ -141,13 +141,13 @@ def make_checkpoint(work: Path) -> Path:
 
 def make_export(work: Path, checkpoint: Path) -> Path:
     """An fp32 ONNX export of ``checkpoint``."""
-    from export.onnx_pipeline import OnnxExportOptions, export_onnx
+    from export.onnx.pipeline import OnnxExportOptions, export_onnx
 
     return export_onnx(OnnxExportOptions(checkpoint=checkpoint, out=work / "onnx"), report=print).out
 
 
 def build_engine(onnx_dir: Path, work: Path) -> Path:
-    from export.trt import main as trt_main
+    from export.trt.build import main as trt_main
 
     out = work / "trt"
     args = ["--onnx", str(onnx_dir), "--out", str(out), "--timing-cache", str(work / "timing.cache")]

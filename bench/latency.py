@@ -26,13 +26,12 @@ import torch
 import transformers
 
 from bench.common import machine_line, markdown_table, pct, time_runs, xlnet_forward_flops
-from export.onnx_pipeline import OnnxExportOptions, VerificationFailed, export_onnx
-from export.sessions import session
-from train import checkpoint
-from train.contract import INPUT_NAMES
-from train.model import XLNetConfig, XLNetForQuestionAnswering
+from export.onnx.pipeline import OnnxExportOptions, VerificationFailed, export_onnx
+from export.runtime.sessions import session
+from train.common.contract import INPUT_NAMES
+from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_DEV
+from train.model import XLNetConfig, XLNetForQuestionAnswering, checkpoint
 from train.model.inference import QAInference
-from train.sample_data import SAMPLE_CORPUS, SAMPLE_DEV
 
 
 def make_inputs(b: int, t: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import markdown_table
-from train.contract import INPUT_NAMES
-from train.sample_data import SAMPLE_CORPUS, SAMPLE_DEV
+from train.common.contract import INPUT_NAMES
+from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_DEV
 from train.squad import featurize_one, pad_batch, read_squad
 from train.tokenizer import XLNetTokenizer, train_spm
 

@@ -30,7 +30,7 @@ import httpx
 from bench.common import markdown_table, percentile
 from server.metrics import sample_total
 from server.process import ServerProcess
-from train.sample_data import SAMPLE_DEV
+from train.common.sample_data import SAMPLE_DEV
 
 REPO = Path(__file__).resolve().parents[1]
 DEV = SAMPLE_DEV

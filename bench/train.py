@@ -16,9 +16,8 @@ import transformers
 from torch.nn import functional as F
 
 from bench.common import machine_line, markdown_table, pct, time_runs
-from train import checkpoint
-from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel
-from train.runtime import autocast
+from train.engine.runtime import autocast
+from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel, checkpoint
 
 CPU = torch.device("cpu")
 

@@ -18,9 +18,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from export.gpu import cuda_device_count, cuda_device_problem
 from export.gpu_versions import ONNXRUNTIME_GPU_VERSION, TENSORRT_VERSION, tensorrt_version_problem
-from export.ort_providers import (
+from export.runtime.gpu import cuda_device_count, cuda_device_problem
+from export.runtime.providers import (
     CUDA,
     GPU_PROVIDERS,
     GPU_WHEEL,
@@ -51,8 +51,8 @@ def _onnxruntime() -> tuple[str | None, list[str]]:
 
 def provider_runs(providers: list[str], quiet: bool = True) -> dict[str, str | None]:
     """For each compiled-in GPU provider: None when a real tiny session runs on it, else why not."""
-    from export.ort_providers import CPU
-    from export.provider_probe import preload_gpu_libraries, probe, why_inactive
+    from export.runtime.probe import preload_gpu_libraries, probe, why_inactive
+    from export.runtime.providers import CPU
 
     found: dict[str, str | None] = {}
     for provider in (p for p in providers if p in GPU_PROVIDERS):

@@ -1,6 +1,6 @@
 """What the server needs to know about a model, read torch-free from an export or checkpoint directory.
 
-An export directory holds ``export.json`` (read and validated by :mod:`export.sidecar`), the model file
+An export directory holds ``export.json`` (read and validated by :mod:`export.runtime.sidecar`), the model file
 and the tokenizer; a checkpoint directory (``--backend torch``) holds ``config.json`` + ``metadata.json``,
 read here as plain JSON. Neither path imports torch (the ONNX/TensorRT server must not), and both fail
 at startup with one clear line when a directory is not what it claims to be.
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from export.sidecar import DEFAULT_SETTINGS, Sidecar, SidecarError
-from train.contract import DEFAULTS, INPUT_NAMES, shortest_sequence
-from train.contract import OUTPUT_NAMES as OUTPUTS_BY_HEAD
+from export.runtime.sidecar import DEFAULT_SETTINGS, Sidecar, SidecarError
+from train.common.contract import DEFAULTS, INPUT_NAMES, shortest_sequence
+from train.common.contract import OUTPUT_NAMES as OUTPUTS_BY_HEAD
 from train.squad.answerability import Answerability, AnswerabilityError
 
 logger = logging.getLogger("server")
@@ -157,7 +157,7 @@ def _need_tokenizer(directory: Path) -> None:
 
 
 def load_export_spec(directory: str | Path, backend: str = "onnx") -> ModelSpec:
-    """Read and validate an export directory through ``export.sidecar`` (torch-free).
+    """Read and validate an export directory through ``export.runtime.sidecar`` (torch-free).
 
     The sidecar's backend must fit the server's: an ONNX export for ``onnx``, an engine for ``trt``.
     """

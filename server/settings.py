@@ -12,8 +12,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from export.ort_providers import TENSORRT, parse_providers
-from train.contract import DEFAULTS
+from export.runtime.providers import TENSORRT, parse_providers
+from train.common.contract import DEFAULTS
 
 ENV_PREFIX = "XLNETQA_"
 JSON_BYTES_PER_CHAR = 12  # the most one character can take in a JSON string ("\ud83d\ude00" is one)

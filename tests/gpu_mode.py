@@ -15,7 +15,7 @@ from typing import NoReturn
 
 import pytest
 
-from export.gpu import cuda_device_problem, gpu_stack_problem
+from export.runtime.gpu import cuda_device_problem, gpu_stack_problem
 
 REQUIRE_ENV = "XLNETQA_REQUIRE_GPU"
 MISSING = "missing package"
@@ -89,7 +89,7 @@ def require_provider(provider: str) -> None:
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         unavailable(f"{MISSING} onnxruntime-gpu (onnxruntime {ort.__version__} here is the CPU wheel)")
-    from export.provider_probe import preload_gpu_libraries
+    from export.runtime.probe import preload_gpu_libraries
 
     preload_gpu_libraries([provider])  # as the server does: NVIDIA's pip wheels are not on the loader path
     if provider not in ort.get_available_providers():

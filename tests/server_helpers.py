@@ -29,18 +29,18 @@ OK = {"question": "What?", "context": "Something happened."}  # a request every 
 
 def build_qa_checkpoint(out: Path, tok: XLNetTokenizer, head: str = "shallow", seed: int = 0) -> Path:
     """A tiny random QA model saved as a fine-tuned checkpoint (tokenizer + serving metadata)."""
-    import train.checkpoint
+    import train.model.checkpoint
     from train.model import XLNetConfig, XLNetForQuestionAnswering
 
     torch.manual_seed(seed)
     config = XLNetConfig.preset("tiny", vocab_size=tok.vocab_size, dropout=0.0)
     model = XLNetForQuestionAnswering(config, head=head).eval()
-    return train.checkpoint.save(model, out, tokenizer=tok, metadata={**METADATA, "head": head})
+    return train.model.checkpoint.save(model, out, tokenizer=tok, metadata={**METADATA, "head": head})
 
 
 def export_onnx(ckpt: Path, out: Path) -> Path:
     """The project's exporter, in-process (``python -m export.onnx``: fp32, verified against torch)."""
-    from export.onnx import main as export_main
+    from export.onnx.cli import main as export_main
 
     rc = export_main(["--checkpoint", str(ckpt), "--out", str(out)])
     assert rc in (0, None), f"export.onnx failed with {rc}"

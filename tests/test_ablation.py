@@ -1,4 +1,4 @@
-"""`train.ablation` on a tiny budget: every cell pretrains and fine-tunes, the report and plot are written."""
+"""`train.experiments.ablation` on a tiny budget: every cell pretrains and fine-tunes, the report and plot are written."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from train.ablation import main, parse_config
-from train.cli import run
+from train.common.cli import run
+from train.experiments.ablation import main, parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
@@ -78,5 +78,5 @@ def test_tiny_grid_pretrains_fine_tunes_and_reports(tmp_path):
     ],
 )
 def test_bad_arguments_are_clear_errors(extra, message, tmp_path, capsys):
-    assert run(main, ["--out", str(tmp_path / "o"), *extra], "train.ablation") == 2
+    assert run(main, ["--out", str(tmp_path / "o"), *extra], "train.experiments.ablation") == 2
     assert message in capsys.readouterr().err

@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from train.answerability_fit import (
+from train.recipes.answerability import (
     FEATURE_SETS,
     FitOptions,
     Table,

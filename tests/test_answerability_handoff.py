@@ -16,9 +16,9 @@ import pytest
 from server_helpers import REPO, ServerProcess, export_onnx, server_env
 
 from clients import XLNetQAClient
-from export.sidecar import Sidecar, SidecarError
-from train.heldout import predict_file
-from train.qa import redecide
+from export.runtime.sidecar import Sidecar, SidecarError
+from train.engine.predict import redecide
+from train.experiments.heldout import predict_file
 from train.squad import read_squad
 from train.squad.answerability import QUESTION_FEATURES, VERIFIER_LOGIT, Answerability, Linear, from_metadata
 

@@ -12,7 +12,7 @@ import pytest
 from bench import serve
 from bench.realistic import realistic_windows
 from bench.serve_load import Result
-from train.contract import INPUT_NAMES
+from train.common.contract import INPUT_NAMES
 
 
 def test_bench_serve_reports_overhead_load_and_targets(onnx_export: Path, tmp_path: Path, capsys) -> None:

@@ -1,4 +1,4 @@
-"""train.corpus: plain-text and SQuAD JSON corpora -> documents of sentences, with clear errors."""
+"""train.common.corpus: plain-text and SQuAD JSON corpora -> documents of sentences, with clear errors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 from fixtures_spm import SHARED_DEV_NAME, shared_squad_file
 
-from train.corpus import iter_documents, iter_texts, read_documents, read_squad_contexts, split_sentences
+from train.common.corpus import (
+    iter_documents,
+    iter_texts,
+    read_documents,
+    read_squad_contexts,
+    split_sentences,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"

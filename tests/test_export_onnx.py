@@ -17,18 +17,17 @@ import torch
 import transformers
 from fixtures_spm import SHARED_DEV_NAME, shared_squad_file
 
-from export import sidecar as sc
-from export.graph import FORBIDDEN_OPS, matmul_weights, op_counts
-from export.onnx import build_parser, main, options_from_args
-from export.onnx_pipeline import OnnxExportOptions, export_onnx
-from export.sessions import runner, session
-from export.testing import perturb, tiny_qa_checkpoint
-from export.torch_export import torch_runner
-from export.verify import compare, run_all, sample_batches
-from train import checkpoint
-from train.contract import INPUT_NAMES
-from train.digests import sha256_file
-from train.model import XLNetConfig, XLNetLMHeadModel
+from export.onnx.cli import build_parser, main, options_from_args
+from export.onnx.graph import FORBIDDEN_OPS, matmul_weights, op_counts
+from export.onnx.pipeline import OnnxExportOptions, export_onnx
+from export.onnx.testing import perturb, tiny_qa_checkpoint
+from export.onnx.torch_export import torch_runner
+from export.onnx.verify import compare, run_all, sample_batches
+from export.runtime import sidecar as sc
+from export.runtime.sessions import runner, session
+from train.common.contract import INPUT_NAMES
+from train.common.digests import sha256_file
+from train.model import XLNetConfig, XLNetLMHeadModel, checkpoint
 from train.model.inference import QAInference, derive_p_mask, output_names
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,7 +117,7 @@ SKIP_LN = "com.microsoft.SkipLayerNormalization"
 
 def test_cpu_sessions_skip_the_slow_skiplayernorm_fusion(exports, tmp_path):
     """In the int8 graph onnxruntime would fuse the feed-forward output's residual Add + LayerNormalization
-    into SkipLayerNormalization (slow on CPU: export.sidecar.CPU_DISABLED_OPTIMIZERS): the shipped file and a
+    into SkipLayerNormalization (slow on CPU: export.runtime.sidecar.CPU_DISABLED_OPTIMIZERS): the shipped file and a
     CPU session's own online (ENABLE_ALL) graph keep them unfused; other providers keep the fusion."""
     ckpt, _ = exports["shallow"]
     shipped, plain = tmp_path / "int8", tmp_path / "int8-unoptimized"
@@ -302,9 +301,9 @@ LOGIT_SCALE = 10.0
 
 
 def _agreement_against_zeros(export_dir: Path, head: str, data: Path) -> dict:
-    """export.agreement's report for the exported graph against a candidate whose outputs are all 0."""
-    from export.agreement import agreement
-    from export.sessions import runner, session
+    """export.onnx.agreement's report for the exported graph against a candidate whose outputs are all 0."""
+    from export.onnx.agreement import agreement
+    from export.runtime.sessions import runner, session
     from train.tokenizer import XLNetTokenizer
 
     side = sc.Sidecar.load(export_dir)
@@ -321,7 +320,7 @@ def _agreement_against_zeros(export_dir: Path, head: str, data: Path) -> dict:
 
 
 def test_best_span_margin_skips_candidates_with_the_same_text():
-    from export.agreement import best_span_margin
+    from export.onnx.agreement import best_span_margin
     from train.squad.decode import NBestEntry, Prediction
 
     def entry(text: str, score: float) -> NBestEntry:
@@ -385,7 +384,7 @@ def test_sidecar_round_trip_and_errors(exports, tmp_path):
 
 
 def test_sidecar_is_torch_free():
-    code = "import sys, export.sidecar; sys.exit('torch' in sys.modules)"
+    code = "import sys, export.runtime.sidecar; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
 
 
@@ -519,7 +518,7 @@ def test_module_entry_point_reports_errors_in_one_line(tmp_path):
 def test_graph_checker_catches_forbidden_ops_and_trace_constants():
     from onnx import TensorProto, helper, numpy_helper
 
-    from export.graph import GraphCheckError, check_graph, trace_length_for
+    from export.onnx.graph import GraphCheckError, check_graph, trace_length_for
 
     trace = trace_length_for({32, 64, 128})
     assert trace == 29 and trace_length_for({29, 30}) == 37 and trace_length_for({58}) == 31

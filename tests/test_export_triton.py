@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from export import pbtxt
 from export.gpu_versions import TENSORRT_VERSION, TRITON_GUIDANCE
-from export.sessions import session
-from export.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
-from export.testing import tiny_onnx_export
-from export.triton import main
-from export.trt import min_sequence
-from train.contract import INDEX_OUTPUTS, INPUT_NAMES
+from export.onnx.testing import tiny_onnx_export
+from export.runtime.sessions import session
+from export.runtime.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
+from export.triton import pbtxt
+from export.triton.repository import main
+from export.trt.build import min_sequence
+from train.common.contract import INDEX_OUTPUTS, INPUT_NAMES
 
 SHAPES = {"opt_shape": [8, 384], "max_shape": [16, 512]}
 

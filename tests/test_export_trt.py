@@ -27,10 +27,13 @@ from trt_stand_in import (
     fake_trt_export,
 )
 
-from export import cuda_runtime, gpu, trt_runtime
 from export.gpu_versions import TENSORRT_VERSION, TENSORRT_WHEEL, tensorrt_release, tensorrt_version_problem
-from export.sidecar import TOKENIZER_FILES, Sidecar
-from export.trt import (
+from export.onnx.verify import compare
+from export.runtime import gpu
+from export.runtime.sidecar import TOKENIZER_FILES, Sidecar
+from export.trt import cuda as cuda_runtime
+from export.trt import runtime as trt_runtime
+from export.trt.build import (
     choose_path,
     keep_fp32,
     load_timing_cache,
@@ -42,8 +45,7 @@ from export.trt import (
     save_timing_cache,
     source_graph,
 )
-from export.verify import compare
-from train.contract import INPUT_NAMES
+from train.common.contract import INPUT_NAMES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -251,7 +253,7 @@ def test_no_device_in_a_process_that_hides_them(tmp_path):
     """A real subprocess with CUDA_VISIBLE_DEVICES="" and no nvidia-smi on PATH sees no GPU, whatever this
     machine has (cuda-bindings honours the variable; the driver fallback checks it first)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PATH": str(tmp_path)}
-    code = "from export.gpu import cuda_device_count; print(cuda_device_count())"
+    code = "from export.runtime.gpu import cuda_device_count; print(cuda_device_count())"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == "0", proc.stderr
 
@@ -260,7 +262,7 @@ def test_the_runtime_and_the_server_backend_import_without_torch():
     """The gpu extra has no torch: the TensorRT runner, the CUDA buffers and the trt backend must not need it."""
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "import export.trt_runtime, export.cuda_runtime, export.gpu_versions, server.backends.trt, export.triton\n"
+        "import export.trt.runtime, export.trt.cuda, export.gpu_versions, server.backends.trt, export.triton\n"
         "print('ok')"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
@@ -346,8 +348,8 @@ def test_keep_fp32_warns_only_when_an_island_matches_nothing(capsys):
 
 def test_the_exported_graph_has_no_sinusoid_island_and_a_512_position_table(tmp_path, spm_dir):
     """Why the fp16 build has nothing to constrain: QAInference bakes the positions into constant tables."""
-    from export.graph import fp32_island
-    from export.testing import tiny_onnx_export
+    from export.onnx.graph import fp32_island
+    from export.onnx.testing import tiny_onnx_export
     from train.model.inference import MAX_POSITIONS
 
     out = tiny_onnx_export(tmp_path / "onnx", spm_dir, "shallow", "--no-optimize", "--no-verify")
@@ -442,8 +444,8 @@ def test_to_fp16_keeps_the_sinusoid_island_fp32():
     hundreds have no fractional part left in fp16); the rest becomes fp16."""
     import onnxruntime as ort
 
-    from export.graph import fp32_island
-    from export.precision import to_fp16
+    from export.onnx.graph import fp32_island
+    from export.onnx.precision import to_fp16
 
     weight = numpy_helper.from_array(np.full((4, 4), 0.5, np.float32), "weight")
     freq = numpy_helper.from_array(np.array([[1.0, 0.5, 0.25, 0.1]], np.float32), "freq")
@@ -540,10 +542,10 @@ def test_pad_and_cut():
 def test_padding_up_to_the_profile_minimum_changes_nothing(tmp_path, spm_dir, head):
     """TRTRunner pads batches below the engine's minimum shape; padded rows and tokens must not change the
     real outputs (checked here with onnxruntime, which accepts any shape)."""
-    from export.sessions import session
-    from export.testing import tiny_onnx_export
-    from export.trt_runtime import _cut, pad_to
-    from export.verify import sample_batches
+    from export.onnx.testing import tiny_onnx_export
+    from export.onnx.verify import sample_batches
+    from export.runtime.sessions import session
+    from export.trt.runtime import _cut, pad_to
     from train.tokenizer import XLNetTokenizer
 
     out = tiny_onnx_export(tmp_path / "onnx", spm_dir, head, "--no-optimize", "--no-verify")
@@ -659,13 +661,13 @@ def test_without_cuda_bindings_the_runner_says_how_to_install_them(monkeypatch):
 
 # --- on an NVIDIA machine ------------------------------------------------------------------------------------
 FP16_INDEX_AGREEMENT = 0.9  # fraction of beam top-k indices an fp16 engine must share with PyTorch fp32
-LOGIT_SCALE = 8.0  # trained-like margins between the best spans (see export.testing.tiny_qa_checkpoint)
+LOGIT_SCALE = 8.0  # trained-like margins between the best spans (see export.onnx.testing.tiny_qa_checkpoint)
 
 
 @pytest.fixture(scope="module")
 def gpu_exports(tmp_path_factory, spm_dir):
     require_tensorrt()
-    from export.testing import tiny_onnx_export
+    from export.onnx.testing import tiny_onnx_export
 
     root = tmp_path_factory.mktemp("trt")
     kw = {"logit_scale": LOGIT_SCALE}
@@ -680,8 +682,8 @@ def gpu_exports(tmp_path_factory, spm_dir):
 
 def pytorch_reference(onnx_dir: Path, batches: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
     """PyTorch fp32 (QAInference) on the checkpoint the export was made from: the truth for every engine."""
-    from export.torch_export import load_qa_checkpoint, torch_runner
-    from export.verify import run_all
+    from export.onnx.torch_export import load_qa_checkpoint, torch_runner
+    from export.onnx.verify import run_all
     from train.model.inference import QAInference
 
     loaded = load_qa_checkpoint(onnx_dir.with_name(onnx_dir.name + "-checkpoint"), None, print)
@@ -696,8 +698,8 @@ def pytorch_reference(onnx_dir: Path, batches: list[dict[str, np.ndarray]]) -> l
     ("source", "flag", "tolerance"), [("fp32", False, 1e-3), ("fp32", True, 5e-2), ("fp16", False, 5e-2)]
 )
 def test_engine_matches_pytorch(gpu_exports, tmp_path, capsys, head, source, flag, tolerance):
-    from export.trt_runtime import TRTRunner
-    from export.verify import run_all, sample_batches
+    from export.onnx.verify import run_all, sample_batches
+    from export.trt.runtime import TRTRunner
     from train.tokenizer import XLNetTokenizer
 
     onnx_dir = gpu_exports[head][source]

@@ -13,10 +13,9 @@ import pytest
 import torch
 import transformers
 
-from train import checkpoint
 from train.evaluate import main as evaluate_main
 from train.finetune import main as finetune_main
-from train.model import XLNetConfig, XLNetForQuestionAnswering
+from train.model import XLNetConfig, XLNetForQuestionAnswering, checkpoint
 from train.squad import Answerability, read_squad, split_by_article, write_squad
 
 REPO = Path(__file__).resolve().parents[1]
@@ -388,8 +387,8 @@ def test_two_ranks_equal_one_process_at_twice_the_batch(small_split, spm_dir, tm
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
+    from train.engine.runtime import seed_everything
     from train.finetune import load_tokenizer_and_model, parse_args
-    from train.runtime import seed_everything
 
     ns = parse_args([*base, "--out", str(tmp_path / "unused")])
     seed_everything(ns.seed)  # as finetune() does before building the model

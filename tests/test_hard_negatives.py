@@ -1,4 +1,4 @@
-"""Hard unanswerable questions (`train.hard_negatives`, `train.synth --hard-negatives`) and the
+"""Hard unanswerable questions (`train.experiments.hard_negatives`, `train.experiments.synth --hard-negatives`) and the
 plausible-answer span targets that fine-tuning can learn from them (`featurize(plausible_spans=True)`)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from train.hard_negatives import antonym, hard_negative, negate, swap_entity, swap_number
+from train.common.text import numbers
+from train.experiments.hard_negatives import antonym, hard_negative, negate, swap_entity, swap_number
+from train.experiments.synth import leaks
+from train.experiments.synth import main as synth_main
 from train.squad import SquadExample, featurize, read_squad
-from train.synth import leaks
-from train.synth import main as synth_main
-from train.text import numbers
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
@@ -74,7 +74,7 @@ def test_synth_hard_negatives_keep_the_sentence_and_the_plausible_answer(hard, t
 
 
 def test_bad_hard_negatives_share_is_refused(tmp_path: Path, capsys) -> None:
-    from train.cli import run
+    from train.common.cli import run
 
     argv = [
         "--input",
@@ -84,7 +84,7 @@ def test_bad_hard_negatives_share_is_refused(tmp_path: Path, capsys) -> None:
         "--hard-negatives",
         "1.5",
     ]
-    assert run(synth_main, argv, prog="train.synth") == 2
+    assert run(synth_main, argv, prog="train.experiments.synth") == 2
     assert "--hard-negatives must be in [0, 1]" in capsys.readouterr().err
 
 

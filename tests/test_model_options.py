@@ -59,7 +59,7 @@ def test_aoa_off_is_exactly_the_plain_model(tmp_path):
     its own parameters and changes the outputs."""
     import transformers
 
-    from train import checkpoint
+    from train.model import checkpoint
 
     torch.manual_seed(0)
     plain = XLNetModel(tiny()).eval()

@@ -6,8 +6,7 @@ import pytest
 import torch
 import transformers
 
-from train import checkpoint
-from train.model import XLNetConfig, XLNetForQuestionAnswering
+from train.model import XLNetConfig, XLNetForQuestionAnswering, checkpoint
 
 TOL = 1e-5
 V = 97

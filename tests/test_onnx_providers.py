@@ -15,7 +15,7 @@ import tomllib
 from gpu_mode import REQUIRE_ENV, gpu_required, require_provider
 from server_helpers import ServerProcess, server_env
 
-from export.ort_providers import (
+from export.runtime.providers import (
     CPU,
     CUDA,
     TENSORRT,
@@ -301,9 +301,9 @@ def test_gpu_provider_runs_every_node_on_the_gpu_and_matches_the_cpu(
     require_provider(provider)
     import onnxruntime as ort
 
-    from export.sessions import runner, session
-    from export.sidecar import Sidecar
-    from export.verify import compare, run_all, sample_batches
+    from export.onnx.verify import compare, run_all, sample_batches
+    from export.runtime.sessions import runner, session
+    from export.runtime.sidecar import Sidecar
     from train.tokenizer import XLNetTokenizer
 
     side = Sidecar.load(onnx_export)

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from train.corpus import iter_documents, iter_texts
+from train.common.corpus import iter_documents, iter_texts
+from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_TRAIN
 from train.data import PretrainBatches, PretrainDataConfig, tokenize_documents
 from train.data.shards import MANIFEST, ShardedCorpus
 from train.prepare_corpus import main as prepare_main
-from train.sample_data import SAMPLE_CORPUS, SAMPLE_TRAIN
 from train.tokenizer import XLNetTokenizer
 
 REPO = Path(__file__).resolve().parents[1]

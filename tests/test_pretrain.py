@@ -18,12 +18,11 @@ import transformers
 from fixtures_spm import SHARED_TEST_NAME, shared_squad_file
 from fixtures_spm import TINY_PRETRAIN_ARGS as RESUME_ARGS
 
-from train import checkpoint
 from train.data import PretrainBatches, PretrainDataConfig
-from train.model import XLNetConfig, XLNetLMHeadModel
+from train.engine.state import latest_checkpoint
+from train.model import XLNetConfig, XLNetLMHeadModel, checkpoint
 from train.pretrain import main as pretrain_main
 from train.pretrain import pretrain_loss, to_tensors
-from train.train_state import latest_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_CORPUS = REPO / "data" / "sample" / "corpus.json"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from server_helpers import ServerProcess, server_env
 
-from export.ort_providers import CPU, CUDA, TENSORRT, canonical_provider, parse_providers
+from export.runtime.providers import CPU, CUDA, TENSORRT, canonical_provider, parse_providers
 
 REPO = Path(__file__).resolve().parents[1]
 ORT_GPU_ENV = "XLNETQA_ORT_GPU_PYTHON"  # set by `make test` to the venv `make ort-gpu-venv` builds
@@ -65,7 +65,7 @@ def test_a_session_that_falls_back_is_caught_by_reading_its_providers() -> None:
     reads get_providers() back and names the cause; a session on what was asked passes."""
     import onnxruntime
 
-    from export.provider_probe import Probe, fallback_problem, probe
+    from export.runtime.probe import Probe, fallback_problem, probe
 
     if CUDA in onnxruntime.get_available_providers():
         pytest.skip("this wheel compiles CUDA in: see the onnxruntime-gpu venv test")
@@ -140,9 +140,7 @@ def ort_gpu_python() -> str:
         if named:
             pytest.fail(f"{ORT_GPU_ENV}={named} does not exist (make ort-gpu-venv)", pytrace=False)
         pytest.skip("no onnxruntime-gpu venv (make ort-gpu-venv)")
-    code = (
-        "from export.provider_probe import provider_library_problem as p; print(p('CUDAExecutionProvider'))"
-    )
+    code = "from export.runtime.probe import provider_library_problem as p; print(p('CUDAExecutionProvider'))"
     check = _run_in(str(python), "-c", code)
     if check.returncode != 0 or check.stdout.strip() == "None":
         pytest.skip(
@@ -212,7 +210,7 @@ def test_stack_report_in_the_gpu_wheel_venv_says_no_provider_runs_on_a_gpu() -> 
 
 
 def test_export_verifies_on_the_providers_named(qa_checkpoint: Path, tmp_path: Path) -> None:
-    from export.onnx import main
+    from export.onnx.cli import main
 
     out = tmp_path / "export"
     assert main(["--checkpoint", str(qa_checkpoint), "--out", str(out), "--verify-provider", "cpu"]) == 0

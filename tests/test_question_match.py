@@ -9,14 +9,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from export import sidecar as sc
-from export.onnx import main as export_main
-from export.sessions import session
-from export.testing import tiny_qa_checkpoint
-from export.verify import sample_batches
-from train import checkpoint
-from train.contract import INPUT_NAMES
-from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel
+from export.onnx.cli import main as export_main
+from export.onnx.testing import tiny_qa_checkpoint
+from export.onnx.verify import sample_batches
+from export.runtime import sidecar as sc
+from export.runtime.sessions import session
+from train.common.contract import INPUT_NAMES
+from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel, checkpoint
 from train.model.inference import QAInference
 from train.model.layout import question_match
 from train.tokenizer import XLNetTokenizer

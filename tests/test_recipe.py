@@ -12,12 +12,7 @@ import pytest
 import torch
 from fixtures_spm import SAMPLE
 
-from train import checkpoint
-from train.finetune import main as finetune_main
-from train.finetune import micro_batch_size, parse_args, resolve_grad_accum
-from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetModel
-from train.model.heads import apply_p_mask
-from train.optim import (
+from train.engine.optim import (
     MicroBatchClipping,
     XLNetAdam,
     clip_by_global_norm,
@@ -27,9 +22,13 @@ from train.optim import (
     optimizer_step,
     param_groups,
 )
+from train.engine.state import latest_checkpoint, load_training_state, save_training_state
+from train.finetune import main as finetune_main
+from train.finetune import micro_batch_size, parse_args, resolve_grad_accum
+from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetModel, checkpoint
+from train.model.heads import apply_p_mask
 from train.pretrain import main as pretrain_main
 from train.squad import write_squad
-from train.train_state import latest_checkpoint, load_training_state, save_training_state
 
 N_LAYER = 3
 

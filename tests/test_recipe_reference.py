@@ -31,12 +31,11 @@ import torch
 import transformers
 from fixtures_spm import SAMPLE
 
-from train import checkpoint
-from train.contract import CLS_ID, PAD_ID, SEP_ID
+from train.common.contract import CLS_ID, PAD_ID, SEP_ID
 from train.data.permutation import example_permutation, local_permutation_ranks, target_arrays
 from train.data.segments import SegmentPair, assemble_example, split_a_and_b
 from train.data.spans import sample_span_mask
-from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetModel
+from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetModel, checkpoint
 from train.model.layers import activation
 from train.model.position import attention_masks, relative_positions
 from train.squad import (

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from fixtures_spm import TINY_PRETRAIN_ARGS as RESUME_ARGS
 
-from train import checkpoint
-from train.cli import run
+from train.common.cli import run
+from train.engine.run_record import RUN_FILE, explicit_flags
+from train.engine.state import latest_checkpoint
 from train.finetune import main as finetune_main
+from train.model import checkpoint
 from train.pretrain import main as pretrain_main
-from train.run_record import RUN_FILE, explicit_flags
-from train.train_state import latest_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,9 +150,9 @@ def test_a_crash_at_any_point_of_a_save_leaves_one_whole_checkpoint(tmp_path, mo
     `latest` and the run directory hold exactly the old or exactly the new weights (every tensor)."""
     import torch
 
-    from train.optim import make_optimizer
-    from train.run_record import start_run
-    from train.train_state import save_training_state
+    from train.engine.optim import make_optimizer
+    from train.engine.run_record import start_run
+    from train.engine.state import save_training_state
 
     old, new = tiny_model(0), tiny_model(1)
     crashed_in_final_save = 0
@@ -261,7 +261,7 @@ def test_recipe_values_are_not_mistaken_for_given_flags() -> None:
 
 def test_an_interrupted_directory_swap_is_put_back(tmp_path) -> None:
     """killed between `target -> .target.old-PID` and `tmp -> target`: the old directory returns."""
-    from train.run_record import clean_temporaries
+    from train.engine.run_record import clean_temporaries
 
     (tmp_path / ".best.old-123").mkdir()
     (tmp_path / ".best.old-123" / "model.safetensors").write_text("old")

@@ -404,7 +404,7 @@ def test_unusable_model_or_backend_exits_2_with_one_line(onnx_export: Path, tmp_
     (broken / "model.onnx").write_bytes(b"not an onnx model")
     r = _run_server_cli("--model", str(broken), "--port", str(free_port()), "--log-level", "critical")
     assert r.returncode == 2 and "model.onnx differs from the exported file" in r.stderr, r.stderr
-    from export.sidecar import Sidecar
+    from export.runtime.sidecar import Sidecar
 
     Sidecar.load(broken).save(broken)  # as if the exporter had written it: passes the checks, fails to load
     r = _run_server_cli("--model", str(broken), "--port", str(free_port()), "--log-level", "critical")
@@ -433,7 +433,7 @@ r = httpx.post(url + "/answer", json={"question": "What?", "context": "Something
 assert r.status_code == 200, r.text
 server.should_exit = True; thread.join()
 import clients
-bad = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "train.model", "train.checkpoint")))
+bad = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "train.model", "train.model.checkpoint")))
 print("LEAKED" if bad else "TORCH-FREE", bad)
 """
 

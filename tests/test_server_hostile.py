@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from server_helpers import OK, REPO, WINDOWS, ServerProcess, long_context, post
 
-from export.sidecar import Sidecar
+from export.runtime.sidecar import Sidecar
 from server.metrics import sample_total
 from server.process import LOOPBACK as HOST
 from server.process import free_port
@@ -611,7 +611,7 @@ def test_model_files_that_differ_from_the_export_or_are_links_are_refused(
 
     from server_helpers import server_env
 
-    from export.sidecar import Sidecar
+    from export.runtime.sidecar import Sidecar
 
     recorded = Sidecar.load(onnx_export).files_sha256 or {}
     assert {"model.onnx", "spiece.model", "tokenizer_config.json"} <= set(recorded)

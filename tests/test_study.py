@@ -1,13 +1,13 @@
-"""`train.study` end to end on a tiny budget: every stage runs once, scores are on unseen questions."""
+"""`train.experiments.study` end to end on a tiny budget: every stage runs once, scores are on unseen questions."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from train.cli import run
+from train.common.cli import run
+from train.experiments.study import Run, main, parse_runs
 from train.squad import read_squad
-from train.study import Run, main, parse_runs
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 TINY = ["--config", "tiny", "--vocab", "1000", "--pretrain-steps", "4", "--pretrain-batch", "2"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from train.experiments.sweep import main as sweep_main
 from train.squad import write_squad
-from train.sweep import main as sweep_main
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 

@@ -1,4 +1,4 @@
-"""Self-supervised cloze questions (`train.synth`): valid SQuAD 2.0, exact offsets, no leaks, determinism."""
+"""Self-supervised cloze questions (`train.experiments.synth`): valid SQuAD 2.0, exact offsets, no leaks, determinism."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from train.squad import featurize, read_squad
-from train.synth import (
+from train.experiments.synth import (
     SynthConfig,
     draft_questions,
     finalise,
@@ -20,6 +19,7 @@ from train.synth import (
     read_articles,
     synthesize,
 )
+from train.squad import featurize, read_squad
 from train.tokenizer import XLNetTokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,7 +141,7 @@ def test_plain_text_input_and_finetuning_reads_the_output(tmp_path, spm_dir):
     ],
 )
 def test_bad_settings_are_clear_errors(args, message, tmp_path, capsys):
-    from train.cli import run
+    from train.common.cli import run
 
     code = run(
         main, ["--input", str(SAMPLE / "train.json"), "--out", str(tmp_path / "o.json"), *args], "synth"
@@ -151,7 +151,7 @@ def test_bad_settings_are_clear_errors(args, message, tmp_path, capsys):
 
 
 def test_bad_inputs_are_clear_errors(tmp_path, capsys):
-    from train.cli import run
+    from train.common.cli import run
 
     def err(path: Path) -> str:
         assert run(main, ["--input", str(path), "--out", str(tmp_path / "o.json")], "synth") == 2

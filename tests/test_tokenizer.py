@@ -659,7 +659,7 @@ def test_cli_help_and_errors(tmp_path: Path) -> None:
     ):
         res = _run("-m", "train.tokenizer", *args)
         assert res.returncode == 2, res.stderr
-        # bad input: one line; a bad command line (train.cli.Parser): the usage, then one error line
+        # bad input: one line; a bad command line (train.common.cli.Parser): the usage, then one error line
         lines = res.stderr.strip().splitlines()
         if lines[0].startswith("usage:"):
             lines = [line for line in lines if not line.startswith(" ")][1:]
@@ -668,7 +668,7 @@ def test_cli_help_and_errors(tmp_path: Path) -> None:
 
 
 def test_import_is_torch_free() -> None:
-    res = _run("-c", "import sys, train.tokenizer, train.corpus; print('torch' in sys.modules)")
+    res = _run("-c", "import sys, train.tokenizer, train.common.corpus; print('torch' in sys.modules)")
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "False"
 

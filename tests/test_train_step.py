@@ -11,11 +11,11 @@ import pytest
 import torch
 from gpu_mode import REQUIRE_ENV, require_torch_cuda
 
+from train.engine.optim import make_optimizer, make_scheduler
+from train.engine.runtime import Dist
+from train.engine.state import latest_checkpoint, save_training_state
+from train.engine.step import NonFiniteGradients, TrainStep
 from train.model import XLNetConfig, XLNetForQuestionAnswering
-from train.optim import make_optimizer, make_scheduler
-from train.runtime import Dist
-from train.step import NonFiniteGradients, TrainStep
-from train.train_state import latest_checkpoint, save_training_state
 
 SEQ, BATCH = 24, 4
 

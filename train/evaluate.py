@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from train import checkpoint
-from train.cli import Parser, run
-from train.contract import DEFAULTS
-from train.qa import run_evaluation, write_prediction_files
+from train.common.cli import Parser, run
+from train.common.contract import DEFAULTS
+from train.engine.predict import run_evaluation, write_prediction_files
+from train.model import checkpoint
 from train.squad import featurize, read_squad
 from train.squad.answerability import from_metadata as answerability_from_metadata
 

@@ -2,7 +2,7 @@
 
 Thin CLI over `finetune(args)`: features `P <sep> Q <sep> <cls>` with windows and max-context
 (`train.squad`), one of the heads shallow / deep / beam / simple, layer freezing, the original's
-optimiser (`train.optim`: TF-style Adam, clipping, layer-wise decay of the clipped gradients),
+optimiser (`train.engine.optim`: TF-style Adam, clipping, layer-wise decay of the clipped gradients),
 evaluation every N steps with the official metrics. `--out` receives the FINAL model and its dev
 metrics (its metadata carries the no-answer threshold that export and serving use by default);
 `--keep-best` also keeps the checkpoint with the highest dev best_f1 in `--out/best`, labelled with
@@ -23,25 +23,26 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from train import checkpoint
-from train.answerability_fit import ANSWERABILITY_CHOICES, CALIBRATION_METHODS, fit_for
-from train.cli import Parser, run
-from train.contract import DEFAULTS
-from train.loop import LoopPlan, StepReport, run_loop
-from train.model import ACTIVATIONS, HEADS, PRESETS, XLNetConfig, XLNetForQuestionAnswering
-from train.model.config import ANSWER_CLASS_INPUTS
-from train.optim import (
+from train.common.cli import Parser, run
+from train.common.contract import DEFAULTS
+from train.engine.loop import LoopPlan, StepReport, run_loop
+from train.engine.optim import (
     DECAYS,
     LAYER_DECAY_MODES,
     OPTIMIZERS,
     make_optimizer,
     make_scheduler,
 )
-from train.qa import evaluate_predictions, redecide, run_evaluation, write_prediction_files
-from train.recipes import RECIPES, recipe_defaults
-from train.run_record import add_run_flags, explicit_flags, open_run
-from train.runlog import MetricsLog
-from train.runtime import init_distributed, seed_everything
+from train.engine.predict import evaluate_predictions, redecide, run_evaluation, write_prediction_files
+from train.engine.run_record import add_run_flags, explicit_flags, open_run
+from train.engine.runlog import MetricsLog
+from train.engine.runtime import init_distributed, seed_everything
+from train.engine.state import latest_checkpoint, load_training_state, save_training_state
+from train.engine.step import TrainStep
+from train.model import ACTIVATIONS, HEADS, PRESETS, XLNetConfig, XLNetForQuestionAnswering, checkpoint
+from train.model.config import ANSWER_CLASS_INPUTS
+from train.recipes.answerability import ANSWERABILITY_CHOICES, CALIBRATION_METHODS, fit_for
+from train.recipes.presets import RECIPES, recipe_defaults
 from train.squad import (
     Answerability,
     featurize,
@@ -49,9 +50,7 @@ from train.squad import (
     read_squad,
     subsample_out_of_window,
 )
-from train.step import TrainStep
 from train.tokenizer import XLNetTokenizer, train_spm
-from train.train_state import latest_checkpoint, load_training_state, save_training_state
 
 
 def build_parser() -> Parser:
@@ -59,7 +58,7 @@ def build_parser() -> Parser:
     p.add_argument(
         "--recipe",
         choices=sorted(RECIPES),
-        help="the original XLNet's published SQuAD 2.0 settings (train/recipes.py); explicit flags win",
+        help="the original XLNet's published SQuAD 2.0 settings (train/recipes/presets.py); explicit flags win",
     )
     g = p.add_argument_group("data")
     g.add_argument(

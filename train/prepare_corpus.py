@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from train.atomic_dir import atomic_directory, atomic_write_bytes, recover_interrupted
-from train.cli import Parser, run
+from train.common.atomic_dir import atomic_directory, atomic_write_bytes, recover_interrupted
+from train.common.cli import Parser, run
 from train.data.prepare import (
     DEFAULT_MAX_LINE_CHARS,
     DEFAULT_SHARD_MB,

@@ -2,7 +2,7 @@
 
 Thin CLI over `pretrain(args)`: tokenizer (given or trained on the corpus), data streams with span
 targets and permutation masks (`train.data`), the LM model with Transformer-XL memory carried from
-batch to batch, the original's Adam, clipping and warmup/decay (`train.optim`), gradient
+batch to batch, the original's Adam, clipping and warmup/decay (`train.engine.optim`), gradient
 accumulation, atomic resumable checkpoints, metrics.jsonl + loss PNG, and DistributedDataParallel
 under torchrun.
 """
@@ -22,21 +22,20 @@ import torch.distributed as dist
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from train import checkpoint
-from train.cli import Parser, run
+from train.common.cli import Parser, run
+from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_TRAIN
 from train.data import PretrainBatches, PretrainDataConfig
 from train.data.shards import TOKENIZER_DIR, ShardedCorpus
-from train.loop import LoopPlan, StepReport, run_loop
-from train.model import ACTIVATIONS, PRESETS, XLNetConfig, XLNetLMHeadModel
-from train.optim import DECAYS, OPTIMIZERS, make_optimizer, make_scheduler
+from train.engine.loop import LoopPlan, StepReport, run_loop
+from train.engine.optim import DECAYS, OPTIMIZERS, make_optimizer, make_scheduler
+from train.engine.run_record import add_run_flags, explicit_flags, open_run
+from train.engine.runlog import MetricsLog
+from train.engine.runtime import Dist, autocast, init_distributed, seed_everything
+from train.engine.state import latest_checkpoint, load_training_state, save_training_state
+from train.engine.step import TrainStep
+from train.model import ACTIVATIONS, PRESETS, XLNetConfig, XLNetLMHeadModel, checkpoint
 from train.prepare_corpus import prepare_directory
-from train.run_record import add_run_flags, explicit_flags, open_run
-from train.runlog import MetricsLog
-from train.runtime import Dist, autocast, init_distributed, seed_everything
-from train.sample_data import SAMPLE_CORPUS, SAMPLE_TRAIN
-from train.step import TrainStep
 from train.tokenizer import XLNetTokenizer, train_spm
-from train.train_state import latest_checkpoint, load_training_state, save_training_state
 
 
 def build_parser() -> Parser:

@@ -69,7 +69,7 @@ def create_backend(spec: ModelSpec, settings: ServerSettings) -> Backend:
 
 def check_spec(spec: ModelSpec, settings: ServerSettings) -> None:
     """What the model itself rules out before listening: an int8 export on a GPU provider."""
-    from export.ort_providers import GPU_PROVIDERS, INT8_CPU_ONLY
+    from export.runtime.providers import GPU_PROVIDERS, INT8_CPU_ONLY
 
     providers = settings.provider_list() or []
     if settings.backend == "onnx" and spec.precision == "int8" and any(p in GPU_PROVIDERS for p in providers):

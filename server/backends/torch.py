@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 class TorchBackend(Backend):
-    """A checkpoint loaded with ``train.checkpoint.load`` and wrapped in ``QAInference``."""
+    """A checkpoint loaded with ``train.model.checkpoint.load`` and wrapped in ``QAInference``."""
 
     name = "torch"
 
@@ -35,7 +35,7 @@ class TorchBackend(Backend):
         try:
             import torch
 
-            from train.checkpoint import load
+            from train.model.checkpoint import load
             from train.model.inference import QAInference
         except ImportError as exc:
             raise BackendUnavailable(f"--backend torch needs torch and the train package ({exc})") from None

@@ -1,4 +1,4 @@
-"""TensorRT backend: runs a serialized engine through ``export.trt_runtime.TRTRunner``.
+"""TensorRT backend: runs a serialized engine through ``export.trt.runtime.TRTRunner``.
 
 TensorRT needs an NVIDIA GPU, the ``tensorrt`` package and NVIDIA's ``cuda-bindings`` (the runner's
 device buffers and stream); without any of them the server refuses to start with one line (exit 2)
@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 def _check_available() -> None:
     """Fail fast with one clear reason: the tensorrt package, cuda-bindings, then a CUDA device."""
-    from export.gpu import gpu_stack_problem
+    from export.runtime.gpu import gpu_stack_problem
 
     problem = gpu_stack_problem()
     if problem:
@@ -39,7 +39,7 @@ class TrtBackend(Backend):
     def __init__(self, spec: ModelSpec, device_id: int = 0) -> None:
         super().__init__(spec)
         _check_available()
-        from export.trt_runtime import TRTRunner
+        from export.trt.runtime import TRTRunner
 
         self.device_id = device_id
         try:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from train.contract import CLS_ID, SEP_ID
+from train.common.contract import CLS_ID, SEP_ID
 from train.data.config import PretrainDataConfig
 from train.data.permutation import example_permutation, target_arrays
 from train.data.rows import Corpus
@@ -121,8 +121,8 @@ class PretrainBatches(Iterator[dict[str, np.ndarray]]):
     def from_files(
         cls, paths: Sequence[str | Path], tokenizer: Tokenizer, config: PretrainDataConfig, **kwargs: Any
     ) -> PretrainBatches:
-        """Plain text or SQuAD JSON files, read by `train.corpus.read_documents`."""
-        from train.corpus import read_documents
+        """Plain text or SQuAD JSON files, read by `train.common.corpus.read_documents`."""
+        from train.common.corpus import read_documents
 
         return cls.from_documents(read_documents(paths), tokenizer, config, **kwargs)
 

@@ -6,7 +6,7 @@ gzip file whole. Unit ``k`` becomes shard ``k``. So the plan, and with it every 
 the input and the options: a killed prepare redoes only the shards without a record, ``--num-tasks``
 machines each take every ``num_tasks``-th unit, and the same input gives byte-identical shards.
 
-Documents are read as ``train.corpus`` reads them (plain text: stripped lines, a blank line between
+Documents are read as ``train.common.corpus`` reads them (plain text: stripped lines, a blank line between
 documents; SQuAD contexts and JSONL ``text`` fields split into sentences), and tokenized as
 ``train.data.streams.tokenize_documents`` does (a sentence start per encoded line, ``<eod>`` after each
 document), so a prepared corpus holds exactly the token stream ``--corpus`` builds in memory.
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from train.corpus import line_documents, read_squad_contexts
+from train.common.corpus import line_documents, read_squad_contexts
+from train.common.text import split_sentences
 from train.data.shards import id_dtype
 from train.data.streams import encode_documents
-from train.text import split_sentences
 
 DEFAULT_SHARD_MB = 64.0
 DEFAULT_MAX_LINE_CHARS = (
@@ -115,7 +115,7 @@ def _decoded(unit: Unit) -> io.StringIO:
 
 
 def iter_unit_documents(unit: Unit) -> Iterator[list[str]]:
-    """The unit's documents (lists of sentences/lines), as ``train.corpus`` reads whole files."""
+    """The unit's documents (lists of sentences/lines), as ``train.common.corpus`` reads whole files."""
     if unit.kind == "squad":
         for context in read_squad_contexts(unit.path):
             if sentences := split_sentences(context):

@@ -18,12 +18,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from train.contract import OUTPUT_NAMES, SEG_ID_CLS, SEG_ID_PARAGRAPH, SEP_ID
+from train.common.contract import OUTPUT_NAMES, SEG_ID_CLS, SEG_ID_PARAGRAPH, SEP_ID
 from train.model.heads import XLNetForQuestionAnswering
 
 
 def output_names(head: str) -> tuple[str, ...]:
-    """The exported graph's outputs for ``head`` (train.contract.OUTPUT_NAMES)."""
+    """The exported graph's outputs for ``head`` (train.common.contract.OUTPUT_NAMES)."""
     if head not in OUTPUT_NAMES:
         raise ValueError(f"unknown head {head!r}")
     return OUTPUT_NAMES[head]

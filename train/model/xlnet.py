@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from train.contract import NUM_SEGMENT_IDS
+from train.common.contract import NUM_SEGMENT_IDS
 from train.model.attention import POSITION_CHUNKS, additive_mask, chunk_bounds, masked_fill_value
 from train.model.config import XLNetConfig
 from train.model.layers import XLNetLayer

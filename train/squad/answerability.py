@@ -19,7 +19,7 @@ Platt or isotonic calibration) and decides:
   pays the span's F1 when the question is answerable and costs 1 when it is not.
 
 Everything here is numpy and plain JSON: the numbers are fitted on the training side
-(:mod:`train.answerability_fit`, scikit-learn) and stored in the checkpoint's metadata and the
+(:mod:`train.recipes.answerability`, scikit-learn) and stored in the checkpoint's metadata and the
 export's sidecar; the server only applies them. A model without a fitted one gets
 :meth:`Answerability.cls_only`: ``sigmoid(min over windows of cls_logit)`` against a threshold.
 """
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from train.text import (
+from train.common.text import (
     ANTONYMS,
     MONTHS,
     STOPWORDS,

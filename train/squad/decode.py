@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import DEFAULTS, OUTPUT_NAMES
+from train.common.contract import DEFAULTS, OUTPUT_NAMES
+
 from .answerability import Answerability, ContextIndex, SpanScores, decide
 from .answerability import sigmoid as sigmoid
 from .data import SquadExample
@@ -427,7 +428,7 @@ def decode_head_outputs(
     context_index: ContextIndex | None = None,
 ) -> Prediction:
     """Decode one question from its windows' named model outputs (``rows[w][name]``, the names of
-    ``train.contract.OUTPUT_NAMES[head]``), whatever the head: the one switch from a head's outputs to
+    ``train.common.contract.OUTPUT_NAMES[head]``), whatever the head: the one switch from a head's outputs to
     an answer, used by evaluation, the export's agreement check and the server."""
     if head not in OUTPUT_NAMES:
         raise ValueError(f"unknown head {head!r}; expected one of {sorted(OUTPUT_NAMES)}")

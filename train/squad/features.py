@@ -28,7 +28,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from train.contract import CLS_ID, DEFAULTS, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEG_ID_PAD, SEP_ID
+from train.common.contract import CLS_ID, DEFAULTS, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEG_ID_PAD, SEP_ID
 
 from .data import SquadExample
 

@@ -6,7 +6,7 @@ character-aligned replay), :mod:`.spm_tokenizer` (:class:`XLNetTokenizer`, speci
 :mod:`.training` (:func:`train_spm`) and :mod:`.cli` (``python -m train.tokenizer``).
 """
 
-from train.contract import (
+from train.common.contract import (
     BOS_ID,
     CLS_ID,
     EOD_ID,

@@ -2,7 +2,7 @@
 
 import sys
 
-from train.cli import run
+from train.common.cli import run
 
 from .cli import main
 

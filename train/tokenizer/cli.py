@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from train.cli import Parser
+from train.common.cli import Parser
 
 from .spm_tokenizer import SPECIAL_PIECES, XLNetTokenizer
 from .training import DEFAULT_NUM_THREADS, train_spm
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"python -m train.tokenizer: error: {e}", file=sys.stderr)
         return 2
-    from train.corpus import iter_texts
+    from train.common.corpus import iter_texts
 
     example = next(iter_texts(args.input), "")[:200]
     learnt = [

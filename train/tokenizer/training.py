@@ -74,7 +74,7 @@ def train_spm(
     Flags follow the XLNet README (unigram, ``character_coverage=0.99995``, control symbols
     ``<cls>,<sep>,<pad>,<mask>,<eod>``, user symbol ``<eop>``, shuffled input), which yields the id
     layout in :data:`SPECIAL_PIECES`. Lines are preprocessed exactly as encoding will preprocess them.
-    ``inputs`` are plain-text or SQuAD JSON files (see :mod:`train.corpus`). Deterministic for a given
+    ``inputs`` are plain-text or SQuAD JSON files (see :mod:`train.common.corpus`). Deterministic for a given
     input, ``seed`` and ``num_threads``. With ``hard_vocab_limit=False`` (default) a corpus too small for
     ``vocab_size`` gives a smaller vocabulary instead of an error; check ``XLNetTokenizer.vocab_size``.
 
@@ -99,7 +99,7 @@ def train_spm(
 
     A ``U+E000`` (private use) character in the training text is taken as a boundary and left out.
     """
-    from train.corpus import iter_texts  # local import keeps `import train.tokenizer` light
+    from train.common.corpus import iter_texts  # local import keeps `import train.tokenizer` light
 
     if model_type not in ("unigram", "bpe"):
         raise ValueError(f"model_type must be 'unigram' (XLNet) or 'bpe', got {model_type!r}")

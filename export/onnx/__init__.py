@@ -1,0 +1,1 @@
+"""ONNX export: trace, verify against PyTorch, optimise, quantise; ``python -m export.onnx``."""

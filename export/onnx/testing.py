@@ -1,0 +1,85 @@
+"""Tiny random QA checkpoints and exports for tests and demos (seconds on a CPU, no downloads).
+
+Weights are random but not degenerate: biases and LayerNorm parameters are perturbed so that every
+parameter changes the outputs, and exports are checked exactly as real ones are.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from train.model import XLNetConfig, XLNetForQuestionAnswering, checkpoint
+from train.tokenizer import XLNetTokenizer
+
+TINY = dict(d_model=32, n_layer=2, n_head=4, d_inner=64, dropout=0.0, start_n_top=3, end_n_top=2)
+# Per head, the parameters of the last projections that produce the start and end scores.
+SPAN_LAST: dict[str, tuple[str, ...]] = {
+    "simple": ("qa_outputs.weight", "qa_outputs.bias"),
+    "shallow": ("start_head.weight", "start_head.bias", "end_head.weight", "end_head.bias"),
+    "deep": ("start_head.6.weight", "start_head.6.bias", "end_head.6.weight", "end_head.6.bias"),
+    "beam": (
+        "start_logits.dense.weight",
+        "start_logits.dense.bias",
+        "end_logits.dense_1.weight",
+        "end_logits.dense_1.bias",
+    ),
+}
+
+
+def perturb(model: torch.nn.Module, scale: float = 0.1) -> torch.nn.Module:
+    """Add noise to biases, norms and the match embedding (zero/one at init), so a wrong one shows."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "bias" in name or "LayerNorm" in name or "layer_norm" in name or name.endswith("match_emb"):
+                param.add_(torch.randn_like(param) * scale)
+    return model
+
+
+def tiny_qa_checkpoint(
+    directory: str | os.PathLike,
+    tokenizer_dir: str | os.PathLike,
+    head: str = "shallow",
+    *,
+    seed: int = 0,
+    metadata: dict[str, Any] | None = None,
+    logit_scale: float = 1.0,
+    **config: Any,
+) -> Path:
+    """Save a random `head` QA model (vocabulary = the tokenizer's) with the tokenizer; returns the directory.
+
+    ``logit_scale`` multiplies the span heads' last projections: a random model's start/end logits
+    stay within ~0.5 of each other, so every span is a near-tie and any output "agrees"; scaled, the
+    best spans lead by real margins, as a trained model's do.
+    """
+    tokenizer = XLNetTokenizer.from_dir(tokenizer_dir)
+    torch.manual_seed(seed)
+    cfg = XLNetConfig(vocab_size=tokenizer.vocab_size, **{**TINY, **config})
+    model = perturb(XLNetForQuestionAnswering(cfg, head=head)).eval()
+    if logit_scale != 1.0:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name in SPAN_LAST[head]:
+                    param.mul_(logit_scale)
+    return checkpoint.save(model, directory, tokenizer=tokenizer, metadata={"head": head, **(metadata or {})})
+
+
+def tiny_onnx_export(
+    directory: str | os.PathLike,
+    tokenizer_dir: str | os.PathLike,
+    head: str = "shallow",
+    *args: str,
+    **kw: Any,
+) -> Path:
+    """A checkpoint (beside `directory`) exported with `python -m export.onnx`; extra CLI args in `args`."""
+    from export.onnx.cli import main
+
+    directory = Path(directory)
+    ckpt = tiny_qa_checkpoint(directory.with_name(directory.name + "-checkpoint"), tokenizer_dir, head, **kw)
+    rc = main(["--checkpoint", str(ckpt), "--out", str(directory), *args])
+    if rc != 0:
+        raise RuntimeError(f"export.onnx exited with {rc}")
+    return directory

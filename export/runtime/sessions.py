@@ -1,0 +1,67 @@
+"""onnxruntime sessions with explicit threads and optimisation level, wrapped as runners (torch-free)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from export.runtime.providers import ProviderEntry, provider_names
+from export.runtime.runner import Feeds, Runner
+from export.runtime.sidecar import ort_disabled_optimizers
+
+LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+def default_threads() -> int:
+    """OMP_NUM_THREADS when set (tests and shared machines), else the cores, at most 8."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    return int(env) if env.isdigit() and int(env) > 0 else min(8, os.cpu_count() or 1)
+
+
+def session(
+    path: str | os.PathLike,
+    *,
+    threads: int | None = None,
+    inter_op_threads: int = 1,
+    level: str = "all",
+    optimized_path: str | os.PathLike | None = None,
+    providers: Sequence[ProviderEntry] = ("CPUExecutionProvider",),
+) -> ort.InferenceSession:
+    """A session on `path` as every part of the product runs one (exporter, verification, benchmarks,
+    the server): explicit threads, sequential execution, the rewrites that hurt on CPU switched off;
+    with `optimized_path`, onnxruntime also writes the graph it optimised there. `providers` are names or
+    (name, options) pairs (`export.runtime.providers.choose_providers`)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or default_threads()
+    options.inter_op_num_threads = inter_op_threads
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = LEVELS[level]
+    options.log_severity_level = 3  # errors only: the fp16 graph's inserted-cast warnings are expected
+    if optimized_path is not None:
+        options.optimized_model_filepath = str(optimized_path)
+    return ort.InferenceSession(
+        str(Path(path)),
+        options,
+        providers=list(providers),
+        disabled_optimizers=ort_disabled_optimizers(provider_names(providers)),
+        enable_fallback=0,  # a provider that fails raises here; callers decide, never a silent CPU retry
+    )
+
+
+def runner(sess: ort.InferenceSession, output_names: Sequence[str]) -> Runner:
+    """feeds -> outputs in `output_names` order (only the inputs the graph declares are fed)."""
+    wanted = [i.name for i in sess.get_inputs()]
+
+    def run(feeds: Feeds) -> list[np.ndarray]:
+        return sess.run(list(output_names), {k: feeds[k] for k in wanted})
+
+    return run

@@ -1,0 +1,258 @@
+"""QA inference glue shared by fine-tuning, evaluation and the torch server backend.
+
+features -> padded batches -> model outputs -> `train.squad` decoding -> official metrics. The
+decoding and featurisation are the torch-free ones the server uses, so what is measured offline is
+what is served.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from train.common.contract import DEFAULTS
+from train.squad import (
+    Answerability,
+    ContextIndex,
+    Deciding,
+    Feature,
+    Prediction,
+    SquadExample,
+    answers_and_na_probs,
+    decode_all_head_outputs,
+    evaluate,
+    featurize,
+    pad_batch,
+    simple_null_logit,
+)
+
+
+@dataclass
+class FeatureOutputs:
+    """Per-feature model outputs in feature order (rows are numpy arrays of each feature's length)."""
+
+    head: str
+    start_logits: list[np.ndarray] = field(default_factory=list)
+    end_logits: list[np.ndarray] = field(default_factory=list)
+    cls_logits: list[float] = field(default_factory=list)
+    start_top_log_probs: list[np.ndarray] = field(default_factory=list)
+    start_top_index: list[np.ndarray] = field(default_factory=list)
+    end_top_log_probs: list[np.ndarray] = field(default_factory=list)
+    end_top_index: list[np.ndarray] = field(default_factory=list)
+
+
+@torch.no_grad()
+def predict_features(
+    model,
+    features: Sequence[Feature],
+    *,
+    batch_size: int = 32,
+    device: torch.device | str = "cpu",
+    progress: bool = False,
+    precision: str = "fp32",
+) -> FeatureOutputs:
+    """Run the QA model over features in length-sorted batches (less padding), return per-feature rows."""
+    from train.engine.runtime import autocast
+
+    model.eval()
+    device = torch.device(device)
+    head = model.head
+    out = FeatureOutputs(head=head)
+    order = sorted(range(len(features)), key=lambda i: len(features[i]))
+    rows: dict[int, dict[str, Any]] = {}
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    for idx in tqdm(batches, desc="predict", disable=not progress, dynamic_ncols=True):
+        feats = [features[i] for i in idx]
+        arrays = pad_batch(feats)
+        tensors = {k: torch.from_numpy(v).to(device) for k, v in arrays.items()}
+        with autocast(precision, device):
+            res = model(
+                tensors["input_ids"],
+                token_type_ids=tensors["token_type_ids"],
+                attention_mask=tensors["attention_mask"],
+                p_mask=tensors["p_mask"],
+            )
+        for j, i in enumerate(idx):
+            n = len(features[i])
+            if head == "beam":
+                rows[i] = {
+                    "stlp": res.start_top_log_probs[j].float().cpu().numpy(),
+                    "sti": res.start_top_index[j].cpu().numpy(),
+                    "etlp": res.end_top_log_probs[j].float().cpu().numpy(),
+                    "eti": res.end_top_index[j].cpu().numpy(),
+                    "cls": float(res.cls_logits[j]),
+                }
+            else:
+                s = res.start_logits[j, :n].float().cpu().numpy()
+                e = res.end_logits[j, :n].float().cpu().numpy()
+                cls = (
+                    float(res.cls_logits[j])
+                    if res.cls_logits is not None
+                    else simple_null_logit(s, e, features[i])
+                )
+                rows[i] = {"s": s, "e": e, "cls": cls}
+    for i in range(len(features)):
+        r = rows[i]
+        out.cls_logits.append(r["cls"])
+        if head == "beam":
+            out.start_top_log_probs.append(r["stlp"])
+            out.start_top_index.append(r["sti"])
+            out.end_top_log_probs.append(r["etlp"])
+            out.end_top_index.append(r["eti"])
+        else:
+            out.start_logits.append(r["s"])
+            out.end_logits.append(r["e"])
+    return out
+
+
+def decode_outputs(
+    examples: Sequence[SquadExample],
+    features: Sequence[Feature],
+    outputs: FeatureOutputs,
+    *,
+    n_best: int = DEFAULTS.n_best,
+    max_answer_len: int = DEFAULTS.max_answer_len,
+    threshold: float | None = None,
+    answerability: Answerability | None = None,
+) -> dict[str, Prediction]:
+    named: dict[str, Sequence[Any]] = {"cls_logits": outputs.cls_logits}
+    if outputs.head == "beam":
+        named |= {
+            "start_top_log_probs": outputs.start_top_log_probs,
+            "start_top_index": outputs.start_top_index,
+            "end_top_log_probs": outputs.end_top_log_probs,
+            "end_top_index": outputs.end_top_index,
+        }
+    else:
+        named |= {"start_logits": outputs.start_logits, "end_logits": outputs.end_logits}
+    kw: dict[str, Any] = {"n_best": n_best, "max_answer_len": max_answer_len, "threshold": threshold}
+    kw["answerability"] = answerability
+    return decode_all_head_outputs(outputs.head, examples, features, named, **kw)
+
+
+def predict_checkpoint(
+    loaded: Any, examples: Sequence[SquadExample], batch_size: int = 32, progress: bool = False
+) -> dict[str, Prediction]:
+    """A loaded fine-tuned checkpoint's predictions (``train.model.checkpoint.load``), with the windows and
+    decoding its metadata records, decided by the default rule: the spans and scores that a stored or
+    newly fitted answerability model then decides on."""
+    meta = loaded.metadata
+    fkw = {k: meta[k] for k in ("max_seq_len", "doc_stride", "max_query_len") if meta.get(k)}
+    features = featurize(examples, loaded.tokenizer, **fkw)
+    outputs = predict_features(loaded.model, features, batch_size=batch_size, progress=progress)
+    kw = {k: meta[k] for k in ("n_best", "max_answer_len") if meta.get(k)}
+    return decode_outputs(examples, features, outputs, **kw)
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, float]
+    predictions: dict[str, Prediction]
+
+
+def evaluate_predictions(examples: Sequence[SquadExample], predictions: Mapping[str, Prediction]) -> dict:
+    """Official SQuAD 2.0 numbers of the decided answers (exact, f1, HasAns_*, NoAns_*), plus
+    best_exact / best_f1 with the no-answer threshold searched on these very questions (an upper
+    bound, as the original XLNet reports) and ``threshold``: the one the decisions used, when it was
+    the same for every question (None under the expected-gain rule)."""
+    scored = [ex for ex in examples if ex.qas_id in predictions]
+    metrics: dict[str, Any] = evaluate(scored, {q: p.text for q, p in predictions.items()})
+    best_spans, na_probs = answers_and_na_probs(predictions)
+    searched = evaluate(scored, best_spans, na_probs)
+    metrics |= {k: searched[k] for k in ("best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh")}
+    used = {p.threshold for p in predictions.values()}
+    metrics["threshold"] = used.pop() if len(used) == 1 else None
+    return metrics
+
+
+def redecide(
+    examples: Sequence[SquadExample],
+    predictions: Mapping[str, Prediction],
+    answerability: Answerability | None,
+    threshold: float | None = None,
+) -> dict[str, Prediction]:
+    """The same spans decided under another answerability model or threshold (no model run)."""
+    by_id = {ex.qas_id: ex for ex in examples}
+    indexes: dict[str, ContextIndex] = {}
+    out = {}
+    for q, p in predictions.items():
+        ex = by_id[q]
+        index = None
+        if answerability is not None and answerability.uses_lexical:
+            if ex.context not in indexes:
+                indexes[ex.context] = ContextIndex(ex.context)
+            index = indexes[ex.context]
+        out[q] = p.redecided(Deciding(answerability, ex.question, threshold, index), ex.context)
+    return out
+
+
+def run_evaluation(
+    model,
+    examples: Sequence[SquadExample],
+    features: Sequence[Feature],
+    *,
+    threshold: float | None = None,
+    answerability: Answerability | None = None,
+    batch_size: int = 32,
+    device="cpu",
+    n_best: int = DEFAULTS.n_best,
+    max_answer_len: int = DEFAULTS.max_answer_len,
+    progress: bool = False,
+) -> EvalResult:
+    """Predict, decode (``answerability`` decides; ``threshold`` overrides its rule) and score."""
+    outputs = predict_features(model, features, batch_size=batch_size, device=device, progress=progress)
+    preds = decode_outputs(
+        examples,
+        features,
+        outputs,
+        n_best=n_best,
+        max_answer_len=max_answer_len,
+        threshold=threshold,
+        answerability=answerability,
+    )
+    return EvalResult(metrics=evaluate_predictions(examples, preds), predictions=preds)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False))
+    os.replace(tmp, path)
+
+
+def write_prediction_files(out_dir: Path, result: EvalResult) -> None:
+    """predictions.json (id -> text, "" = no answer), na_probs.json, nbest.json, metrics.json."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    preds = result.predictions
+    write_json_atomic(out_dir / "predictions.json", {q: p.text for q, p in preds.items()})
+    write_json_atomic(out_dir / "na_probs.json", {q: p.no_answer_prob for q, p in preds.items()})
+    decisions = {
+        q: {
+            "answerable_prob": p.answerable_prob,
+            "threshold": p.threshold,
+            "is_impossible": p.is_impossible,
+            "best_span": p.best_span_text,
+            "cls_logit": p.null_logit,
+            "null_log_prob": p.null_log_prob,
+        }
+        for q, p in preds.items()
+    }
+    write_json_atomic(out_dir / "decisions.json", decisions)
+    nbest = {
+        q: [
+            {"text": e.text, "start": e.start, "end": e.end, "probability": e.probability, "score": e.score}
+            for e in p.n_best
+        ]
+        for q, p in preds.items()
+    }
+    write_json_atomic(out_dir / "nbest.json", nbest)
+    write_json_atomic(out_dir / "metrics.json", result.metrics)

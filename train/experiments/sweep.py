@@ -1,0 +1,167 @@
+"""`python -m train.experiments.sweep`: the fine-tuning trade-off study (CS293S: XLNet on limited hardware).
+
+Grid over max sequence length x frozen bottom layers x head type. Each cell is one short
+`train.finetune` run from the same initial checkpoint; we record dev EM/F1/best_f1, seconds per
+training step and trainable parameters, and write `sweep.md` (a Markdown table) and `sweep.png`.
+Finished cells are skipped on a rerun, so an interrupted sweep continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from train import finetune as finetune_cli
+from train.common.cli import Parser, run
+
+
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m train.experiments.sweep", description=__doc__.splitlines()[0])
+    p.add_argument("--train-file", required=True)
+    p.add_argument("--dev-file", required=True)
+    p.add_argument("--init", help="checkpoint to start every cell from (else --config + --spm)")
+    p.add_argument("--config", default="small")
+    p.add_argument("--spm")
+    p.add_argument("--max-seq-lens", type=int_list, default=[128, 256], help="comma-separated")
+    p.add_argument("--freeze-layers", type=int_list, default=[0, 2], help="comma-separated")
+    p.add_argument("--heads", default="shallow,deep", help="comma-separated: simple,shallow,deep,beam")
+    p.add_argument("--max-query-len", type=int, default=64, help="capped at half the window")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--max-dev-examples", type=int, default=None)
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def cell_name(seq: int, frozen: int, head: str) -> str:
+    return f"seq{seq}-freeze{frozen}-{head}"
+
+
+def run_cell(args, seq: int, frozen: int, head: str) -> dict:
+    out = Path(args.out) / cell_name(seq, frozen, head)
+    result_file = out / "cell.json"
+    if result_file.exists():
+        return json.loads(result_file.read_text())
+    init = ["--init", args.init] if args.init else ["--config", args.config, "--spm", args.spm]
+    argv = [
+        "--train-file",
+        args.train_file,
+        "--dev-file",
+        args.dev_file,
+        *init,
+        "--head",
+        head,
+        "--max-seq-len",
+        str(seq),
+        "--doc-stride",
+        str(seq // 2),
+        "--freeze-layers",
+        str(frozen),
+        "--max-query-len",
+        str(min(args.max_query_len, seq // 2)),
+        "--steps",
+        str(args.steps),
+        "--eval-every",
+        str(args.steps),
+        "--batch-size",
+        str(args.batch_size),
+        "--lr",
+        str(args.lr),
+        "--seed",
+        str(args.seed),
+        "--out",
+        str(out),
+        "--log-every",
+        str(max(1, args.steps // 10)),
+        "--save-every",
+        str(args.steps),
+    ]
+    if args.max_dev_examples:
+        argv += ["--max-dev-examples", str(args.max_dev_examples)]
+    if args.no_progress:
+        argv.append("--no-progress")
+    argv.append("--resume")  # an interrupted cell continues (a finished one returned above)
+    ns = finetune_cli.parse_args(argv)
+    for f in (ns.train_file, ns.dev_file):
+        if not Path(f).exists():
+            raise FileNotFoundError(f"data file not found: {f}")
+    summary = finetune_cli.finetune(ns)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    timings = [r["s_per_step"] for r in records if "s_per_step" in r]
+    dev = [r for r in records if "dev_f1" in r][-1]
+    meta = json.loads((out / "metadata.json").read_text())
+    cell = {
+        "max_seq_len": seq,
+        "freeze_layers": frozen,
+        "head": head,
+        "s_per_step": sum(timings) / len(timings) if timings else float("nan"),
+        "dev_exact": dev["dev_exact"],
+        "dev_f1": dev["dev_f1"],
+        "dev_best_f1": summary["final_metrics"]["best_f1"],
+        "trainable_params": summary.get("trainable_params", meta.get("trainable_params")),
+    }
+    result_file.write_text(json.dumps(cell, indent=2))
+    return cell
+
+
+def write_outputs(out: Path, cells: list[dict]) -> None:
+    head = "| max_seq_len | frozen layers | head | s/step | dev EM | dev F1 | dev best F1 |"
+    lines = [head, "| --- | --- | --- | --- | --- | --- | --- |"]
+    for c in cells:
+        lines.append(
+            f"| {c['max_seq_len']} | {c['freeze_layers']} | {c['head']} | {c['s_per_step']:.3f} | "
+            f"{c['dev_exact']:.2f} | {c['dev_f1']:.2f} | {c['dev_best_f1']:.2f} |"
+        )
+    (out / "sweep.md").write_text("\n".join(lines) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for c in cells:
+        marker = {"simple": "o", "shallow": "s", "deep": "^", "beam": "D"}.get(c["head"], "o")
+        ax.scatter(c["s_per_step"], c["dev_best_f1"], marker=marker, s=30 + 10 * c["max_seq_len"] / 64)
+        ax.annotate(
+            cell_name(c["max_seq_len"], c["freeze_layers"], c["head"]),
+            (c["s_per_step"], c["dev_best_f1"]),
+            fontsize=7,
+            xytext=(3, 3),
+            textcoords="offset points",
+        )
+    ax.set_xlabel("seconds per training step")
+    ax.set_ylabel("dev best F1")
+    ax.set_title("Fine-tuning trade-off: speed vs quality")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "sweep.png", dpi=100)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.init and not args.spm:
+        raise ValueError("give --init CHECKPOINT, or --config PRESET with --spm MODEL")
+    heads = [h.strip() for h in args.heads.split(",") if h.strip()]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cells = [
+        run_cell(args, s, f, h) for s, f, h in itertools.product(args.max_seq_lens, args.freeze_layers, heads)
+    ]
+    write_outputs(out, cells)
+    print((out / "sweep.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(main, prog="train.experiments.sweep"))
