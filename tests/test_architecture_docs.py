@@ -1,0 +1,79 @@
+"""ARCHITECTURE.md and the README's layout are the map of the tree: every package appears in both, every
+path they name exists, and the top of ``train/`` and ``export/`` holds only the user's commands."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ROOMS = ("train", "export", "server")
+
+
+def packages() -> list[str]:
+    """Every package below the three rooms, as 'train/engine/' (the rooms themselves excluded)."""
+    found = []
+    for room in ROOMS:
+        for init in sorted((REPO / room).rglob("__init__.py")):
+            folder = init.parent.relative_to(REPO)
+            if folder.parts[1:] and "__pycache__" not in folder.parts:
+                found.append("/".join(folder.parts) + "/")
+    return found
+
+
+def readme_layout() -> str:
+    text = (REPO / "README.md").read_text()
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```", 2)[1]
+
+
+def layout_paths(block: str) -> list[str]:
+    """The paths the layout block names: its tree indentation turned into whole paths."""
+    paths: list[str] = []
+    parents: list[tuple[int, str]] = []
+    for line in block.splitlines():
+        m = re.match(r"^( *)([\w.]+/)(?=\s|$)", line)
+        if not m:
+            continue
+        indent, name = len(m.group(1)), m.group(2)
+        parents = [(i, p) for i, p in parents if i < indent]
+        path = (parents[-1][1] if parents else "") + name
+        parents.append((indent, path))
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("package", packages())
+def test_every_package_is_on_both_maps(package: str) -> None:
+    architecture = (REPO / "ARCHITECTURE.md").read_text()
+    name = package.split("/", 1)[1]  # the code map lists 'engine/' under its room's heading
+    assert f"`{name}`" in architecture or f"`{package}`" in architecture, f"{package} missing from ARCHITECTURE.md"
+    assert package in layout_paths(readme_layout()), f"{package} missing from the README's layout"
+
+
+def test_every_folder_the_layout_names_exists() -> None:
+    paths = layout_paths(readme_layout())
+    assert len(paths) >= len(packages()), paths
+    missing = [p for p in paths if not (REPO / p).is_dir()]
+    assert not missing, f"the README's layout names folders that do not exist: {missing}"
+
+
+def defines_main(path: Path) -> bool:
+    tree = ast.parse(path.read_text())
+    names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    names |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    return "main" in names
+
+
+@pytest.mark.parametrize("room", ["train", "export"])
+def test_the_top_of_train_and_export_holds_only_commands(room: str) -> None:
+    """A newcomer's `ls train/` shows what they can run; the engine, recipes and libraries are folders."""
+    architecture = (REPO / "ARCHITECTURE.md").read_text()
+    for module in sorted((REPO / room).glob("*.py")):
+        if module.name == "__init__.py":
+            continue
+        assert defines_main(module), f"{room}/{module.name} is not a command (no main): move it into a package"
+        assert f"`{module.name}`" in architecture, f"{room}/{module.name} missing from ARCHITECTURE.md"
