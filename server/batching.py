@@ -1,4 +1,4 @@
-"""Dynamic micro-batching with fair queueing: windows of concurrent requests share one backend call.
+"""Dynamic micro-batching: windows of concurrent requests share one backend call.
 
 A request (one HTTP call: one question, or a batch of them) is submitted as all of its windows. A
 collector task in the event loop waits at most ``max_delay_s`` (counted from the first waiting
@@ -7,33 +7,9 @@ request's arrival) for ``max_batch_size`` windows, pads the batch to its longest
 while the model runs (onnxruntime and torch release the GIL). While a batch runs, new windows queue up
 and form the next batch ("batch while busy"), which is where the throughput gain comes from.
 
-Fairness: waiting requests sit in a ring, and a batch takes their windows round-robin, one window per
-request per round, so a request of one window is never stuck behind every window of a huge one. With
-aging, a request that has waited ``k * aging_s`` seconds gives up to ``k + 1`` windows per round, so a
-large request still finishes within its deadline while many small ones keep arriving.
-Requests that got a window into the batch move to the back of the ring; one that was skipped stays in
-front and starts the next batch (nothing starves). Forming a batch looks at most ``lookahead``
-requests, so queue housekeeping costs O(lookahead) per batch, independent of the queue length.
-
-Deadlines: a fair share is not enough for a request of many windows while the server is saturated:
-it would reach its deadline with half of its windows done. Requests of more than one batch of windows
-are also kept in deadline order, with an estimate of their remaining work (measured seconds per token).
-Once the time a large request has left is under ``URGENCY_MARGIN`` times the work of it and every large
-request due before it, those requests (from then on until they are done) take all but one slot of
-each batch, earliest deadline first (the fair ring keeps the last slot, or the next batch when the
-padding cap kept its windows out, so small requests still progress). A large request that could not
-finish by its deadline even if served alone is refused at admission (:class:`QueueFull`, so 503 + Retry-After
-at once instead of a 504 after the deadline) or, if the load grew after it was admitted, failed early
-with :class:`DeadlineUnreachable`, so no capacity goes to windows whose answer would arrive too late.
-This costs O(large requests) per batch, at most ``max_queue / max_batch_size``.
-
-Padding: a window joins only while the batch's padding stays within ``max_padding`` of its real
-tokens: on a compute-bound CPU a batch costs about what its windows cost one by one, so padding is
-pure loss; a window that would exceed the cap waits for the next call. ``max_batch_size=1`` switches
-batching off; ``max_delay_s=0`` only stops waiting (windows already queued are still grouped).
-
-Admission is bounded in windows (``max_queue``): beyond it :class:`QueueFull` is raised at once (the
-HTTP layer answers 503 + Retry-After) instead of letting latency grow without bound. Windows of a
+What is admitted and which windows form the next batch (fair queueing, aging, deadlines of large
+requests, the padding cap, the queue bound) is decided by :class:`server.scheduling.Scheduler`; this
+module only moves the work: futures, the collector and watchdog tasks, the backend call. Windows of a
 question whose future is already done (client gone, deadline passed, another window failed) are
 dropped before inference. A backend exception or a non-finite output fails the questions of the
 affected windows only.
@@ -47,7 +23,6 @@ Health: the watchdog marks the batcher unhealthy while a backend call runs longe
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import logging
 import time
@@ -59,21 +34,14 @@ from typing import cast
 
 import numpy as np
 
+from server.scheduling import DeadlineUnreachable, Request, Scheduler
+from server.scheduling import QueueFull as QueueFull  # raised by the policy; callers catch it from here
 from train.squad import Feature, pad_batch
 
 logger = logging.getLogger(__name__)
 
 RunFn = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-URGENCY_MARGIN = 2.0  # a large request is served first once its time left < this x the work ahead of it
-
-
-class QueueFull(RuntimeError):
-    """Too many windows are waiting; retry later."""
-
-
-class DeadlineUnreachable(RuntimeError):
-    """At the measured speed this question's remaining windows cannot finish before its deadline."""
 
 
 class BatcherClosed(RuntimeError):
@@ -120,22 +88,12 @@ class _Job:
     remaining: int  # windows without outputs yet
     first_start: float | None = None
     tag: str = ""  # the request id, for the log
-    request: _Request | None = None  # whose ring entry holds its queued windows
+    request: Request[_Job] | None = None  # whose ring entry holds its queued windows
 
     @property
     def dead(self) -> bool:
         """Failed, cancelled (client gone, timeout) or done: its remaining windows are skipped."""
         return self.future.done()
-
-
-@dataclass(eq=False)
-class _Request:
-    """The waiting windows of one submission, in order; the unit of round-robin fairness."""
-
-    windows: deque[tuple[_Job, int]]
-    enqueued: float
-    deadline: float | None = None  # time.perf_counter() by which its answer is due
-    urgent: bool = False  # served before the ring until done (see "Deadlines" above)
 
 
 @dataclass
@@ -181,32 +139,24 @@ class MicroBatcher:
         on_hang: Callable[[], None] | None = None,
     ) -> None:
         self._run = run
-        self.max_batch_size = max_batch_size
-        self.max_delay_s = max_delay_s
-        self.max_queue = max_queue
+        self.policy: Scheduler[_Job] = Scheduler(
+            max_batch_size, max_delay_s, max_queue, lookahead, max_padding, aging_s
+        )
         self.pad_multiple_of = pad_multiple_of
         self.min_length = min_length  # e.g. a TensorRT profile's shortest sequence
         self.max_length = max_length  # pad_multiple_of never rounds past it (the model's max_seq_len)
-        self.lookahead = lookahead if lookahead is not None else 4 * max_batch_size
-        self.max_padding = max_padding  # padded tokens / real tokens - 1, at most
-        self.aging_s = aging_s
         self.watchdog_factor = watchdog_factor
         self.watchdog_min_s = watchdog_min_s
         self._on_batch = on_batch
         self._on_queue_depth = on_queue_depth
         self._on_dropped = on_dropped
         self._on_hang = on_hang
-        self._ring: deque[_Request] = deque()  # requests with windows waiting, round-robin order
-        self._large: list[_Request] = []  # requests of more than one batch, by deadline
-        self._ring_owed = False  # the last batch was all urgent windows: the next one is the ring's
-        self._waiting = 0  # windows of live questions not dispatched yet
         self._wakeup = asyncio.Event()
         self.workers = workers
         self._slots = asyncio.Semaphore(workers)
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="inference")
         self._running: set[asyncio.Task] = set()
         self._calls: set[_Call] = set()
-        self._seconds_per_token: float | None = None  # measured; sets the watchdog's expectation
         self._closed = False
         self.crashed = False
         self._collector: asyncio.Task | None = None
@@ -243,7 +193,7 @@ class MicroBatcher:
     @property
     def queued(self) -> int:
         """Windows of live questions waiting for a backend call."""
-        return self._waiting
+        return self.policy.waiting
 
     def check_admission(self, windows: int = 1) -> None:
         """Raise BatcherClosed, BatcherUnhealthy or QueueFull if ``windows`` more could not be queued now
@@ -252,10 +202,7 @@ class MicroBatcher:
             raise BatcherClosed("the server is shutting down")
         if not self.healthy:
             raise BatcherUnhealthy("the inference backend is unhealthy")
-        if self._waiting + windows > self.max_queue:
-            raise QueueFull(
-                f"{self._waiting} windows are waiting and this request has {windows} (limit {self.max_queue})"
-            )
+        self.policy.check_queue(windows)
 
     def submit_many(
         self, groups: Sequence[Sequence[Feature]], tag: str = "", deadline: float | None = None
@@ -272,7 +219,7 @@ class MicroBatcher:
         self.check_admission(n)
         loop = asyncio.get_running_loop()
         now = time.perf_counter()
-        request = _Request(deque(), now, deadline)
+        request: Request[_Job] = Request(deque(), now, deadline)
         futures = []
         for features in groups:
             k = len(features)
@@ -282,10 +229,7 @@ class MicroBatcher:
             )
             request.windows.extend((job, i) for i in range(k))
             futures.append(job.future)
-        if deadline is not None and n > self.max_batch_size:
-            self._admit_large(request, now)  # may raise QueueFull: nothing is queued yet
-        self._ring.append(request)
-        self._waiting += n
+        self.policy.admit(request, now)  # may raise QueueFull: nothing is queued yet
         self._depth_changed()
         self._wakeup.set()
         return futures
@@ -321,34 +265,22 @@ class MicroBatcher:
 
     def _depth_changed(self) -> None:
         if self._on_queue_depth is not None:
-            self._on_queue_depth(self._waiting)
+            self._on_queue_depth(self.policy.waiting)
 
     def _forget(self, job: _Job) -> None:
-        """A question died (cancelled, timed out, failed): its queued windows leave the queue at once,
-        in time linear in its request's windows (an answered question has none left)."""
-        if job.undispatched:
+        """A question died (cancelled, timed out, failed): its queued windows leave the queue at once."""
+        dropped = self.policy.forget(job)
+        if dropped:
             if self._on_dropped is not None:
-                self._on_dropped(job.undispatched)
-            self._waiting -= job.undispatched
-            job.undispatched = 0
-            if job.request is not None:
-                job.request.windows = deque(w for w in job.request.windows if w[0] is not job)
+                self._on_dropped(dropped)
             self._depth_changed()
-
-    def _next_live(self, request: _Request) -> tuple[_Job, int] | None:
-        """Pop ``request``'s next window of a live question (dead ones are discarded on the way)."""
-        while request.windows:
-            job, i = request.windows.popleft()
-            if not job.dead:
-                return job, i
-        return None
 
     # ---- collector ------------------------------------------------------------------------------
 
     async def _collect(self) -> None:
         while True:
-            if not self._waiting:
-                self._ring.clear()  # only windows of dead questions can be left
+            if not self.policy.waiting:
+                self.policy.clear_if_idle()  # only windows of dead questions can be left
                 if self._closed and not self._running:
                     return
                 self._wakeup.clear()
@@ -373,10 +305,10 @@ class MicroBatcher:
 
     async def _wait_for_fill(self) -> None:
         """Wait up to max_delay, counted from the first waiting request's arrival, for a full batch."""
-        if self.max_batch_size <= 1 or self.max_delay_s <= 0 or not self._ring:
+        deadline = self.policy.fill_deadline()
+        if deadline is None:
             return
-        deadline = self._ring[0].enqueued + self.max_delay_s
-        while self._waiting < self.max_batch_size and not self._closed:
+        while not self.policy.full and not self._closed:
             left = deadline - time.perf_counter()
             if left <= 0:
                 return
@@ -385,134 +317,20 @@ class MicroBatcher:
                 await asyncio.wait_for(self._wakeup.wait(), left)
 
     async def _form_batch(self) -> list[tuple[_Job, int]]:
-        """Take windows round-robin from the first ``lookahead`` requests, within the padding cap."""
+        """The policy's next batch once it is full or the delay is over; the questions of large requests
+        that can no longer meet their deadlines fail here."""
         await self._wait_for_fill()
-        urgent = [] if self._ring_owed else self._take_urgent()
-        visited: list[_Request] = []
-        while self._ring and len(visited) < self.lookahead:
-            visited.append(self._ring.popleft())
-        try:
-            chosen, served = self._take_round_robin(visited, list(urgent))
-        except BaseException:
-            self._ring.extendleft(reversed(visited))  # nothing is lost: a crash fails them from the ring
-            raise
-        # An urgent batch that left no room for the ring (padding) owes the ring the next batch.
-        self._ring_owed = bool(urgent) and len(chosen) == len(urgent) and any(r.windows for r in visited)
-        # Skipped requests keep their place in front; served ones go to the back (round-robin).
-        front = [r for k, r in enumerate(visited) if k not in served and r.windows]
-        back = [r for k, r in enumerate(visited) if k in served and r.windows]
-        self._ring.extendleft(reversed(front))
-        self._ring.extend(back)
+        batch = self.policy.next_batch(time.perf_counter())
+        for job in batch.unreachable:
+            self._fail_job(
+                job, DeadlineUnreachable("this question could not be answered within its deadline")
+            )
         now = time.perf_counter()
-        for job, _ in chosen:
+        for job, _ in batch.windows:
             if job.first_start is None:
                 job.first_start = now
-            job.undispatched -= 1
-            self._waiting -= 1
         self._depth_changed()
-        return chosen
-
-    def _take_round_robin(
-        self, visited: list[_Request], chosen: list[tuple[_Job, int]]
-    ) -> tuple[list[tuple[_Job, int]], set[int]]:
-        """After the urgent windows in ``chosen``: one window per request per round while the batch has
-        room and padding stays under the cap; returns the windows and the indices of the requests that
-        gave one."""
-        served: set[int] = set()
-        blocked: set[int] = set()
-        longest = max((len(job.features[i]) for job, i in chosen), default=0)
-        real = sum(len(job.features[i]) for job, i in chosen)
-        now = time.perf_counter()
-        quota = [1 + int((now - r.enqueued) / self.aging_s) if self.aging_s > 0 else 1 for r in visited]
-        progress = True
-        while progress and len(chosen) < self.max_batch_size:
-            progress = False
-            for k, request in enumerate(visited):
-                for _ in range(quota[k]):
-                    if k in blocked or len(chosen) == self.max_batch_size:
-                        break
-                    item = self._next_live(request)
-                    if item is None:
-                        blocked.add(k)
-                        break
-                    length = len(item[0].features[item[1]])
-                    wider = max(longest, length)
-                    if chosen and wider * (len(chosen) + 1) > (1 + self.max_padding) * (real + length):
-                        request.windows.appendleft(item)  # too much padding: it leads a later batch
-                        blocked.add(k)
-                        break
-                    chosen.append(item)
-                    served.add(k)
-                    longest, real = wider, real + length
-                    progress = True
-        return chosen, served
-
-    # ---- deadlines of large requests ---------------------------------------------------------------------
-
-    def _seconds_left(self, request: _Request) -> float:
-        """Estimated backend time for ``request``'s waiting windows while it holds all but one slot."""
-        if self._seconds_per_token is None or not request.windows:
-            return 0.0
-        job, i = request.windows[0]
-        share = self.max_batch_size / max(1, self.max_batch_size - 1)
-        return len(request.windows) * len(job.features[i]) * self._seconds_per_token * share
-
-    def _admit_large(self, request: _Request, now: float) -> None:
-        """Queue ``request`` in deadline order, or raise QueueFull if, after the large requests due
-        before it, it could not finish by its deadline."""
-        assert request.deadline is not None
-        self._large = [r for r in self._large if r.windows]
-        # every request in _large was admitted with a deadline
-        ahead = sum(self._seconds_left(r) for r in self._large if cast(float, r.deadline) <= request.deadline)
-        need = ahead + self._seconds_left(request)
-        if now + need > request.deadline:
-            raise QueueFull(
-                f"this request's {len(request.windows)} windows would need ~{need:.1f} s at the current "
-                f"load but its deadline is {request.deadline - now:.1f} s away"
-            )
-        keys = [cast(float, r.deadline) for r in self._large]
-        self._large.insert(bisect.bisect_right(keys, request.deadline), request)
-
-    def _take_urgent(self) -> list[tuple[_Job, int]]:
-        """Windows of the large requests that must run now to meet their deadlines (earliest deadline
-        first, all but one slot); fails those that can no longer make it."""
-        self._large = [r for r in self._large if r.windows]
-        if not self._large or self._seconds_per_token is None:
-            return []
-        now = time.perf_counter()
-        work, last_urgent, feasible = 0.0, -1, []
-        for request in self._large:
-            need = self._seconds_left(request)
-            if now + work + need > request.deadline:  # type: ignore[operator]
-                self._fail_request(
-                    request, DeadlineUnreachable("this question could not be answered within its deadline")
-                )
-                continue
-            work += need
-            feasible.append(request)
-            if request.urgent or request.deadline - now < URGENCY_MARGIN * work:  # type: ignore[operator]
-                request.urgent = True  # stays so until done: it keeps the margin it was given
-                last_urgent = len(feasible) - 1
-        room = self.max_batch_size - 1 if self.max_batch_size > 1 else 1
-        chosen: list[tuple[_Job, int]] = []
-        for request in feasible[: last_urgent + 1]:
-            while len(chosen) < room:
-                item = self._next_live(request)
-                if item is None:
-                    break
-                chosen.append(item)
-        return chosen
-
-    def _fail_request(self, request: _Request, error: Exception) -> None:
-        for job in {job for job, _ in request.windows}:
-            self._fail_job(job, error)
-
-    def _expected_seconds(self, tokens: int) -> float:
-        """How long a call of ``tokens`` padded tokens may take before the watchdog calls it hung (the
-        first call, which measures the speed, has no limit: a hang there keeps the server not ready)."""
-        if self._seconds_per_token is None:
-            return float("inf")
-        return max(self.watchdog_min_s, self.watchdog_factor * self._seconds_per_token * tokens)
+        return batch.windows
 
     async def _execute(self, chosen: list[tuple[_Job, int]]) -> None:
         start = time.perf_counter()
@@ -525,7 +343,10 @@ class MicroBatcher:
                 features, pad_to=pad_to, multiple_of=self.pad_multiple_of, max_length=self.max_length
             )
             inputs = {k: batch[k] for k in MODEL_INPUTS}
-            call = _Call(chosen, start, self._expected_seconds(int(inputs["input_ids"].size)))
+            limit = self.policy.hang_limit(
+                int(inputs["input_ids"].size), self.watchdog_factor, self.watchdog_min_s
+            )
+            call = _Call(chosen, start, limit)
             self._calls.add(call)
             outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self._run, inputs)
         except Exception:  # noqa: BLE001 - any backend failure fails this batch only
@@ -558,7 +379,7 @@ class MicroBatcher:
         if call.hung:
             logger.warning("a backend call the watchdog had given up on returned after %.1f s", end - start)
         else:
-            self._learn_speed(end - start, int(batch["input_ids"].size))
+            self.policy.learn_speed(end - start, int(batch["input_ids"].size))
         finite = _finite_rows(outputs, len(chosen))
         self._stats(batch, len(chosen), end - start, non_finite=int((~finite).sum()))
         for row, (job, i) in enumerate(chosen):
@@ -575,14 +396,6 @@ class MicroBatcher:
             if job.remaining == 0:
                 first = job.first_start if job.first_start is not None else end
                 job.future.set_result(JobResult(job.rows, first - job.enqueued, end - first))  # type: ignore[arg-type]
-
-    def _learn_speed(self, seconds: float, tokens: int) -> None:
-        """Seconds per padded token, a slowly moving average (one slow call barely moves it)."""
-        if tokens <= 0:
-            return
-        rate = seconds / tokens
-        old = self._seconds_per_token
-        self._seconds_per_token = rate if old is None else 0.9 * old + 0.1 * rate
 
     # ---- watchdog -------------------------------------------------------------------------------
 
@@ -614,9 +427,8 @@ class MicroBatcher:
 
     def _fail_queued(self, error: Exception) -> None:
         """Fail every question with windows in the ring (their callbacks bring the queue count down)."""
-        for request in self._ring:
-            for job, _ in list(request.windows):
-                self._fail_job(job, error)
+        for job in list(self.policy.queued_questions()):
+            self._fail_job(job, error)
 
     def _fail(self, chosen: list[tuple[_Job, int]], error: Exception) -> None:
         for job, _ in chosen:

@@ -56,7 +56,16 @@ class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self) -> None:
-        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._add_http(self.registry)
+        self._add_batching(self.registry)
+        self._add_failures(self.registry)
+        self._add_state(self.registry)
+        self._add_access(self.registry)
+        self._add_model(self.registry)
+
+    def _add_http(self, r: CollectorRegistry) -> None:
+        """Requests by route and status, their latency, and what is in flight."""
         self.requests = Counter(
             "xlnetqa_requests",
             "HTTP requests by route, method and status",
@@ -74,6 +83,9 @@ class Metrics:
         self.inflight = Gauge(
             "xlnetqa_inflight_requests", "Requests being handled", registry=r, multiprocess_mode="livesum"
         )
+
+    def _add_batching(self, r: CollectorRegistry) -> None:
+        """Questions, windows per question, and backend calls (size, padding, time)."""
         self.questions = Counter(
             "xlnetqa_questions", "Questions answered (batch items count one each)", registry=r
         )
@@ -101,6 +113,9 @@ class Metrics:
         self.inference_time = Histogram(
             "xlnetqa_inference_seconds", "Backend call duration", buckets=_LATENCY_BUCKETS, registry=r
         )
+
+    def _add_failures(self, r: CollectorRegistry) -> None:
+        """Backend calls that failed or hung, bad outputs, dropped work and departed clients."""
         self.batch_failures = Counter("xlnetqa_batch_failures", "Backend calls that raised", registry=r)
         self.non_finite = Counter(
             "xlnetqa_non_finite_outputs", "Windows whose model outputs were NaN or infinite", registry=r
@@ -116,6 +131,9 @@ class Metrics:
         self.disconnects = Counter(
             "xlnetqa_client_disconnects", "Requests whose client disconnected before the answer", registry=r
         )
+
+    def _add_state(self, r: CollectorRegistry) -> None:
+        """Gauges of the moment: the queue's depth and readiness."""
         self.queue_depth = Gauge(
             "xlnetqa_queue_depth",
             "Windows waiting for a backend call",
@@ -128,6 +146,9 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+
+    def _add_access(self, r: CollectorRegistry) -> None:
+        """Authentication failures and per-key traffic and rate limits."""
         self.auth_failures = Counter(
             "xlnetqa_auth_failures",
             "Requests refused for a missing or wrong API key, or from an address over its failure budget",
@@ -146,6 +167,9 @@ class Metrics:
             ["key", "limit"],
             registry=r,
         )
+
+    def _add_model(self, r: CollectorRegistry) -> None:
+        """What model is served, and what it really runs on."""
         self.model_info = Gauge(
             "xlnetqa_model_info",
             "Served model (value 1)",

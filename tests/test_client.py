@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -109,7 +108,6 @@ def _count(url: str, status: str) -> float:
 def test_4xx_is_raised_at_once_without_retries(server: ServerProcess) -> None:
     before = _count(server.url, "422"), _count(server.url, "413")
     with XLNetQAClient(server.url, retries=5, backoff=1.0) as qa:
-        start = time.monotonic()
         with pytest.raises(XLNetQAClientError) as err:
             qa.answer("   ", "some context")  # the shared schema refuses it before sending
         assert err.value.status_code is None and "question must not be empty" in err.value.message
@@ -119,7 +117,6 @@ def test_4xx_is_raised_at_once_without_retries(server: ServerProcess) -> None:
         with pytest.raises(XLNetQAClientError) as err:
             qa.answer("Why?", "x" * 20001)
         assert err.value.status_code == 413 and "limit" in err.value.message
-        assert time.monotonic() - start < 1.0  # a retry would have slept >= 0.5 s
 
     async def async_case() -> None:
         async with AsyncXLNetQAClient(server.url, retries=5, backoff=1.0) as qa:
@@ -128,6 +125,7 @@ def test_4xx_is_raised_at_once_without_retries(server: ServerProcess) -> None:
             assert aerr.value.status_code == 422 and aerr.value.error == "empty_question"
 
     asyncio.run(async_case())
+    # Each refused request reached the server once (5 retries were allowed): no retry was sent.
     assert _count(server.url, "422") - before[0] == 2 and _count(server.url, "413") - before[1] == 1
 
 
@@ -321,23 +319,29 @@ def test_a_malformed_response_is_a_clear_sdk_error(status: int, text: str, conte
 
 
 def test_a_hung_server_is_a_timeout_error_not_httpx() -> None:
-    """A process that accepts connections and never answers: XLNetQATimeoutError, after one attempt."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-        with XLNetQAClient(url, timeout=0.3, retries=3) as qa:
-            start = time.monotonic()
-            with pytest.raises(XLNetQATimeoutError) as err:
-                qa.answer("Why?", "Because.")
-            assert time.monotonic() - start < 1.5 and isinstance(err.value, XLNetQAError)
+    """A server that reads the request and never answers: XLNetQATimeoutError, after one attempt."""
+    release = threading.Event()
 
-        async def async_case() -> None:
-            async with AsyncXLNetQAClient(url, timeout=0.3) as aqa:
-                with pytest.raises(XLNetQATimeoutError):
-                    await aqa.answer("Why?", "Because.")
+    def respond(h, body) -> None:
+        release.wait(30)
 
-        asyncio.run(async_case())
+    with stub_server(respond) as (url, seen):
+        try:
+            with XLNetQAClient(url, timeout=0.3, retries=3) as qa:
+                with pytest.raises(XLNetQATimeoutError) as err:
+                    qa.answer("Why?", "Because.")
+                assert isinstance(err.value, XLNetQAError)
+            assert len(seen) == 1  # 3 retries were allowed: a timeout is not retried
+
+            async def async_case() -> None:
+                async with AsyncXLNetQAClient(url, timeout=0.3) as aqa:
+                    with pytest.raises(XLNetQATimeoutError):
+                        await aqa.answer("Why?", "Because.")
+
+            asyncio.run(async_case())
+            assert len(seen) == 2
+        finally:
+            release.set()
 
 
 def test_the_deadline_bounds_all_retries() -> None:
@@ -354,19 +358,20 @@ def test_the_deadline_bounds_all_retries() -> None:
     with (
         stub_server(respond) as (url, seen),
         XLNetQAClient(url, retries=50, max_backoff=0.2, deadline=1.0) as qa,
+        pytest.raises(XLNetQAServerError) as err,
     ):
-        start = time.monotonic()
-        with pytest.raises(XLNetQAServerError) as err:
-            qa.answer("Why?", "Because.")
-        elapsed = time.monotonic() - start
+        qa.answer("Why?", "Because.")
     assert err.value.status_code == 503 and err.value.error == "overloaded" and err.value.request_id == "r1"
-    assert elapsed < 1.5 and 3 <= len(seen) <= 7, (elapsed, len(seen))
+    # It did retry, and the deadline ended it: 50 retries of >= 0.2 s each were allowed, not 1 s of them.
+    assert 2 <= len(seen) <= 7, len(seen)
 
 
 def test_the_deadline_holds_against_a_server_that_trickles_its_answer() -> None:
     """Headers at once, then the body byte by byte over 2 s: every read is within ``timeout``, but the
-    call must end at its deadline (sync: checked after each chunk; async: cancelled)."""
+    call must end at its deadline (sync: checked after each chunk; async: cancelled), while the body
+    is still on its way."""
     payload = json.dumps(GOOD).encode() + b" " * 30
+    sent: list[int] = []  # one entry per response whose body was sent whole
 
     def respond(h, body) -> None:
         h.send_response(200)
@@ -377,6 +382,7 @@ def test_the_deadline_holds_against_a_server_that_trickles_its_answer() -> None:
             h.wfile.write(bytes([byte]))
             h.wfile.flush()
             time.sleep(2.0 / len(payload))
+        sent.append(len(payload))
 
     def ask_sync(url: str) -> None:
         with XLNetQAClient(url, timeout=2.0, deadline=0.8) as qa:
@@ -388,10 +394,9 @@ def test_the_deadline_holds_against_a_server_that_trickles_its_answer() -> None:
 
     with stub_server(respond) as (url, _):
         for ask in (lambda: ask_sync(url), lambda: asyncio.run(ask_async(url))):
-            start = time.monotonic()
             with pytest.raises(XLNetQATimeoutError, match="deadline"):
                 ask()
-            assert time.monotonic() - start < 1.3
+            assert sent == []  # the deadline ended the call, not the end of the body
         with XLNetQAClient(url, timeout=2.0, deadline=30) as qa:  # a deadline that holds: the answer
             assert qa.answer("Why?", "Because.").answer == "x"
 
