@@ -21,7 +21,7 @@ from export.runtime.sessions import session
 from export.runtime.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.triton import pbtxt
 from export.triton.repository import main
-from export.trt.build import min_sequence
+from export.trt.profile import min_sequence
 from train.common.contract import INDEX_OUTPUTS, INPUT_NAMES
 
 SHAPES = {"opt_shape": [8, 384], "max_shape": [16, 512]}

@@ -34,17 +34,17 @@ from export.runtime.sidecar import TOKENIZER_FILES, Sidecar
 from export.trt import cuda as cuda_runtime
 from export.trt import runtime as trt_runtime
 from export.trt.build import (
+    StackUnavailable,
+    TrtBuildOptions,
+    build_trt,
     choose_path,
     keep_fp32,
     load_timing_cache,
-    main,
-    min_sequence,
     onnx_nodes_of,
-    parse_shape,
-    position_limit,
     save_timing_cache,
-    source_graph,
 )
+from export.trt.cli import main, shape_flag
+from export.trt.profile import Profile, min_sequence, parse_shape, position_limit, source_graph
 from train.common.contract import INPUT_NAMES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -132,10 +132,13 @@ def test_input_errors_come_before_the_gpu_check(tmp_path, capsys):
 
 
 def test_shapes_and_arguments(capsys, tmp_path):
-    assert parse_shape("8x384") == [8, 384] and parse_shape("1X16") == [1, 16]
+    assert parse_shape("8x384") == (8, 384) and parse_shape("1X16") == (1, 16)
+    assert shape_flag("8x384") == (8, 384)
     for bad in ("8", "8x", "0x16", "axb", "1x2x3"):
-        with pytest.raises(argparse.ArgumentTypeError):
+        with pytest.raises(ValueError, match="expected BATCHxSEQUENCE like 8x384"):
             parse_shape(bad)
+        with pytest.raises(argparse.ArgumentTypeError, match="expected BATCHxSEQUENCE like 8x384"):
+            shape_flag(bad)
     args = ["--onnx", str(tmp_path), "--out", str(tmp_path / "o")]
     assert main([*args, "--min-shape", "4x16", "--opt-shape", "2x64", "--max-shape", "8x128"]) == 2
     assert "min <= opt <= max" in capsys.readouterr().err
@@ -657,6 +660,47 @@ def test_without_cuda_bindings_the_runner_says_how_to_install_them(monkeypatch):
     monkeypatch.setattr(cuda_runtime, "import_cudart", lambda: None)
     with pytest.raises(cuda_runtime.CudaError, match=r"cuda-bindings>=12.8,<13.*pip install"):
         cuda_runtime.CudaDevice(0)
+
+
+# --- the builder as a library --------------------------------------------------------------------------------
+def test_options_are_checked_on_construction(tmp_path):
+    """The builder's options without argparse: the flags' rules hold for a library caller too."""
+    options = TrtBuildOptions(onnx=tmp_path, out=tmp_path / "o", opt_shape=(2, 64), max_shape=(4, 128))
+    assert options.opt_shape == (2, 64) and options.min_shape is None and options.verify
+    with pytest.raises(ValueError, match="min <= opt <= max"):
+        TrtBuildOptions(onnx=tmp_path, out=tmp_path / "o", min_shape=(4, 16), opt_shape=(2, 64))
+    with pytest.raises(ValueError, match="--workspace-gb must be positive"):
+        TrtBuildOptions(onnx=tmp_path, out=tmp_path / "o", workspace_gb=0)
+    beam = Sidecar.load(fake_onnx_export(tmp_path / "beam", head="beam", start_n_top=5, end_n_top=4))
+    assert options.profile(beam) == Profile((1, 5), (2, 64), (4, 128))
+    assert options.profile(beam).record() == {
+        "min_shape": [1, 5],
+        "opt_shape": [2, 64],
+        "max_shape": [4, 128],
+    }
+
+
+def test_the_builder_as_a_library_reports_through_callbacks(tmp_path, capsys, stand_in_stack):
+    """build_trt on the stand-in TensorRT: progress to `report`, nothing printed, the sidecar returned."""
+    stand_in_stack()
+    onnx_dir = fake_onnx_export(tmp_path / "onnx", head="shallow")  # the stand-in engine's outputs
+    lines: list[str] = []
+    warnings: list[str] = []
+    options = TrtBuildOptions(onnx=onnx_dir, out=tmp_path / "engine", verify=False)
+    built = build_trt(options, report=lines.append, warn=warnings.append)
+    assert capsys.readouterr() == ("", "") and warnings == []
+    assert lines[0].startswith("python -m export.trt: TensorRT ") and lines[-1].startswith("wrote ")
+    assert built.backend == "tensorrt" and Sidecar.load(tmp_path / "engine").trt == built.trt
+    assert built.trt["min_shape"] == [1, 1] and built.trt["path"] == "fp32"
+
+
+def test_no_gpu_stack_is_stack_unavailable_before_anything_is_written(tmp_path, monkeypatch):
+    """What the command turns into its one line and exit 2."""
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # import fails
+    options = TrtBuildOptions(onnx=fake_onnx_export(tmp_path / "onnx"), out=tmp_path / "engine")
+    with pytest.raises(StackUnavailable, match="TensorRT is not available"):
+        build_trt(options, report=lambda line: None)
+    assert not (tmp_path / "engine").exists()
 
 
 # --- on an NVIDIA machine ------------------------------------------------------------------------------------

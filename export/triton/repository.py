@@ -36,7 +36,7 @@ from export.gpu_versions import TENSORRT_VERSION, TRITON_GUIDANCE, tensorrt_rele
 from export.runtime.providers import gpu_graph
 from export.runtime.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.triton import pbtxt
-from export.trt.build import min_sequence
+from export.trt.profile import min_sequence
 from train.common.atomic_dir import atomic_directory
 from train.common.cli import Parser, run
 from train.common.contract import INDEX_OUTPUTS, INPUT_NAMES
