@@ -147,7 +147,7 @@ def make_export(work: Path, checkpoint: Path) -> Path:
 
 
 def build_engine(onnx_dir: Path, work: Path) -> Path:
-    from export.trt.build import main as trt_main
+    from export.trt.cli import main as trt_main
 
     out = work / "trt"
     args = ["--onnx", str(onnx_dir), "--out", str(out), "--timing-cache", str(work / "timing.cache")]

@@ -20,8 +20,9 @@ from export.onnx.testing import tiny_onnx_export
 from export.runtime.sessions import session
 from export.runtime.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.triton import pbtxt
-from export.triton.repository import main
-from export.trt.build import min_sequence
+from export.triton.cli import main
+from export.triton.repository import TritonOptions, write_repository
+from export.trt.profile import min_sequence
 from train.common.contract import INDEX_OUTPUTS, INPUT_NAMES
 
 SHAPES = {"opt_shape": [8, 384], "max_shape": [16, 512]}
@@ -220,6 +221,27 @@ def test_repository_errors(onnx_export, trt_export, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--onnx", str(onnx_export), "--out", str(tmp_path / "repo"), "--preferred-batch", "a,b"])
     assert not (tmp_path / "repo" / "xlnet_qa").exists()
+
+
+def test_the_repository_as_a_library(onnx_export, tmp_path, capsys):
+    """TritonOptions without argparse: checked on construction, the default preferred batches resolved,
+    progress to `report` and nothing printed."""
+    options = TritonOptions(onnx=onnx_export, out=tmp_path / "repo", max_batch_size=8, instance_kind="cpu")
+    assert options.preferred == [4, 8]
+    lines: list[str] = []
+    model_dir = write_repository(options, report=lines.append)
+    assert capsys.readouterr() == ("", "") and lines == [
+        f"wrote {model_dir}/: config.pbtxt (onnxruntime_onnx), 1/model.onnx, {SIDECAR_FILE}, tokenizer"
+    ]
+    assert model_dir == tmp_path / "repo" / "xlnet_qa" and (model_dir / "1" / "model.onnx").is_file()
+    for bad, message in (
+        ({"name": "a/b"}, "plain directory name"),
+        ({"triton_tensorrt": "10.14"}, "MAJOR.MINOR.PATCH"),
+        ({"instance_kind": "tpu"}, "--instance-kind must be one of"),
+        ({"preferred_batch": [16]}, "exceed --max-batch-size 8"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            TritonOptions(onnx=onnx_export, out=tmp_path / "repo", max_batch_size=8, **bad)
 
 
 def test_gpu_instances_get_the_portable_graph(optimised_export, spm_dir, tmp_path, capsys):

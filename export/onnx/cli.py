@@ -15,15 +15,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from export.onnx.pipeline import (
+from export.onnx.options import (
     MODEL_FILE,
     PORTABLE_FILE,
     PROG,
     OnnxExportOptions,
     VerificationFailed,
     check_out_dir,
-    export_onnx,
 )
+from export.onnx.pipeline import export_onnx
 from export.runtime.providers import canonical_provider
 from export.runtime.sidecar import PRECISIONS
 from train.common.cli import Parser, run

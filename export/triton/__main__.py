@@ -1,5 +1,5 @@
-"""`python -m export.triton`: see `export.triton.repository`."""
+"""`python -m export.triton`: see `export.triton.cli`."""
 
-from export.triton.repository import main
+from export.triton.cli import main
 
 raise SystemExit(main())

@@ -1,10 +1,7 @@
 """Write a Triton Inference Server model repository entry for an ONNX or TensorRT export.
 
-    python -m export.triton --onnx exports/onnx [--trt exports/trt] --out triton_repo [--name xlnet_qa] \\
-        [--max-batch-size 32] [--preferred-batch 4,8,16] [--max-queue-delay-us 500] [--instances 1] \\
-        [--triton-tensorrt 10.14.1]
-
-Layout::
+The library behind ``python -m export.triton`` (`export.triton.cli` is its command line), callable without
+argparse: ``write_repository(TritonOptions(onnx=..., out=...))``. Layout::
 
     REPO/<name>/config.pbtxt         platform onnxruntime_onnx | tensorrt_plan, dynamic batching
     REPO/<name>/1/model.onnx         (or 1/model.plan: the TensorRT engine)
@@ -25,10 +22,10 @@ graph accepts is refused here.
 
 from __future__ import annotations
 
-import argparse
+import os
 import shutil
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,57 +33,67 @@ from export.gpu_versions import TENSORRT_VERSION, TRITON_GUIDANCE, tensorrt_rele
 from export.runtime.providers import gpu_graph
 from export.runtime.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.triton import pbtxt
-from export.trt.build import min_sequence
+from export.trt.profile import min_sequence
 from train.common.atomic_dir import atomic_directory
-from train.common.cli import Parser, run
 from train.common.contract import INDEX_OUTPUTS, INPUT_NAMES
 
-PROG = "python -m export.triton"
 PLATFORMS = {"onnx": ("onnxruntime_onnx", "model.onnx"), "tensorrt": ("tensorrt_plan", "model.plan")}
 TRITON_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32", "float16": "TYPE_FP16"}
 CONFIG_FILE = "config.pbtxt"
 DEFAULT_PREFERRED = (4, 8, 16)
+INSTANCE_KINDS = ("gpu", "cpu")
+
+Report = Callable[[str], None]
 
 
-def int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers like 4,8,16, got {text!r}")
-    return values
+@dataclass(frozen=True)
+class TritonOptions:
+    """Which export to serve and how Triton batches it; checked on construction (what needs the export's
+    sidecar is checked when the repository is written). Defaults are the command line's.
 
+    `trt`: a TensorRT export built from `onnx`, served instead of the ONNX graph. `preferred_batch` None:
+    4, 8, 16 up to `max_batch_size`. `triton_tensorrt`: the TensorRT version of the Triton container that
+    serves a `trt` plan (it must match the plan's).
+    """
 
-def tensorrt_version(text: str) -> str:
-    if tensorrt_release(text) is None:
-        raise argparse.ArgumentTypeError(
-            f"expected a TensorRT version MAJOR.MINOR.PATCH like 10.14.1, got {text!r}"
-        )
-    return text
+    onnx: str | os.PathLike[str]
+    out: str | os.PathLike[str]
+    trt: str | os.PathLike[str] | None = None
+    name: str = "xlnet_qa"
+    max_batch_size: int = 32
+    preferred_batch: Sequence[int] | None = None
+    max_queue_delay_us: int = 500
+    instances: int = 1
+    instance_kind: str = "gpu"
+    triton_tensorrt: str = TENSORRT_VERSION
 
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            raise ValueError(f"--name {self.name!r}: must be a plain directory name")
+        for flag, value in (("--max-batch-size", self.max_batch_size), ("--instances", self.instances)):
+            if value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+        if self.max_queue_delay_us < 0:
+            raise ValueError("--max-queue-delay-us must be >= 0")
+        if self.instance_kind not in INSTANCE_KINDS:
+            raise ValueError(f"--instance-kind must be one of {INSTANCE_KINDS}, got {self.instance_kind!r}")
+        if tensorrt_release(self.triton_tensorrt) is None:
+            raise ValueError(
+                f"--triton-tensorrt: expected a TensorRT version MAJOR.MINOR.PATCH like 10.14.1, "
+                f"got {self.triton_tensorrt!r}"
+            )
+        preferred = self.preferred_batch
+        if preferred is None:
+            preferred = [b for b in DEFAULT_PREFERRED if b <= self.max_batch_size] or [self.max_batch_size]
+        object.__setattr__(self, "preferred_batch", tuple(preferred))
+        too_big = [b for b in preferred if b > self.max_batch_size]
+        if too_big:
+            raise ValueError(f"--preferred-batch {too_big} exceed --max-batch-size {self.max_batch_size}")
 
-def build_parser() -> Parser:
-    p = Parser(prog=PROG, description="Write a Triton model repository entry for an export.")
-    p.add_argument("--onnx", required=True, help="ONNX export directory (python -m export.onnx)")
-    p.add_argument("--trt", help="TensorRT export directory (python -m export.trt): serve the engine instead")
-    p.add_argument("--out", required=True, help="model repository directory")
-    p.add_argument("--name", default="xlnet_qa", help="model name in the repository")
-    p.add_argument("--max-batch-size", type=int, default=32)
-    p.add_argument(
-        "--preferred-batch", type=int_list, help="comma-separated batch sizes (default: 4,8,16 up to the max)"
-    )
-    p.add_argument("--max-queue-delay-us", type=int, default=500, help="dynamic batcher wait (microseconds)")
-    p.add_argument("--instances", type=int, default=1, help="model instances (instance_group count)")
-    p.add_argument("--instance-kind", choices=("gpu", "cpu"), default="gpu")
-    p.add_argument(
-        "--triton-tensorrt",
-        type=tensorrt_version,
-        default=TENSORRT_VERSION,
-        metavar="VERSION",
-        help="TensorRT version of the Triton container that serves a --trt plan (must match the plan's)",
-    )
-    return p
+    @property
+    def preferred(self) -> list[int]:
+        """The preferred batch sizes (their default resolved)."""
+        return list(self.preferred_batch or ())
 
 
 def tensor_dims(name: str, sidecar: Sidecar) -> tuple[list[int], dict[str, Any] | None]:
@@ -110,7 +117,7 @@ def tensor_type(name: str, sidecar: Sidecar) -> pbtxt.Enum:
     return pbtxt.Enum("TYPE_INT64" if name in INPUT_NAMES or name in INDEX_OUTPUTS else "TYPE_FP32")
 
 
-def model_config(sidecar: Sidecar, args: argparse.Namespace) -> dict[str, Any]:
+def model_config(sidecar: Sidecar, options: TritonOptions) -> dict[str, Any]:
     platform, _ = PLATFORMS[sidecar.backend]
 
     def tensor(name: str) -> dict[str, Any]:
@@ -121,73 +128,60 @@ def model_config(sidecar: Sidecar, args: argparse.Namespace) -> dict[str, Any]:
         return entry
 
     return {
-        "name": args.name,
+        "name": options.name,
         "platform": platform,
-        "max_batch_size": args.max_batch_size,
+        "max_batch_size": options.max_batch_size,
         "input": [tensor(n) for n in INPUT_NAMES],
         "output": [tensor(n) for n in sidecar.outputs],
         "dynamic_batching": {
-            "preferred_batch_size": list(args.preferred_batch),
-            "max_queue_delay_microseconds": args.max_queue_delay_us,
+            "preferred_batch_size": options.preferred,
+            "max_queue_delay_microseconds": options.max_queue_delay_us,
         },
         "instance_group": [
-            {"count": args.instances, "kind": pbtxt.Enum(f"KIND_{args.instance_kind.upper()}")}
+            {"count": options.instances, "kind": pbtxt.Enum(f"KIND_{options.instance_kind.upper()}")}
         ],
     }
 
 
-def check_args(args: argparse.Namespace, sidecar: Sidecar) -> None:
-    if not args.name or "/" in args.name or args.name.startswith("."):
-        raise ValueError(f"--name {args.name!r}: must be a plain directory name")
-    for flag, value in (("--max-batch-size", args.max_batch_size), ("--instances", args.instances)):
-        if value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
-    if args.max_queue_delay_us < 0:
-        raise ValueError("--max-queue-delay-us must be >= 0")
-    if args.preferred_batch is None:
-        args.preferred_batch = [b for b in DEFAULT_PREFERRED if b <= args.max_batch_size] or [
-            args.max_batch_size
-        ]
-    too_big = [b for b in args.preferred_batch if b > args.max_batch_size]
-    if too_big:
-        raise ValueError(f"--preferred-batch {too_big} exceed --max-batch-size {args.max_batch_size}")
-    graph_file(sidecar, args)  # an int8 export on GPU instances is refused before anything is written
+def check_served(options: TritonOptions, sidecar: Sidecar) -> None:
+    """The options against the export they serve: its graph on the instances, an engine's profile and TensorRT."""
+    graph_file(sidecar, options)  # an int8 export on GPU instances is refused before anything is written
     if sidecar.backend == "tensorrt":
-        if args.instance_kind != "gpu":
+        if options.instance_kind != "gpu":
             raise ValueError("a TensorRT engine runs on the GPU: --instance-kind must be gpu")
         engine_max = sidecar.max_batch_size or 0
-        if args.max_batch_size > engine_max:
+        if options.max_batch_size > engine_max:
             raise ValueError(
-                f"--max-batch-size {args.max_batch_size} exceeds the engine's profile ({engine_max}); rebuild with "
-                f"a larger --max-shape or lower --max-batch-size"
+                f"--max-batch-size {options.max_batch_size} exceeds the engine's profile ({engine_max}); rebuild "
+                f"with a larger --max-shape or lower --max-batch-size"
             )
-        check_plan(args, sidecar)
+        check_plan(options, sidecar)
 
 
-def check_plan(args: argparse.Namespace, sidecar: Sidecar) -> None:
+def check_plan(options: TritonOptions, sidecar: Sidecar) -> None:
     """A TensorRT plan Triton can load (same TensorRT release) and serve at every size (profile from 1)."""
     trt = sidecar.trt or {}
     built = str(trt.get("version") or "")
     if not built:
         raise ValueError(
-            f"--trt {args.trt}: export.json records no trt.version, so the plan cannot be matched with Triton's "
+            f"--trt {options.trt}: export.json records no trt.version, so the plan cannot be matched with Triton's "
             "TensorRT; rebuild it with python -m export.trt"
         )
-    problem = tensorrt_version_problem(built, args.triton_tensorrt, where="Triton (--triton-tensorrt)")
+    problem = tensorrt_version_problem(built, options.triton_tensorrt, where="Triton (--triton-tensorrt)")
     if problem:
-        raise ValueError(f"--trt {args.trt}: {problem}")
+        raise ValueError(f"--trt {options.trt}: {problem}")
     lo, need = trt["min_shape"], min_sequence(sidecar)
     if lo[0] > 1 or lo[1] > need:
         raise ValueError(
-            f"--trt {args.trt}: the engine's profile starts at {lo[0]}x{lo[1]} and Triton rejects (does not pad) "
+            f"--trt {options.trt}: the engine's profile starts at {lo[0]}x{lo[1]} and Triton rejects (does not pad) "
             f"smaller requests; rebuild it with python -m export.trt --min-shape 1x{need}"
         )
 
 
-def graph_file(sidecar: Sidecar, args: argparse.Namespace) -> str:
+def graph_file(sidecar: Sidecar, options: TritonOptions) -> str:
     """The file Triton loads: on GPU instances an ONNX export's portable (standard-ops) graph, because the
     offline-optimised one holds onnxruntime CPU contrib ops that would run on the CPU there."""
-    if sidecar.backend != "onnx" or args.instance_kind != "gpu":
+    if sidecar.backend != "onnx" or options.instance_kind != "gpu":
         return sidecar.model_file
     try:
         return gpu_graph(sidecar.model_file, sidecar.portable_model_file, sidecar.precision)
@@ -195,55 +189,49 @@ def graph_file(sidecar: Sidecar, args: argparse.Namespace) -> str:
         raise ValueError(f"{exc}: use --instance-kind cpu, or export fp16/fp32 for GPU instances") from None
 
 
-def write_repository(args: argparse.Namespace) -> int:
-    onnx_sidecar = Sidecar.load(args.onnx)
+def served_export(options: TritonOptions) -> tuple[Path, Sidecar]:
+    """The export directory Triton serves (the engine with `trt`, else the ONNX graph) and its sidecar."""
+    onnx_sidecar = Sidecar.load(options.onnx)
     if onnx_sidecar.backend != "onnx":
-        raise ValueError(f"--onnx {args.onnx}: is a {onnx_sidecar.backend!r} export")
-    source, sidecar = Path(args.onnx), onnx_sidecar
-    if args.trt:
-        source, sidecar = Path(args.trt), Sidecar.load(args.trt)
-        if sidecar.backend != "tensorrt":
-            raise ValueError(f"--trt {args.trt}: is a {sidecar.backend!r} export")
-        if (sidecar.head, sidecar.outputs) != (onnx_sidecar.head, onnx_sidecar.outputs):
-            raise ValueError(
-                f"--trt {args.trt} ({sidecar.head} head) was not built from --onnx ({onnx_sidecar.head})"
-            )
-    check_args(args, sidecar)
+        raise ValueError(f"--onnx {options.onnx}: is a {onnx_sidecar.backend!r} export")
+    if not options.trt:
+        return Path(options.onnx), onnx_sidecar
+    sidecar = Sidecar.load(options.trt)
+    if sidecar.backend != "tensorrt":
+        raise ValueError(f"--trt {options.trt}: is a {sidecar.backend!r} export")
+    if (sidecar.head, sidecar.outputs) != (onnx_sidecar.head, onnx_sidecar.outputs):
+        raise ValueError(
+            f"--trt {options.trt} ({sidecar.head} head) was not built from --onnx ({onnx_sidecar.head})"
+        )
+    return Path(options.trt), sidecar
+
+
+def write_repository(options: TritonOptions, report: Report = print) -> Path:
+    """Write `out`/`name` (whole or not at all) and return it; ValueError when the export cannot be served."""
+    source, sidecar = served_export(options)
+    check_served(options, sidecar)
     platform, file_name = PLATFORMS[sidecar.backend]
-    model_dir = Path(args.out) / args.name
+    model_dir = Path(options.out) / options.name
     with atomic_directory(model_dir) as tmp:
         (tmp / "1").mkdir()
-        shutil.copyfile(source / graph_file(sidecar, args), tmp / "1" / file_name)
+        shutil.copyfile(source / graph_file(sidecar, options), tmp / "1" / file_name)
         for name in TOKENIZER_FILES:
             shutil.copyfile(source / name, tmp / name)
-        (tmp / CONFIG_FILE).write_text(pbtxt.dumps(model_config(sidecar, args)), encoding="utf-8")
+        (tmp / CONFIG_FILE).write_text(pbtxt.dumps(model_config(sidecar, options)), encoding="utf-8")
         data = sidecar.to_dict()
         data.update(model_file=f"1/{file_name}", portable_model_file=None)
         served = Sidecar.from_dict(data)
         served.extra["triton"] = {
-            "name": args.name,
+            "name": options.name,
             "platform": platform,
             "version": 1,
             "source_export": str(source.resolve()),
-            "source_graph": graph_file(sidecar, args),
+            "source_graph": graph_file(sidecar, options),
         }
         if sidecar.backend == "tensorrt":
-            served.extra["triton"]["tensorrt"] = args.triton_tensorrt
+            served.extra["triton"]["tensorrt"] = options.triton_tensorrt
         served.save(tmp)
-    print(f"wrote {model_dir}/: {CONFIG_FILE} ({platform}), 1/{file_name}, {SIDECAR_FILE}, tokenizer")
+    report(f"wrote {model_dir}/: {CONFIG_FILE} ({platform}), 1/{file_name}, {SIDECAR_FILE}, tokenizer")
     if sidecar.backend == "tensorrt":
-        print(f"the plan was built with TensorRT {(sidecar.trt or {}).get('version')}: {TRITON_GUIDANCE}")
-    return 0
-
-
-def _main(argv: Sequence[str] | None) -> int:
-    return write_repository(build_parser().parse_args(argv))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: user errors -> one line and exit 2."""
-    return run(_main, argv, prog=PROG)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        report(f"the plan was built with TensorRT {(sidecar.trt or {}).get('version')}: {TRITON_GUIDANCE}")
+    return model_dir

@@ -1,5 +1,5 @@
-"""`python -m export.trt`: see `export.trt.build`."""
+"""`python -m export.trt`: see `export.trt.cli`."""
 
-from export.trt.build import main
+from export.trt.cli import main
 
 raise SystemExit(main())

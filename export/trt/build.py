@@ -1,15 +1,14 @@
 """Build a TensorRT engine from an ONNX export directory and write a TensorRT export directory.
 
-    python -m export.trt --onnx exports/onnx --out exports/trt [--min-shape 1x1] --opt-shape 8x384 \\
-        --max-shape 32x512 [--fp16] [--timing-cache FILE] [--workspace-gb N] [--no-verify]
+The library behind ``python -m export.trt`` (`export.trt.cli` is its command line), callable without
+argparse: ``build_trt(TrtBuildOptions(onnx=..., out=...))``. Progress lines go to `report` (stdout unless
+given), warnings to `warn` (stderr unless given).
 
 The engine is built from the export's standard-ops graph (`portable_model_file`: TensorRT cannot parse
 onnxruntime's contrib ops), with one optimisation profile covering [min, max] batch x sequence for all
-three inputs. The profile is checked against the graph: its sequence range must hold the serving windows
-(max_seq_len) and stay within the relative-position tables the export precomputed (`position_limit`:
-512 positions, `QAInference`'s cache), and the beam head's in-graph top-k needs at least k tokens. The
-default minimum is the smallest shape the graph accepts (1x1, 1xk for the beam head), because Triton
-serves a plan's profile as it is and rejects, never pads, a shorter request.
+three inputs, checked against the graph (`export.trt.profile`). The default minimum is the smallest
+shape the graph accepts (1x1, 1xk for the beam head), because Triton serves a plan's profile as it is
+and rejects, never pads, a shorter request.
 
 Precision paths (printed, and recorded as `trt.path` in export.json):
 
@@ -27,20 +26,20 @@ Precision paths (printed, and recorded as `trt.path` in export.json):
 Exports of `QAInference` have no sinusoid nodes: their position tables were computed in fp32 at export
 and are constants (weights) like any other.
 
-Without the `tensorrt` module or a usable CUDA GPU (none, or a driver too old for the CUDA runtime) the
-command prints one line saying which is missing and how to get it, and exits with code 2. The engine
-is checked against onnxruntime (CPU) on the source graph. A timing cache from another TensorRT version
-or GPU is refused by TensorRT; the build then starts from an empty cache (with a warning) and overwrites
-the file. Torch-free: the GPU's name comes from cuda-bindings.
+Without the `tensorrt` module or a usable CUDA GPU (none, or a driver too old for the CUDA runtime)
+:class:`StackUnavailable` says which is missing and how to get it (the command: one line, exit code 2).
+The engine is checked against onnxruntime (CPU) on the source graph. A timing cache from another
+TensorRT version or GPU is refused by TensorRT; the build then starts from an empty cache (with a
+warning) and overwrites the file. Torch-free: the GPU's name comes from cuda-bindings.
 """
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -48,133 +47,71 @@ from typing import Any, NamedTuple
 from export.gpu_versions import tensorrt_release
 from export.runtime.gpu import gpu_stack_problem
 from export.runtime.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
+from export.trt.profile import (
+    Profile,
+    Shape,
+    check_order,
+    check_profile_fits,
+    graph_position_limit,
+    min_sequence,
+    source_graph,
+)
 from train.common.atomic_dir import atomic_write_bytes
-from train.common.cli import Parser, run
-from train.common.contract import INPUT_NAMES, shortest_sequence
+from train.common.contract import INPUT_NAMES
 
-PROG = "python -m export.trt"
+PROG = "python -m export.trt"  # the command that runs this builder; its first progress line names it
 ENGINE_FILE = "model.engine"
 TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}  # x max(1, max |reference output|), per output
 
-
-def parse_shape(text: str) -> list[int]:
-    """'8x384' -> [8, 384] (batch x sequence)."""
-    try:
-        parts = [int(p) for p in text.lower().split("x")]
-    except ValueError:
-        parts = []
-    if len(parts) != 2 or min(parts) < 1:
-        raise argparse.ArgumentTypeError(f"expected BATCHxSEQUENCE like 8x384, got {text!r}")
-    return parts
+Report = Callable[[str], None]
 
 
-def build_parser() -> Parser:
-    p = Parser(prog=PROG, description="Build a TensorRT engine from an ONNX export directory.")
-    p.add_argument("--onnx", required=True, help="ONNX export directory (python -m export.onnx)")
-    p.add_argument("--out", required=True, help="TensorRT export directory to write")
-    p.add_argument(
-        "--min-shape",
-        type=parse_shape,
-        help="smallest BATCHxSEQUENCE (default: the smallest the graph accepts, 1x1 or 1xk for the beam head)",
-    )
-    p.add_argument("--opt-shape", type=parse_shape, default="8x384", help="BATCHxSEQUENCE to tune for")
-    p.add_argument("--max-shape", type=parse_shape, default="32x512", help="largest BATCHxSEQUENCE")
-    p.add_argument(
-        "--fp16", action="store_true", help="fp16 engine (strongly typed; see the module doc for older 10.x)"
-    )
-    p.add_argument(
-        "--tf32", action="store_true", help="allow TF32 matmuls in fp32 layers (faster, ~1e-3 error)"
-    )
-    p.add_argument("--timing-cache", help="timing cache file: loaded if present, saved after the build")
-    p.add_argument(
-        "--workspace-gb", type=float, default=4.0, help="builder workspace memory pool limit (GiB)"
-    )
-    p.add_argument(
-        "--no-verify", dest="verify", action="store_false", help="skip the engine-vs-onnxruntime check"
-    )
-    return p
+def to_stderr(line: str) -> None:
+    """The default warning callback: a line on stderr."""
+    print(line, file=sys.stderr)
 
 
-def check_args(args: argparse.Namespace) -> None:
-    lo, opt, hi = args.min_shape or [1, 1], args.opt_shape, args.max_shape
-    if not all(a <= b <= c for a, b, c in zip(lo, opt, hi, strict=True)):
-        raise ValueError(f"shapes must satisfy min <= opt <= max per dimension, got {lo}, {opt}, {hi}")
-    if args.workspace_gb <= 0:
-        raise ValueError("--workspace-gb must be positive")
+class BuildFailed(RuntimeError):
+    """TensorRT could not parse or build the network, or the engine does not verify (exit code 1)."""
 
 
-def min_sequence(sidecar: Sidecar) -> int:
-    """The shortest sequence the graph runs: the beam head takes top-k over the sequence inside the graph."""
-    return shortest_sequence(sidecar.head, sidecar.start_n_top, sidecar.end_n_top)
+class StackUnavailable(RuntimeError):
+    """No usable TensorRT or CUDA GPU here; the message says which and how to get it (exit code 2)."""
 
 
-def position_limit(model: Any, d_model: int) -> int | None:
-    """The longest sequence an exported graph can run, or None if it sets no limit.
+@dataclass(frozen=True)
+class TrtBuildOptions:
+    """What to build and how; checked on construction, so bad values fail before any work.
 
-    `QAInference` precomputes each layer's projected relative positions for 512 tokens and the graph
-    slices the middle 2T rows of these [1, n_head, 2 x limit, d_head] constants; a longer input gets a
-    short slice and fails (onnxruntime: a Reshape error at 513 tokens). A graph that computes the
-    sinusoids itself (no tables) has no limit of its own.
+    Defaults are the command line's. Shapes are (batch, sequence); `min_shape` None: the smallest shape
+    the graph accepts (1x1, 1xk for the beam head). `timing_cache`: loaded if present, saved after the
+    build. `tf32` allows TF32 matmuls in fp32 layers; `verify` checks the engine against onnxruntime.
     """
-    inits = {init.name: init for init in model.graph.initializer}
-    producer = {out: node for node in model.graph.node for out in node.output}
-    limits = []
-    for node in model.graph.node:
-        if node.op_type != "Slice" or not node.input:
-            continue
-        source = node.input[0]
-        while source not in inits and source in producer and producer[source].op_type in ("Cast", "Identity"):
-            source = producer[source].input[0]
-        dims = list(inits[source].dims) if source in inits else []
-        if len(dims) == 4 and dims[0] == 1 and dims[1] * dims[3] == d_model and dims[2] % 2 == 0:
-            limits.append(dims[2] // 2)
-    return min(limits) if limits else None
 
+    onnx: Path
+    out: Path
+    min_shape: Shape | None = None
+    opt_shape: Shape = (8, 384)
+    max_shape: Shape = (32, 512)
+    fp16: bool = False
+    tf32: bool = False
+    timing_cache: Path | None = None
+    workspace_gb: float = 4.0
+    verify: bool = True
 
-def graph_position_limit(graph: Path, sidecar: Sidecar) -> int | None:
-    """:func:`position_limit` of an ONNX file (initializer shapes only: external data is not loaded)."""
-    import onnx
+    def __post_init__(self) -> None:
+        for name in ("min_shape", "opt_shape", "max_shape"):
+            shape = getattr(self, name)
+            if shape is not None:
+                object.__setattr__(self, name, (int(shape[0]), int(shape[1])))
+        check_order(self.min_shape or (1, 1), self.opt_shape, self.max_shape)
+        if self.workspace_gb <= 0:
+            raise ValueError("--workspace-gb must be positive")
 
-    try:
-        model = onnx.load(str(graph), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001 - protobuf decode errors have no common public type
-        raise ValueError(f"cannot read {graph} as an ONNX model ({type(exc).__name__}: {exc})") from None
-    return position_limit(model, sidecar.d_model)
-
-
-def check_profile_fits(args: argparse.Namespace, sidecar: Sidecar, limit: int | None) -> None:
-    """The profile against what the graph and the serving settings need (after --min-shape has its default)."""
-    lo, hi = args.min_shape, args.max_shape
-    if hi[1] < sidecar.max_seq_len:
-        raise ValueError(
-            f"--max-shape sequence {hi[1]} is shorter than the export's max_seq_len "
-            f"{sidecar.max_seq_len}: serving windows would not fit the engine"
-        )
-    if limit is not None and hi[1] > limit:
-        raise ValueError(
-            f"--max-shape sequence {hi[1]} exceeds the {limit} positions the exported graph holds (its "
-            f"relative-position tables were precomputed for {limit} tokens): use --max-shape {hi[0]}x{limit}"
-        )
-    need = min_sequence(sidecar)
-    if lo[1] < need:
-        raise ValueError(
-            f"--min-shape sequence {lo[1]} is shorter than the beam head's top-k ({need}): the graph needs "
-            f"at least {need} tokens; use --min-shape {lo[0]}x{need}"
-        )
-    if not all(a <= b for a, b in zip(lo, args.opt_shape, strict=True)):
-        raise ValueError(f"--min-shape {lo} exceeds --opt-shape {args.opt_shape}")
-
-
-def source_graph(onnx_dir: Path, sidecar: Sidecar) -> Path:
-    """The standard-ops graph of an ONNX export (int8 dynamic quantization is onnxruntime-only)."""
-    if sidecar.backend != "onnx":
-        raise ValueError(f"--onnx {onnx_dir}: is a {sidecar.backend!r} export, not an ONNX one")
-    if sidecar.precision == "int8" or not sidecar.portable_model_file:
-        raise ValueError(
-            f"--onnx {onnx_dir}: a {sidecar.precision} export has no standard-ops graph for TensorRT (dynamic int8 "
-            "runs on onnxruntime only); export fp32 or fp16 for TensorRT"
-        )
-    return onnx_dir / sidecar.portable_model_file
+    def profile(self, sidecar: Sidecar) -> Profile:
+        """The optimisation profile, its minimum defaulting to the smallest shape the graph accepts."""
+        lo = self.min_shape or (1, min_sequence(sidecar))
+        return Profile(lo, self.opt_shape, self.max_shape)
 
 
 # TensorRT 10.12 deprecated the weak typing APIs (BuilderFlag.FP16 among them); 11.x removed them.
@@ -192,8 +129,45 @@ def choose_path(trt_release: Sequence[int], fp16: bool, graph_precision: str) ->
     return ("strongly-typed", "fp16") if strong else ("fp16-flag", "fp16")
 
 
+class BuildPlan(NamedTuple):
+    """What was decided before building: the source, its profile and position limit, and the build path."""
+
+    sidecar: Sidecar
+    graph: Path
+    profile: Profile
+    limit: int | None
+    path: str
+    precision: str
+
+
+def plan_build(options: TrtBuildOptions, report: Report = print) -> BuildPlan:
+    """Check the export and the profile, then the GPU stack; choose the build path and announce it."""
+    onnx_dir = Path(options.onnx)
+    sidecar = Sidecar.load(onnx_dir)
+    graph = source_graph(onnx_dir, sidecar)
+    profile = options.profile(sidecar)
+    limit = graph_position_limit(graph, sidecar)
+    check_profile_fits(profile, sidecar, limit)
+    problem = gpu_stack_problem()
+    if problem:
+        raise StackUnavailable(problem)
+    import tensorrt as trt
+
+    from export.trt.cuda import device_name
+
+    release = tensorrt_release(trt.__version__)
+    if release is None:
+        raise StackUnavailable(f"TensorRT's version {trt.__version__!r} is not MAJOR.MINOR.PATCH")
+    path, precision = choose_path(release, options.fp16, sidecar.precision)
+    report(
+        f"{PROG}: TensorRT {trt.__version__} on {device_name()}: building a {precision} engine "
+        f"via the {path!r} path from {graph}, profile {list(profile.min)} .. {list(profile.max)}"
+    )
+    return BuildPlan(sidecar, graph, profile, limit, path, precision)
+
+
 def build_engine(
-    args: argparse.Namespace, graph: Path, path: str, graph_precision: str, work: Path
+    options: TrtBuildOptions, plan: BuildPlan, work: Path, report: Report = print, warn: Report = to_stderr
 ) -> tuple[bytes, dict[str, Any]]:
     """Parse, configure and build; returns the serialized engine and facts for the sidecar."""
     import onnx
@@ -202,10 +176,11 @@ def build_engine(
     from export.onnx.graph import fp32_island
     from export.onnx.precision import to_fp16
 
-    if path == "strongly-typed" and graph_precision != "fp16":  # --fp16 on an fp32 export
+    graph, path, profile = plan.graph, plan.path, plan.profile
+    if path == "strongly-typed" and plan.sidecar.precision != "fp16":  # --fp16 on an fp32 export
         converted = work / "model.fp16.onnx"
         onnx.save(to_fp16(onnx.load(str(graph))), str(converted))
-        print(f"converted {graph.name} to fp16 for the strongly typed build (export.onnx.precision.to_fp16)")
+        report(f"converted {graph.name} to fp16 for the strongly typed build (export.onnx.precision.to_fp16)")
         graph = converted
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
@@ -216,25 +191,26 @@ def build_engine(
         errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
         raise BuildFailed(f"TensorRT could not parse {graph.name}:\n  " + "\n  ".join(errors))
     config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(args.workspace_gb * (1 << 30)))
-    if not args.tf32 and hasattr(trt.BuilderFlag, "TF32"):
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(options.workspace_gb * (1 << 30)))
+    if not options.tf32 and hasattr(trt.BuilderFlag, "TF32"):
         config.clear_flag(trt.BuilderFlag.TF32)
     constrained = 0
     if path == "fp16-flag":
         config.set_flag(trt.BuilderFlag.FP16)
         config.set_flag(trt.BuilderFlag.PREFER_PRECISION_CONSTRAINTS)
-        constrained = keep_fp32(network, set(fp32_island(onnx.load(str(graph)))), trt)
-    profile = builder.create_optimization_profile()
+        island = set(fp32_island(onnx.load(str(graph))))
+        constrained = keep_fp32(network, island, trt, report=report, warn=warn)
+    shapes = builder.create_optimization_profile()
     for name in INPUT_NAMES:
-        profile.set_shape(name, tuple(args.min_shape), tuple(args.opt_shape), tuple(args.max_shape))
-    config.add_optimization_profile(profile)
-    cache_file = Path(args.timing_cache) if args.timing_cache else None
-    timing = load_timing_cache(config, cache_file)  # the config does not own it: held until saved
+        shapes.set_shape(name, profile.min, profile.opt, profile.max)
+    config.add_optimization_profile(shapes)
+    cache_file = Path(options.timing_cache) if options.timing_cache else None
+    timing = load_timing_cache(config, cache_file, report=report, warn=warn)  # held until saved
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise BuildFailed("TensorRT build_serialized_network failed (see the TensorRT log above)")
     if cache_file:
-        save_timing_cache(config, cache_file, timing.state)
+        save_timing_cache(config, cache_file, timing.state, report=report, warn=warn)
     del timing  # the build is done and the cache saved: it may go now
     facts = {
         "source_onnx": graph.name,
@@ -252,7 +228,9 @@ class TimingCache(NamedTuple):
     cache: Any  # the tensorrt.ITimingCache
 
 
-def load_timing_cache(config: Any, cache_file: Path | None) -> TimingCache:
+def load_timing_cache(
+    config: Any, cache_file: Path | None, report: Report = print, warn: Report = to_stderr
+) -> TimingCache:
     """Attach a timing cache to a builder config: the file's when TensorRT accepts it, else an empty one.
 
     TensorRT checks a serialized cache's header against its own version and the GPU; `set_timing_cache`
@@ -266,12 +244,11 @@ def load_timing_cache(config: Any, cache_file: Path | None) -> TimingCache:
         except Exception:  # noqa: BLE001 - TensorRT's binding errors have no common public type
             cache = None
         if cache is not None and config.set_timing_cache(cache, ignore_mismatch=False):
-            print(f"timing cache loaded: {cache_file} ({len(data)} bytes)")
+            report(f"timing cache loaded: {cache_file} ({len(data)} bytes)")
             return TimingCache("loaded", cache)
-        print(
+        warn(
             f"WARNING: timing cache {cache_file} was made by another TensorRT/GPU; starting with an empty one "
-            "(the file is replaced after the build)",
-            file=sys.stderr,
+            "(the file is replaced after the build)"
         )
     empty = config.create_timing_cache(b"")
     if empty is None or not config.set_timing_cache(empty, ignore_mismatch=False):
@@ -279,19 +256,18 @@ def load_timing_cache(config: Any, cache_file: Path | None) -> TimingCache:
     return TimingCache("replaced" if data else "empty", empty)
 
 
-def save_timing_cache(config: Any, cache_file: Path, state: str) -> bool:
+def save_timing_cache(
+    config: Any, cache_file: Path, state: str, report: Report = print, warn: Report = to_stderr
+) -> bool:
     """Write the builder config's timing cache atomically; False (with a warning) if TensorRT has none."""
     cache = config.get_timing_cache()
     serialized = cache.serialize() if cache is not None else None
     if serialized is None:
-        print(
-            f"WARNING: TensorRT returned no timing cache after the build; {cache_file} is not written",
-            file=sys.stderr,
-        )
+        warn(f"WARNING: TensorRT returned no timing cache after the build; {cache_file} is not written")
         return False
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(cache_file, bytes(memoryview(serialized)))
-    print(f"timing cache {'updated' if state == 'loaded' else 'written'}: {cache_file}")
+    report(f"timing cache {'updated' if state == 'loaded' else 'written'}: {cache_file}")
     return True
 
 
@@ -303,7 +279,9 @@ def onnx_nodes_of(layer) -> set[str]:
     return names
 
 
-def keep_fp32(network: Any, island: set[str], trt: Any) -> int:
+def keep_fp32(
+    network: Any, island: set[str], trt: Any, report: Report = print, warn: Report = to_stderr
+) -> int:
     """Constrain the layers made from the sinusoid nodes to fp32 (weakly typed fp16 builds).
 
     An export of `QAInference` has no such nodes: its position tables are constants computed in fp32 at
@@ -311,7 +289,7 @@ def keep_fp32(network: Any, island: set[str], trt: Any) -> int:
     sinusoid nodes but no TensorRT layer came from them (TensorRT then picks their precision).
     """
     if not island:
-        print(
+        report(
             "fp16: no sinusoid nodes in the graph (its position tables are precomputed constants); no layer needs fp32"
         )
         return 0
@@ -326,151 +304,108 @@ def keep_fp32(network: Any, island: set[str], trt: Any) -> int:
                 layer.set_output_type(j, trt.float32)
         count += 1
     if not count:
-        print(
+        warn(
             f"WARNING: none of the {len(island)} sinusoid nodes matched a TensorRT layer; TensorRT picks their "
-            "precision",
-            file=sys.stderr,
+            "precision"
         )
     else:
-        print(f"fp16: {count} layers from the {len(island)} sinusoid nodes constrained to fp32")
+        report(f"fp16: {count} layers from the {len(island)} sinusoid nodes constrained to fp32")
     return count
 
 
-class BuildFailed(RuntimeError):
-    """TensorRT could not parse or build the network (exit code 1)."""
-
-
-def verify_engine(
-    runner_, graph: Path, sidecar: Sidecar, args: argparse.Namespace, precision: str
-) -> dict[str, Any]:
+def verify_engine(runner_: Any, plan: BuildPlan, report: Report = print) -> dict[str, Any]:
     """Engine (TRTRunner) vs onnxruntime CPU on the source graph at shapes spanning the profile."""
     from export.onnx.verify import compare, run_all, sample_batches
     from export.runtime.sessions import runner, session
     from train.tokenizer import XLNetTokenizer
 
-    lo, opt, hi = args.min_shape, args.opt_shape, args.max_shape
+    graph, precision = plan.graph, plan.precision
+    lo, opt, hi = plan.profile
     mid = (min(max(2, lo[0]), hi[0]), min(max(64, lo[1]), hi[1]))
-    shapes = [tuple(lo), mid, tuple(opt), (lo[0], hi[1])]
-    batches = sample_batches(XLNetTokenizer.from_dir(runner_.dir), shapes, sidecar.vocab_size)
-    names = sidecar.outputs
+    shapes = [lo, mid, opt, (lo[0], hi[1])]
+    batches = sample_batches(XLNetTokenizer.from_dir(runner_.dir), shapes, plan.sidecar.vocab_size)
+    names = plan.sidecar.outputs
     reference = run_all(runner(session(graph), names), batches)
     got = run_all(runner_.runner(), batches)
     # Relative to each output's magnitude, as export.onnx verifies: trained logits reach tens.
     tol = TOLERANCE[precision]
     result = compare(names, reference, got, tol, exact_indices=precision == "fp32", relative=True)
-    print(f"verify TensorRT engine vs onnxruntime at shapes {[list(s) for s in shapes]}:")
-    print("\n".join(result.lines()))
-    print(f"  -> {'passed' if result.passed else 'FAILED: ' + '; '.join(result.problems)}")
-    record = {
+    report(f"verify TensorRT engine vs onnxruntime at shapes {[list(s) for s in shapes]}:")
+    report("\n".join(result.lines()))
+    report(f"  -> {'passed' if result.passed else 'FAILED: ' + '; '.join(result.problems)}")
+    return {
         "shapes": [list(s) for s in shapes],
         "max_abs_diff": result.max_abs_diff,
         "fraction_equal": result.fraction_equal,
         "tolerance": result.tolerance,
         "passed": result.passed,
         "reference": f"onnxruntime CPU on {graph.name}",
+        "tolerance_is_relative_to": result.scale,
     }
-    record["tolerance_is_relative_to"] = result.scale
-    return record
 
 
-def engine_sidecar(sidecar: Sidecar, args: argparse.Namespace, path: str, precision: str, facts) -> Sidecar:
+def engine_sidecar(options: TrtBuildOptions, plan: BuildPlan, facts: dict[str, Any]) -> Sidecar:
     """The ONNX export's sidecar, re-pointed at the engine, with the build recorded under `trt`."""
     import tensorrt as trt
 
     from export.trt.cuda import device_name
 
+    sidecar = plan.sidecar
     data = sidecar.to_dict()
     for key in ("portable_model_file", "optimization", "quantization", "agreement"):
         data.pop(key, None)
     data.update(
         backend="tensorrt",
         model_file=ENGINE_FILE,
-        precision=precision,
+        precision=plan.precision,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         exporter={**sidecar.exporter, "tensorrt": trt.__version__},
         verification={"passed": None, "skipped": "--no-verify"},
         trt={
-            "min_shape": list(args.min_shape),
-            "opt_shape": list(args.opt_shape),
-            "max_shape": list(args.max_shape),
+            **plan.profile.record(),
             "version": trt.__version__,
-            "path": path,
-            "tf32": bool(args.tf32),
-            "workspace_gb": args.workspace_gb,
+            "path": plan.path,
+            "tf32": bool(options.tf32),
+            "workspace_gb": options.workspace_gb,
             "device": device_name(),
-            "source_export": str(Path(args.onnx).resolve()),
+            "source_export": str(Path(options.onnx).resolve()),
             **facts,
         },
     )
     return Sidecar.from_dict(data)
 
 
-def build(args: argparse.Namespace) -> int:
-    check_args(args)
-    onnx_dir, out = Path(args.onnx), Path(args.out)
-    sidecar = Sidecar.load(onnx_dir)
-    graph = source_graph(onnx_dir, sidecar)
-    if args.min_shape is None:
-        args.min_shape = [1, min_sequence(sidecar)]
-    limit = graph_position_limit(graph, sidecar)
-    check_profile_fits(args, sidecar, limit)
-    problem = gpu_stack_problem()
-    if problem:
-        print(f"{PROG}: error: {problem}", file=sys.stderr)
-        return 2
-    import tensorrt as trt
+def build_trt(options: TrtBuildOptions, report: Report = print, warn: Report = to_stderr) -> Sidecar:
+    """Build the engine into `options.out` (written whole or not at all); returns its sidecar.
 
-    from export.trt.cuda import device_name
+    Raises ValueError / FileNotFoundError on an unusable export or profile (before TensorRT is touched),
+    StackUnavailable without TensorRT or a usable GPU, BuildFailed when TensorRT fails or the engine
+    does not verify (nothing written), OSError when writing fails.
+    """
+    plan = plan_build(options, report)
     from export.trt.runtime import TRTRunner
     from train.common.atomic_dir import atomic_directory
 
-    release = tensorrt_release(trt.__version__)
-    if release is None:
-        print(
-            f"{PROG}: error: TensorRT's version {trt.__version__!r} is not MAJOR.MINOR.PATCH", file=sys.stderr
-        )
-        return 2
-    path, precision = choose_path(release, args.fp16, sidecar.precision)
-    print(
-        f"{PROG}: TensorRT {trt.__version__} on {device_name()}: building a {precision} engine "
-        f"via the {path!r} path from {graph}, profile {args.min_shape} .. {args.max_shape}"
-    )
-    try:
-        with atomic_directory(out) as tmp:
-            with tempfile.TemporaryDirectory() as work:
-                engine, facts = build_engine(args, graph, path, sidecar.precision, Path(work))
-            facts["position_limit"] = limit
-            (tmp / ENGINE_FILE).write_bytes(engine)
-            for name in TOKENIZER_FILES:
-                shutil.copyfile(onnx_dir / name, tmp / name)
-            built = engine_sidecar(sidecar, args, path, precision, facts)
-            built.save(tmp)
-            runner_ = TRTRunner(tmp)
-            try:
-                assert built.trt is not None  # engine_sidecar always sets it
-                built.trt["io_dtypes"] = runner_.io_dtypes()  # Triton's config needs the engine's I/O types
-                if args.verify:
-                    built.verification = verify_engine(runner_, graph, built, args, precision)
-            finally:
-                runner_.close()
-            built.save(tmp)
-            if not built.verification["passed"] and args.verify:
-                raise BuildFailed("the engine does not reproduce onnxruntime within the tolerance")
-    except BuildFailed as exc:
-        print(f"{PROG}: error: {exc}; nothing written", file=sys.stderr)
-        return 1
-    print(f"wrote {out}/: {ENGINE_FILE}, {SIDECAR_FILE}, spiece.model, tokenizer_config.json")
-    return 0
-
-
-def _main(argv: Sequence[str] | None) -> int:
-    return build(build_parser().parse_args(argv))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: user errors and a missing GPU stack -> one line and exit 2; a failed build -> exit 1."""
-    return run(_main, argv, prog=PROG)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    onnx_dir, out = Path(options.onnx), Path(options.out)
+    with atomic_directory(out) as tmp:
+        with tempfile.TemporaryDirectory() as work:
+            engine, facts = build_engine(options, plan, Path(work), report, warn)
+        facts["position_limit"] = plan.limit
+        (tmp / ENGINE_FILE).write_bytes(engine)
+        for name in TOKENIZER_FILES:
+            shutil.copyfile(onnx_dir / name, tmp / name)
+        built = engine_sidecar(options, plan, facts)
+        built.save(tmp)
+        runner_ = TRTRunner(tmp)
+        try:
+            assert built.trt is not None  # engine_sidecar always sets it
+            built.trt["io_dtypes"] = runner_.io_dtypes()  # Triton's config needs the engine's I/O types
+            if options.verify:
+                built.verification = verify_engine(runner_, plan, report)
+        finally:
+            runner_.close()
+        built.save(tmp)
+        if not built.verification["passed"] and options.verify:
+            raise BuildFailed("the engine does not reproduce onnxruntime within the tolerance")
+    report(f"wrote {out}/: {ENGINE_FILE}, {SIDECAR_FILE}, spiece.model, tokenizer_config.json")
+    return built

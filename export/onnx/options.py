@@ -1,0 +1,118 @@
+"""What `export.onnx.pipeline` takes and gives: :class:`OnnxExportOptions` (checked on construction),
+:class:`ExportResult`, the file names of an export directory, the progress callbacks and
+:class:`VerificationFailed`."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from export.runtime.providers import GPU_PROVIDERS, INT8_CPU_ONLY, canonical_provider
+from export.runtime.sidecar import PRECISIONS, SIDECAR_FILE, Sidecar
+from train.model import HEADS
+
+PROG = "python -m export.onnx"  # the command that runs this pipeline; its first progress line names it
+MODEL_FILE = "model.onnx"
+PORTABLE_FILE = "model.portable.onnx"
+REFERENCE = "PyTorch QAInference fp32"
+
+Report = Callable[[str], None]
+
+
+class VerificationFailed(RuntimeError):
+    """The exported graph does not reproduce PyTorch within the tolerance (nothing is written)."""
+
+
+def ignore(line: str) -> None:
+    """The default progress callback: a library caller asked for no output."""
+
+
+def warn_python(line: str) -> None:
+    """The default warning callback: a Python warning, which a library caller sees unless filtered."""
+    warnings.warn(line, stacklevel=2)
+
+
+@dataclass(frozen=True)
+class OnnxExportOptions:
+    """What to export and how; checked on construction, so bad values fail before any work.
+
+    Defaults are the command line's. `threads` None: $OMP_NUM_THREADS or the cores. `tolerance` None: the
+    default of `precision` (fp32 1e-4, fp16 5e-2, int8 0.5). `agreement_data` is kept as given: the
+    agreement report records the path as written.
+    """
+
+    checkpoint: Path
+    out: Path
+    opset: int = 17
+    precision: str = "fp32"
+    head: str | None = None
+    tokenizer: str | os.PathLike[str] | None = None
+    verify: bool = True
+    optimize: bool = True
+    per_channel: bool = False
+    quantize_heads: bool = False
+    tolerance: float | None = None
+    threads: int | None = None
+    agreement_data: str | os.PathLike[str] | None = None
+    agreement_max: int = 0
+    benchmark: int = 0
+    verify_providers: tuple[str, ...] = ()  # also verify on these onnxruntime providers (cuda, tensorrt)
+
+    def __post_init__(self) -> None:
+        names = tuple(dict.fromkeys(canonical_provider(p) for p in self.verify_providers))
+        object.__setattr__(self, "verify_providers", names)
+        if self.precision == "int8" and any(p in GPU_PROVIDERS for p in names):
+            raise ValueError(f"--verify-provider: {INT8_CPU_ONLY}")
+        if names and not self.verify:
+            raise ValueError("--verify-provider needs verification (drop --no-verify)")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError("--threads must be >= 1")
+        if self.agreement_data and not Path(self.agreement_data).is_file():
+            raise FileNotFoundError(f"--agreement-data {self.agreement_data}: no such file")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.head is not None and self.head not in HEADS:
+            raise ValueError(f"--head must be one of {HEADS}, got {self.head!r}")
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What an export wrote: the directory and its `export.json` (verification, optimisation, agreement)."""
+
+    out: Path
+    sidecar: Sidecar
+
+    @property
+    def model_path(self) -> Path:
+        return self.out / self.sidecar.model_file
+
+    @property
+    def portable_path(self) -> Path | None:
+        """The standard-ops graph for TensorRT and other runtimes (None for int8)."""
+        name = self.sidecar.portable_model_file
+        return self.out / name if name else None
+
+    @property
+    def verification(self) -> dict[str, Any]:
+        """Per-output max |diff| vs PyTorch, tolerance, shapes; ``passed`` None when verification was off."""
+        return self.sidecar.verification
+
+
+def check_out_dir(out: Path, checkpoint: Path) -> None:
+    """Fail before any work if `out` cannot become an export directory."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: exists and is not a directory")
+    if out.exists() and checkpoint.exists() and out.resolve() == checkpoint.resolve():
+        raise ValueError(f"--out {out}: is the checkpoint directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / SIDECAR_FILE).exists():
+        raise ValueError(f"--out {out}: not empty and not an export directory; refusing to replace it")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        Path(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=out.parent)).rmdir()
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None

@@ -1,0 +1,176 @@
+"""The steps of one ONNX export (`export.onnx.pipeline` describes them and why they are so): export and
+check the portable fp32 graph, verify it against PyTorch, then the graph of the requested precision, the
+optional measurements (`export.onnx.measurements`) and the files of the export directory."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from export.onnx.graph import check_graph, nonstandard_ops, op_counts, trace_length_for
+from export.onnx.measurements import (
+    agreement_report,
+    latency_report,
+    verification_record,
+    verify_on_providers,
+)
+from export.onnx.optimize import optimize_offline
+from export.onnx.options import MODEL_FILE, PORTABLE_FILE, OnnxExportOptions, Report, VerificationFailed
+from export.onnx.precision import quantize_int8, to_fp16
+from export.onnx.torch_export import export_graph, torch_runner
+from export.onnx.verify import DEFAULT_SHAPES, DEFAULT_TOLERANCE, Comparison, compare, run_all, sample_batches
+from export.runtime.sessions import default_threads, runner, session
+from train.model.inference import QAInference
+from train.squad.answerability import Answerability
+
+
+class ExportSteps:
+    """One export run: builds the files in `tmp` and returns the sidecar fields it measured."""
+
+    def __init__(
+        self,
+        options: OnnxExportOptions,
+        tmp: Path,
+        module: QAInference,
+        tokenizer: Any,
+        settings: dict[str, Any],
+        report: Report,
+        warn: Report,
+        answerability: Answerability | None = None,
+    ) -> None:
+        self.options = options
+        self.tmp = tmp
+        self.module = module
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.answerability = answerability
+        self.report = report
+        self.warn = warn
+        self.names = list(module.names)
+        self.config = module.model.config
+        self.threads = options.threads or default_threads()
+        self.work = tmp / ".work"
+        self.work.mkdir()
+        self.batches = sample_batches(tokenizer, DEFAULT_SHAPES, self.config.vocab_size)
+        self.reference = run_all(torch_runner(module), self.batches) if options.verify else []
+        self.record: dict[str, Any] = {}
+        self.raw = self.work / "raw.onnx"
+        self.fp32_result: Comparison | None = None
+
+    def graph(self) -> Path:
+        """Export, fold, constant-fold and check; returns the verified portable fp32 graph."""
+        c = self.config
+        dims = {c.d_model, c.n_head, c.d_head, c.d_inner, c.vocab_size, 2 * c.d_model}
+        dims |= {c.start_n_top, c.end_n_top, c.start_n_top * c.end_n_top, 64, 128, 256, 384, 512}
+        trace_len = trace_length_for(dims)
+        trace = sample_batches(self.tokenizer, [(2, trace_len)], c.vocab_size, seed=1)[0]
+        portable = self.work / "portable.onnx"
+        self.record["exporter"] = export_graph(self.module, self.raw, self.options.opset, trace)
+        optimize_offline(self.raw, portable, level="basic", threads=self.threads)
+        model = onnx.load(str(portable))
+        if nonstandard_ops(model):
+            raise RuntimeError(f"ORT_ENABLE_BASIC introduced contrib ops {nonstandard_ops(model)}")
+        check_graph(model, trace_len)
+        self.report(
+            f"exported: {len(model.graph.node)} nodes (folded {self.record['exporter']['folded_ifs']} squeeze-If), "
+            f"no EyeLike/OneHot/Einsum/control flow/trace-length constants; traced at [2, {trace_len}]"
+        )
+        self.fp32_result = self.check("fp32 graph (onnxruntime) vs PyTorch", portable, "fp32", fatal=True)
+        return portable
+
+    def check(self, label: str, path: Path, precision: str, fatal: bool) -> Comparison | None:
+        """Verify `path` against PyTorch fp32 and report per output."""
+        if not self.options.verify:
+            return None
+        # `tolerance` is for the graph of the requested precision; the fp32 graph it comes from keeps 1e-4
+        tol = self.options.tolerance
+        if tol is None or precision != self.options.precision:
+            tol = DEFAULT_TOLERANCE[precision]
+        got = run_all(runner(session(path, threads=self.threads), self.names), self.batches)
+        exact = precision == "fp32"
+        # Relative to each output's largest |value| (floor 1): a trained model's logits reach tens, and
+        # float32 rounding grows with them; random tiny models keep the plain 1e-4.
+        result = compare(self.names, self.reference, got, tol, exact_indices=exact, relative=True)
+        shapes = [list(b["input_ids"].shape) for b in self.batches]
+        self.report(f"verify {label} at shapes {shapes} (relative tolerance {tol:g}):")
+        for line in result.lines():
+            self.report(line)
+        self.report(f"  -> {'passed' if result.passed else 'FAILED: ' + '; '.join(result.problems)}")
+        if fatal and not result.passed:
+            raise VerificationFailed(f"{label}: " + "; ".join(result.problems))
+        return result
+
+    def fp32(self, portable: Path) -> tuple[Path, Comparison | None, str]:
+        if not self.options.optimize:
+            return portable, self.fp32_result, MODEL_FILE
+        optimized = self.work / "optimized.onnx"
+        info = self.record["optimization"] = optimize_offline(portable, optimized, threads=self.threads)
+        self.report(
+            f"optimised offline ({info['level']}): {info['nodes_before']} -> {info['nodes_after']} nodes, "
+            f"new ops {info['fused_ops'] or 'none'}"
+        )
+        result = self.check("optimised graph vs PyTorch", optimized, "fp32", fatal=False)
+        if result is None or result.passed:
+            return optimized, result, PORTABLE_FILE
+        self.warn("WARNING: the optimised graph does not verify; model.onnx is the unoptimised one")
+        info["used"] = False
+        return portable, self.fp32_result, MODEL_FILE
+
+    def fp16(self, portable: Path) -> tuple[Path, Comparison | None, str]:
+        path = self.work / "fp16.onnx"
+        onnx.save(to_fp16(onnx.load(str(portable))), str(path))
+        self.report(
+            "fp16: float16 weights and compute (position tables computed in float32, stored in float16); "
+            "float32 TopK; int64 in, float32 out"
+        )
+        if self.options.optimize:
+            self.report(
+                "fp16: no offline optimisation (onnxruntime optimises it online for the GPU provider that runs it)"
+            )
+        return path, self.check("fp16 graph vs PyTorch fp32", path, "fp16", fatal=True), MODEL_FILE
+
+    def int8(self, portable: Path) -> tuple[Path, Comparison | None, None]:
+        path = self.work / "int8.onnx"
+        q = self.record["quantization"] = quantize_int8(
+            portable, path, per_channel=self.options.per_channel, heads=self.options.quantize_heads
+        )
+        kept = f"; kept float: {len(q['excluded'])} ({', '.join(q['excluded'])})" if q["excluded"] else ""
+        self.report(
+            f"int8: quantized {q['quantized']} of {q['matmuls_with_constant_weight']} MatMul/Gemm with constant "
+            f"weights ({q['matmuls']} in all, the others multiply two activations){kept}"
+        )
+        if self.options.optimize:
+            optimized = self.work / "int8-optimized.onnx"
+            self.record["optimization"] = optimize_offline(path, optimized, threads=self.threads)
+            path = optimized
+        return path, self.check("int8 graph vs PyTorch fp32", path, "int8", fatal=True), None
+
+    def build(self) -> dict[str, Any]:
+        portable = self.graph()
+        step = {"fp32": self.fp32, "fp16": self.fp16, "int8": self.int8}[self.options.precision]
+        final, result, portable_name = step(portable)
+        if result is not None:
+            self.record["verification"] = verification_record(result, self.batches)
+            if result is not self.fp32_result and self.fp32_result is not None:
+                self.record["verification"]["fp32_graph"] = verification_record(
+                    self.fp32_result, self.batches
+                )
+        else:
+            self.record["verification"] = {"passed": None, "skipped": "--no-verify"}
+        if self.options.verify_providers:  # GPU providers serve the portable graph (int8 has none: refused)
+            gpu_path = portable if portable_name == PORTABLE_FILE else final
+            self.record["verification"]["providers"] = verify_on_providers(self, final, gpu_path)
+        if self.options.agreement_data:
+            agreement_report(self, final, self.options.agreement_data)
+        if self.options.benchmark:
+            latency_report(self, final)
+        shutil.copyfile(final, self.tmp / MODEL_FILE)
+        if portable_name == PORTABLE_FILE:
+            shutil.copyfile(portable, self.tmp / PORTABLE_FILE)
+        self.record["portable_model_file"] = portable_name
+        shutil.rmtree(self.work)
+        self.report(f"{MODEL_FILE} ops: {op_counts(onnx.load(str(self.tmp / MODEL_FILE)))}")
+        return self.record
