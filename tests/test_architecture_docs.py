@@ -50,7 +50,9 @@ def layout_paths(block: str) -> list[str]:
 def test_every_package_is_on_both_maps(package: str) -> None:
     architecture = (REPO / "ARCHITECTURE.md").read_text()
     name = package.split("/", 1)[1]  # the code map lists 'engine/' under its room's heading
-    assert f"`{name}`" in architecture or f"`{package}`" in architecture, f"{package} missing from ARCHITECTURE.md"
+    assert f"`{name}`" in architecture or f"`{package}`" in architecture, (
+        f"{package} missing from ARCHITECTURE.md"
+    )
     assert package in layout_paths(readme_layout()), f"{package} missing from the README's layout"
 
 
@@ -75,5 +77,7 @@ def test_the_top_of_train_and_export_holds_only_commands(room: str) -> None:
     for module in sorted((REPO / room).glob("*.py")):
         if module.name == "__init__.py":
             continue
-        assert defines_main(module), f"{room}/{module.name} is not a command (no main): move it into a package"
+        assert defines_main(module), (
+            f"{room}/{module.name} is not a command (no main): move it into a package"
+        )
         assert f"`{module.name}`" in architecture, f"{room}/{module.name} missing from ARCHITECTURE.md"
