@@ -139,11 +139,6 @@ def parse_config(argv: Sequence[str] | None = None) -> PretrainConfig:
     return PretrainConfig.from_args(args)
 
 
-def pretrain(args: argparse.Namespace) -> dict:
-    """Run pretraining with parsed flags; returns the run's summary (step, loss, baseline)."""
-    return PretrainRecipe(PretrainConfig.from_args(args)).run()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     PretrainRecipe(parse_config(argv)).run()
     return 0
