@@ -257,9 +257,10 @@ def test_init_from_huggingface_directory(small_split, spm_dir, tmp_path):
         *COMMON,
     ]
     # Step 0 starts from the HF weights: every backbone tensor equal (not re-initialised or ignored).
-    from train.finetune import load_tokenizer_and_model, parse_args
+    from train.finetune import parse_config
+    from train.recipes.finetune_setup import load_tokenizer_and_model
 
-    _, start, _ = load_tokenizer_and_model(parse_args(args), tmp_path / "unused")
+    _, start, _ = load_tokenizer_and_model(parse_config(args), tmp_path / "unused")
     hf_backbone = {
         k: v for k, v in transformers.XLNetLMHeadModel.from_pretrained(hf_dir).state_dict().items()
         if k.startswith("transformer.")
@@ -388,11 +389,12 @@ def test_two_ranks_equal_one_process_at_twice_the_batch(small_split, spm_dir, tm
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     from train.engine.runtime import seed_everything
-    from train.finetune import load_tokenizer_and_model, parse_args
+    from train.finetune import parse_config
+    from train.recipes.finetune_setup import load_tokenizer_and_model
 
-    ns = parse_args([*base, "--out", str(tmp_path / "unused")])
-    seed_everything(ns.seed)  # as finetune() does before building the model
-    initial = load_tokenizer_and_model(ns, tmp_path / "unused")[1].state_dict()
+    config = parse_config([*base, "--out", str(tmp_path / "unused")])
+    seed_everything(config.seed)  # as the recipe's setup does before building the model
+    initial = load_tokenizer_and_model(config, tmp_path / "unused")[1].state_dict()
     a = checkpoint.load(single).model.state_dict()
     b = checkpoint.load(double).model.state_dict()
     assert a.keys() == b.keys()

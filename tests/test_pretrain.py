@@ -19,10 +19,11 @@ from fixtures_spm import SHARED_TEST_NAME, shared_squad_file
 from fixtures_spm import TINY_PRETRAIN_ARGS as RESUME_ARGS
 
 from train.data import PretrainBatches, PretrainDataConfig
+from train.engine.runtime import to_tensors
 from train.engine.state import latest_checkpoint
 from train.model import XLNetConfig, XLNetLMHeadModel, checkpoint
 from train.pretrain import main as pretrain_main
-from train.pretrain import pretrain_loss, to_tensors
+from train.recipes.pretrain import pretrain_loss
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_CORPUS = REPO / "data" / "sample" / "corpus.json"

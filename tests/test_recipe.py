@@ -24,10 +24,11 @@ from train.engine.optim import (
 )
 from train.engine.state import latest_checkpoint, load_training_state, save_training_state
 from train.finetune import main as finetune_main
-from train.finetune import micro_batch_size, parse_args, resolve_grad_accum
+from train.finetune import parse_config
 from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetModel, checkpoint
 from train.model.heads import apply_p_mask
 from train.pretrain import main as pretrain_main
+from train.recipes.finetune_setup import micro_batch_size, resolve_grad_accum
 from train.squad import write_squad
 
 N_LAYER = 3
@@ -365,7 +366,7 @@ def test_out_holds_the_final_model_and_best_is_labelled_with_its_selection_data(
 def test_recipes_hold_the_original_scripts_values(tiny_squad):
     train_file, dev_file = tiny_squad
     base = ["--train-file", str(train_file), "--dev-file", str(dev_file), "--out", "x", "--init", "y"]
-    large = parse_args(["--recipe", "xlnet-squad-large", *base])
+    large = parse_config(["--recipe", "xlnet-squad-large", *base])
     # scripts/tpu_squad_large.sh + run_squad.py flag defaults
     assert (large.max_seq_len, large.doc_stride, large.max_query_len, large.max_answer_len) == (
         512,
@@ -383,18 +384,20 @@ def test_recipes_hold_the_original_scripts_values(tiny_squad):
     with pytest.raises(ValueError, match="cannot split"):
         resolve_grad_accum(large, 3)
     # scripts/gpu_squad_base.sh: 3 GPUs x 8, lr 2e-5, 12,000 steps
-    base_run = parse_args(["--recipe", "xlnet-squad-base", *base])
+    base_run = parse_config(["--recipe", "xlnet-squad-base", *base])
     assert (base_run.global_batch_size, base_run.lr, base_run.steps) == (24, 2e-5, 12000)
     assert resolve_grad_accum(base_run, 1) == 3 and micro_batch_size(base_run, 3) == 8
     assert (large.eval_every, base_run.eval_every) == (8000, 12000)  # one prediction, after training
-    assert parse_args(["--recipe", "xlnet-squad-base", "--epochs", "1", *base]).steps is None
+    assert parse_config(["--recipe", "xlnet-squad-base", "--epochs", "1", *base]).steps is None
     # explicit flags win; the global batch splits over ranks and accumulation
     assert micro_batch_size(large, world_size=1) == 6  # one TPU core's share per micro-batch
-    assert parse_args(base).answer_class_input is None  # without a recipe a checkpoint keeps its own
-    mine = parse_args(["--recipe", "xlnet-squad-large", "--lr", "1e-5", "--grad-accum", "4", *base])
+    assert parse_config(base).answer_class_input is None  # without a recipe a checkpoint keeps its own
+    mine = parse_config(["--recipe", "xlnet-squad-large", "--lr", "1e-5", "--grad-accum", "4", *base])
     assert mine.lr == 1e-5 and micro_batch_size(mine, world_size=2) == 6
-    assert micro_batch_size(parse_args(["--recipe", "xlnet-squad-large", "--batch-size", "4", *base]), 1) == 4
+    assert (
+        micro_batch_size(parse_config(["--recipe", "xlnet-squad-large", "--batch-size", "4", *base]), 1) == 4
+    )
     with pytest.raises(ValueError, match="not divisible"):
-        micro_batch_size(parse_args(["--recipe", "xlnet-squad-large", "--grad-accum", "5", *base]), 1)
+        micro_batch_size(parse_config(["--recipe", "xlnet-squad-large", "--grad-accum", "5", *base]), 1)
     with pytest.raises(ValueError, match="not both"):
-        parse_args(["--batch-size", "4", "--global-batch-size", "8", *base])
+        parse_config(["--batch-size", "4", "--global-batch-size", "8", *base])

@@ -15,6 +15,7 @@ machine flags such as ``--log-every`` or ``--threads``), a run id and the start 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import hashlib
 import json
@@ -22,7 +23,7 @@ import shutil
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.distributed
 
@@ -31,6 +32,8 @@ from train.engine.runtime import Dist
 from train.model.checkpoint import STAGED_FILES, finish_interrupted_save
 
 RUN_FILE = "run.json"
+# A run's settings: the parsed flags (argparse.Namespace) or a recipe's config dataclass (one attribute each).
+Settings = TypeVar("Settings")
 # Flags of one invocation only: never recorded, never restored.
 NOT_RECORDED = frozenset({"out", "resume", "overwrite", "stop_after", "explicit_flags"})
 # Recorded and restored on --resume, but a resumption may change them (they do not change the result).
@@ -98,7 +101,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def recorded_settings(args: argparse.Namespace) -> dict[str, Any]:
+def recorded_settings(args: Any) -> dict[str, Any]:
     """The run's settings as recorded: every flag but the one-invocation ones, JSON-ready."""
     return {
         k: _jsonable(v)
@@ -138,9 +141,10 @@ def _describe(record: dict[str, Any]) -> str:
     return f"a {record.get('command', '?')} run started {record.get('started', '?')} (id {record.get('run_id', '?')})"
 
 
-def check_run(out: Path, command: str, args: argparse.Namespace) -> argparse.Namespace:
+def check_run(out: Path, command: str, args: Settings) -> Settings:
     """Apply the rules (see the module docstring) without writing anything; return the args to run
-    with (on ``--resume``, the recorded settings). Every rank of a distributed job may call it."""
+    with (on ``--resume``, a copy holding the recorded settings). Every rank of a distributed job may
+    call it."""
     out = Path(out)
     record = read_record(out)
     if getattr(args, "resume", False):
@@ -165,7 +169,7 @@ def check_run(out: Path, command: str, args: argparse.Namespace) -> argparse.Nam
                 f"--resume: {lines} differ from {_describe(record)}; drop them to continue that run, or start "
                 "a new one with --overwrite or another --out"
             )
-        restored = argparse.Namespace(**vars(args))
+        restored = copy.copy(args)
         for key, value in recorded.items():
             if not (key in MAY_CHANGE and (given is None or key in given)):
                 setattr(restored, key, value)
@@ -178,7 +182,7 @@ def check_run(out: Path, command: str, args: argparse.Namespace) -> argparse.Nam
     return args
 
 
-def start_run(out: Path, command: str, args: argparse.Namespace) -> dict[str, Any]:
+def start_run(out: Path, command: str, args: Any) -> dict[str, Any]:
     """On the writing rank, after :func:`check_run`: remove temporaries, on ``--overwrite`` the old run,
     and write the record if the directory has none. Returns the record."""
     out = Path(out)
@@ -207,10 +211,10 @@ def start_run(out: Path, command: str, args: argparse.Namespace) -> dict[str, An
 def open_run(
     out: Path,
     command: str,
-    args: argparse.Namespace,
+    args: Settings,
     d: Dist,
-    validate: Callable[[argparse.Namespace], None] | None = None,
-) -> argparse.Namespace:
+    validate: Callable[[Settings], None] | None = None,
+) -> Settings:
     """:func:`check_run` on every rank, ``validate`` on the settings to run with (before anything is
     recorded), then :func:`start_run` on rank 0 (barriers between, so no rank reads the record rank 0
     is writing); returns the args to run with."""

@@ -1,8 +1,10 @@
-"""What a long job leaves for people: metrics.jsonl, PNG curves, optional TensorBoard."""
+"""What a long job leaves for people: metrics.jsonl, PNG curves, optional TensorBoard; what is counted between
+two log records."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -110,3 +112,32 @@ class MetricsLog:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+
+
+class LogInterval:
+    """What happened since the last log record: the time, the steps, the items trained on (features,
+    tokens) and the step losses that were finite (a skipped non-finite step shows in skipped_steps, not
+    in the mean)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.t0 = time.time()
+        self.steps, self.items, self.finite, self.loss_sum = 0, 0, 0, 0.0
+
+    def add_step(self, loss: float) -> None:
+        self.steps += 1
+        if math.isfinite(loss):
+            self.finite += 1
+            self.loss_sum += loss
+
+    def add_items(self, n: int) -> None:
+        self.items += n
+
+    def elapsed(self) -> float:
+        return time.time() - self.t0
+
+    def mean_loss(self) -> float:
+        """The mean finite step loss over the interval (NaN if none): a readable curve."""
+        return self.loss_sum / self.finite if self.finite else float("nan")

@@ -51,6 +51,11 @@ def init_distributed(device_name: str = "auto") -> Dist:
     return Dist(rank=rank, world_size=world, local_rank=local, device=device)
 
 
+def to_tensors(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    """A batch of numpy arrays on the job's device."""
+    return {k: torch.from_numpy(v).to(device) for k, v in batch.items()}
+
+
 def all_reduce_mean(value: float, d: Dist) -> float:
     if not d.enabled:
         return value

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from train import finetune as finetune_cli
 from train.common.cli import Parser, run
+from train.recipes.finetune import FinetuneRecipe, check_data_files
 
 
 def int_list(text: str) -> list[int]:
@@ -91,11 +92,9 @@ def run_cell(args, seq: int, frozen: int, head: str) -> dict:
     if args.no_progress:
         argv.append("--no-progress")
     argv.append("--resume")  # an interrupted cell continues (a finished one returned above)
-    ns = finetune_cli.parse_args(argv)
-    for f in (ns.train_file, ns.dev_file):
-        if not Path(f).exists():
-            raise FileNotFoundError(f"data file not found: {f}")
-    summary = finetune_cli.finetune(ns)
+    config = finetune_cli.parse_config(argv)
+    check_data_files(config)
+    summary = FinetuneRecipe(config).run()
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     timings = [r["s_per_step"] for r in records if "s_per_step" in r]
     dev = [r for r in records if "dev_f1" in r][-1]
