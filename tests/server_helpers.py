@@ -14,14 +14,14 @@ from pathlib import Path
 
 import httpx
 import torch
+from paths import REPO, SAMPLE_DEV  # noqa: F401  (REPO re-exported for the server tests)
 
 import server.process
 from server.process import child_env
 from train.squad import featurize_one
 from train.tokenizer import XLNetTokenizer
 
-REPO = Path(__file__).resolve().parents[1]
-DEV = REPO / "data" / "sample" / "dev.json"
+DEV = SAMPLE_DEV
 WINDOWS = {"max_seq_len": 128, "doc_stride": 64, "max_query_len": 32}
 METADATA = {"no_answer_threshold": 0.5, **WINDOWS, "max_answer_len": 30, "head": "shallow"}
 OK = {"question": "What?", "context": "Something happened."}  # a request every server answers

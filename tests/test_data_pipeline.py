@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from paths import SAMPLE_CORPUS
 
 from train.data import (
     CLS_ID,
@@ -20,7 +21,6 @@ from train.data import (
     tokenize_documents,
 )
 
-SAMPLE_CORPUS = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.json"
 VOCAB = 400
 
 # Fake vocabulary: even ids >= 10 start a word, odd ids continue it; specials (< 10) are word starts.

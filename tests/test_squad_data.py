@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures_spm import SHARED_DEV_NAME, shared_squad_file
+from paths import REPO, SAMPLE_CORPUS, SAMPLE_TRAIN, SHARED_DEV_NAME, shared_squad_file
 
 from train.squad import (
     SquadExample,
@@ -22,8 +22,6 @@ from train.squad import (
     write_squad,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "data" / "sample"
 SHARED_DEV = shared_squad_file(SHARED_DEV_NAME)
 
 MINI = {
@@ -57,7 +55,7 @@ MINI = {
 
 
 def test_read_sample_train() -> None:
-    examples = read_squad(SAMPLE / "train.json")
+    examples = read_squad(SAMPLE_TRAIN)
     assert len(examples) == 470
     assert sum(e.is_impossible for e in examples) == 262
     first = examples[0]
@@ -79,7 +77,7 @@ def test_read_sample_train() -> None:
 
 def test_read_file_without_is_impossible() -> None:
     # corpus.json (like the unlabelled test split) has no is_impossible and empty answers
-    examples = read_squad(SAMPLE / "corpus.json")
+    examples = read_squad(SAMPLE_CORPUS)
     assert examples and all(ex.is_impossible and not ex.answers for ex in examples)
     assert {ex.title for ex in examples} == {"Jacksonville,_Florida", "Sky_(United_Kingdom)", "Miscellaneous"}
 
@@ -192,7 +190,7 @@ def test_mini_roundtrip(tmp_path: Path) -> None:
 
 
 def test_split_by_titles(tmp_path: Path) -> None:
-    train_json = SAMPLE / "train.json"
+    train_json = SAMPLE_TRAIN
     assert article_titles(train_json) == ["Normans", "Harvard_University"]
     chosen, rest = split_by_article(train_json, ["Harvard_University"])
     assert article_titles(chosen) == ["Harvard_University"]
@@ -220,7 +218,7 @@ def test_split_by_count_fraction_and_seed() -> None:
 
 
 def test_split_errors() -> None:
-    dataset = load_dataset(SAMPLE / "train.json")
+    dataset = load_dataset(SAMPLE_TRAIN)
     with pytest.raises(ValueError, match="unknown article titles \\['Nope'\\]"):
         split_by_article(dataset, ["Nope"])
     with pytest.raises(ValueError, match="cannot take 5 of 2 articles"):
