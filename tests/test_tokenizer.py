@@ -95,6 +95,7 @@ def test_encode_follows_the_original_encode_ids(lower: bool, request: pytest.Fix
     """encode and encode_batch against the original algorithm restated in tokenizer_oracle (not our code)."""
     tok = request.getfixturevalue("xlnet_tok_lower" if lower else "xlnet_tok")
     texts = [*HARD_TEXTS, *OFFSET_ONLY_TEXTS, "", "plain", "In 1997, 2,000 people; in 1998,3 more."]
+    texts += ["born 1887, died 1955, aged 68", "7, 8, 9", "x1,y2, 3,000,000,"]  # digit + comma re-splits
     texts += list(squad_texts(SAMPLE_DEV))
     expected = [original_encode_ids(tok.sp, t, lower) for t in texts]
     assert [tok.encode(t) for t in texts] == expected
