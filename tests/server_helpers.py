@@ -21,7 +21,6 @@ from server.process import child_env
 from train.squad import featurize_one
 from train.tokenizer import XLNetTokenizer
 
-DEV = SAMPLE_DEV
 WINDOWS = {"max_seq_len": 128, "doc_stride": 64, "max_query_len": 32}
 METADATA = {"no_answer_threshold": 0.5, **WINDOWS, "max_answer_len": 30, "head": "shallow"}
 OK = {"question": "What?", "context": "Something happened."}  # a request every server answers
@@ -85,12 +84,12 @@ class ServerProcess(server.process.ServerProcess):
 
 
 def dev_contexts() -> list[str]:
-    data = json.loads(DEV.read_text())
+    data = json.loads(SAMPLE_DEV.read_text())
     return [p["context"] for article in data["data"] for p in article["paragraphs"]]
 
 
 def dev_questions() -> list[tuple[str, str]]:
-    data = json.loads(DEV.read_text())
+    data = json.loads(SAMPLE_DEV.read_text())
     return [(qa["question"], p["context"]) for a in data["data"] for p in a["paragraphs"] for qa in p["qas"]]
 
 
