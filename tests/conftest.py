@@ -13,14 +13,11 @@ from typing import Any
 
 import pytest
 from fixtures_spm import make_tokenizer_dir
+from paths import SAMPLE, SHARED_SQUAD
 from server_helpers import ServerProcess, build_qa_checkpoint, export_onnx
 from trt_stand_in import StandInCudart, StandInEngine, install
 
 from train.tokenizer import XLNetTokenizer
-
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data" / "squad2"
-SAMPLE = REPO / "data" / "sample"
 
 # Keep the suite predictable on 2 cores.
 # One intra-op thread: subprocesses (servers, torchrun ranks) share 2 cores with the test process,
@@ -34,7 +31,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def pytest_report_header() -> str:
     """Say up front whether the larger ../shared data is tested or only the shipped sample."""
     where = (
-        f"../shared SQuAD data at {SHARED}" if SHARED.exists() else "no ../shared: the shipped sample only"
+        f"../shared SQuAD data at {SHARED_SQUAD}"
+        if SHARED_SQUAD.exists()
+        else "no ../shared: the shipped sample only"
     )
     return f"xlnet-qa data: {where}"
 

@@ -8,31 +8,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from paths import (  # noqa: F401  (re-exported: tests import the shared data's names from here too)
+    REPO,
+    SAMPLE,
+    SAMPLE_CORPUS,
+    SAMPLE_TRAIN,
+    SHARED_DEV_NAME,
+    SHARED_SQUAD,
+    SHARED_TEST_NAME,
+    shared_squad_file,
+)
+
 from train.tokenizer import train_spm
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "data" / "sample"
-SHARED_SQUAD = REPO.parent / "shared" / "data" / "squad2"
-SHARED_DEV_NAME = "dev-v2.0.cs224n-13.json"
-SHARED_TEST_NAME = "test-v2.0.cs224n.json"
-
-
-def shared_squad_file(name: str) -> Path | None:
-    """A file of ``../shared/data/squad2``: None on a fresh clone without ``../shared`` (tests then use
-    the sample or skip, saying so); an error when ``../shared`` is there but the file cannot be read, so
-    CI never silently tests less than it should."""
-    if not SHARED_SQUAD.parent.parent.exists():
-        return None
-    path = SHARED_SQUAD / name
-    try:
-        with open(path, "rb") as fh:
-            fh.read(1)
-    except OSError as exc:
-        raise RuntimeError(f"{path}: ../shared is present but this file cannot be read ({exc})") from None
-    return path
-
-
-SAMPLE_INPUTS = (SAMPLE / "corpus.json", SAMPLE / "train.json")
+SAMPLE_INPUTS = (SAMPLE_CORPUS, SAMPLE_TRAIN)
 SPM_VOCAB = 2000
 
 
@@ -47,7 +36,7 @@ def make_tokenizer_dir(
 # A pretraining run of the tiny preset that takes seconds (8 steps, batch 2 x 32 tokens, log every step).
 TINY_PRETRAIN_ARGS = [
     "--corpus",
-    str(SAMPLE / "corpus.json"),
+    str(SAMPLE_CORPUS),
     "--config",
     "tiny",
     "--steps",

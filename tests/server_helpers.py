@@ -14,14 +14,13 @@ from pathlib import Path
 
 import httpx
 import torch
+from paths import REPO, SAMPLE_DEV  # noqa: F401  (REPO re-exported for the server tests)
 
 import server.process
 from server.process import child_env
 from train.squad import featurize_one
 from train.tokenizer import XLNetTokenizer
 
-REPO = Path(__file__).resolve().parents[1]
-DEV = REPO / "data" / "sample" / "dev.json"
 WINDOWS = {"max_seq_len": 128, "doc_stride": 64, "max_query_len": 32}
 METADATA = {"no_answer_threshold": 0.5, **WINDOWS, "max_answer_len": 30, "head": "shallow"}
 OK = {"question": "What?", "context": "Something happened."}  # a request every server answers
@@ -85,12 +84,12 @@ class ServerProcess(server.process.ServerProcess):
 
 
 def dev_contexts() -> list[str]:
-    data = json.loads(DEV.read_text())
+    data = json.loads(SAMPLE_DEV.read_text())
     return [p["context"] for article in data["data"] for p in article["paragraphs"]]
 
 
 def dev_questions() -> list[tuple[str, str]]:
-    data = json.loads(DEV.read_text())
+    data = json.loads(SAMPLE_DEV.read_text())
     return [(qa["question"], p["context"]) for a in data["data"] for p in a["paragraphs"] for qa in p["qas"]]
 
 

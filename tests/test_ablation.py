@@ -6,25 +6,23 @@ import json
 from pathlib import Path
 
 import pytest
+from paths import SAMPLE_CORPUS, SAMPLE_DEV, SAMPLE_TRAIN
 
 from train.common.cli import run
 from train.experiments.ablation import main, parse_config
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "data" / "sample"
-
 
 def test_tiny_grid_pretrains_fine_tunes_and_reports(tmp_path):
     out = tmp_path / "abl"
-    argv = ["--corpus", str(SAMPLE / "corpus.json"), "--configs", "relu,mish+aoa", "--seeds", "0,1"]
+    argv = ["--corpus", str(SAMPLE_CORPUS), "--configs", "relu,mish+aoa", "--seeds", "0,1"]
     argv += ["--preset", "tiny", "--vocab", "1000", "--steps", "6", "--batch-size", "2", "--seq-len", "32"]
     argv += [
         "--log-every",
         "2",
         "--train-file",
-        str(SAMPLE / "train.json"),
+        str(SAMPLE_TRAIN),
         "--dev-file",
-        str(SAMPLE / "dev.json"),
+        str(SAMPLE_DEV),
     ]
     argv += ["--finetune-steps", "2", "--finetune-batch", "2", "--max-seq-len", "64", "--out", str(out)]
     argv += ["--no-progress", "--question-match"]
@@ -50,7 +48,7 @@ def test_tiny_grid_pretrains_fine_tunes_and_reports(tmp_path):
         assert low <= r["dev_f1_minus_none"] <= high
         # the answerability was fitted on an article held out of fine-tuning, never on the scored dev file
         meta = json.loads((Path(r["dir"]) / "finetune" / "metadata.json").read_text())
-        assert meta["dev_file"] == str(out / "calibration.json") != str(SAMPLE / "dev.json")
+        assert meta["dev_file"] == str(out / "calibration.json") != str(SAMPLE_DEV)
         tuned = json.loads((Path(r["dir"]) / "finetune" / "config.json").read_text())
         assert tuned["question_match"] and not config["question_match"]
     # seeds differ, so the runs of one configuration differ
@@ -73,7 +71,7 @@ def test_tiny_grid_pretrains_fine_tunes_and_reports(tmp_path):
         (["--configs", "swish"], "unknown configuration"),
         (["--configs", "gelu+moe"], "unknown configuration"),
         (["--seeds", "a,b"], "--seeds"),
-        (["--train-file", str(SAMPLE / "train.json")], "both --train-file and --dev-file"),
+        (["--train-file", str(SAMPLE_TRAIN)], "both --train-file and --dev-file"),
         (["--corpus", "/nonexistent.txt"], "not found"),
     ],
 )

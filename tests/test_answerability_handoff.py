@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from server_helpers import REPO, ServerProcess, export_onnx, server_env
+from paths import REPO
+from server_helpers import ServerProcess, export_onnx, server_env
 
 from clients import XLNetQAClient
 from export.runtime.sidecar import Sidecar, SidecarError

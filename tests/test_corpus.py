@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fixtures_spm import SHARED_DEV_NAME, shared_squad_file
+from paths import SAMPLE_CORPUS, SAMPLE_TRAIN, SHARED_DEV_NAME, shared_squad_file
 
 from train.common.corpus import (
     iter_documents,
@@ -16,8 +16,6 @@ from train.common.corpus import (
     split_sentences,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "data" / "sample"
 SHARED_DEV = shared_squad_file(SHARED_DEV_NAME)
 
 
@@ -100,7 +98,7 @@ def test_split_sentences(text: str, expected: list[str]) -> None:
 
 
 def test_sentences_preserve_text_on_real_contexts() -> None:
-    paths = [SAMPLE / "corpus.json", SAMPLE / "train.json"] + ([SHARED_DEV] if SHARED_DEV else [])
+    paths = [SAMPLE_CORPUS, SAMPLE_TRAIN] + ([SHARED_DEV] if SHARED_DEV else [])
     n_docs = n_sents = 0
     for path in paths:
         contexts = read_squad_contexts(path)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from paths import SAMPLE_CORPUS
 
 from train.data import (
     CLS_ID,
@@ -20,7 +21,6 @@ from train.data import (
     tokenize_documents,
 )
 
-SAMPLE_CORPUS = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.json"
 VOCAB = 400
 
 # Fake vocabulary: even ids >= 10 start a word, odd ids continue it; specials (< 10) are word starts.
@@ -240,12 +240,6 @@ def sample_tokenizer(tmp_path_factory: pytest.TempPathFactory):
 
     out = Path(train_spm([SAMPLE_CORPUS], tmp_path_factory.mktemp("spm_data"), 1000))
     return XLNetTokenizer.from_dir(out if out.is_dir() else out.parent)
-
-
-def test_special_ids_are_the_trained_model_pieces(sample_tokenizer) -> None:
-    """The ids the pipeline writes are the pieces a trained sentencepiece model has at those ids."""
-    sp = sample_tokenizer.sp
-    assert [sp.id_to_piece(i) for i in (SEP_ID, CLS_ID, EOD_ID)] == ["<sep>", "<cls>", "<eod>"]
 
 
 def test_sample_corpus_integration(sample_tokenizer) -> None:

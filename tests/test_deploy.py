@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 import yaml
+from paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 K8S = DEPLOY / "k8s"
 DOCKERFILES = {"cpu": DEPLOY / "Dockerfile", "gpu": DEPLOY / "Dockerfile.gpu"}

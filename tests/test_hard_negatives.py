@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from paths import SAMPLE_CORPUS, SAMPLE_TRAIN
 
 from train.common.text import numbers
 from train.experiments.hard_negatives import antonym, hard_negative, negate, swap_entity, swap_number
@@ -15,8 +16,6 @@ from train.experiments.synth import leaks
 from train.experiments.synth import main as synth_main
 from train.squad import SquadExample, featurize, read_squad
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "data" / "sample"
 CONTEXT = "Rollo swore fealty to King Charles III in 911. The duchy grew in the first half of the century."
 
 
@@ -49,7 +48,7 @@ def test_each_edit_on_crafted_questions() -> None:
 @pytest.fixture(scope="module")
 def hard(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("synth_hard") / "synth.json"
-    argv = ["--input", str(SAMPLE / "train.json"), str(SAMPLE / "corpus.json"), "--out", str(out)]
+    argv = ["--input", str(SAMPLE_TRAIN), str(SAMPLE_CORPUS), "--out", str(out)]
     assert synth_main([*argv, "--seed", "1", "--hard-negatives", "0.6"]) == 0
     return out, json.loads(out.read_text())
 
@@ -65,7 +64,7 @@ def test_synth_hard_negatives_keep_the_sentence_and_the_plausible_answer(hard, t
         assert not leaks(ex.question, text)
     # the same call again gives the same file; without the flag no question carries a plausible answer
     again = tmp_path / "again.json"
-    argv = ["--input", str(SAMPLE / "train.json"), str(SAMPLE / "corpus.json"), "--seed", "1"]
+    argv = ["--input", str(SAMPLE_TRAIN), str(SAMPLE_CORPUS), "--seed", "1"]
     assert synth_main([*argv, "--out", str(again), "--hard-negatives", "0.6"]) == 0
     assert again.read_text() == path.read_text()
     plain = tmp_path / "plain.json"
@@ -78,7 +77,7 @@ def test_bad_hard_negatives_share_is_refused(tmp_path: Path, capsys) -> None:
 
     argv = [
         "--input",
-        str(SAMPLE / "train.json"),
+        str(SAMPLE_TRAIN),
         "--out",
         str(tmp_path / "x.json"),
         "--hard-negatives",

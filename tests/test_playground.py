@@ -82,9 +82,9 @@ def test_answerable_question_is_highlighted_at_the_api_offsets(
         expected["start"],
         expected["end"],
     )
-    assert (
-        mark.text == CONTEXT[expected["start"] : expected["end"]] == expected["answer"].strip() or mark.text
-    )
+    # the API's answer is its span of the context; the highlight shows it (WebDriver trims the text it reads)
+    assert expected["answer"] == CONTEXT[expected["start"] : expected["end"]]
+    assert mark.text == expected["answer"].strip() != ""
     view = browser.find_element(By.ID, "context-view").text
     assert view.replace("\n", " ") == CONTEXT  # the whole context, the answer inside it
     assert browser.find_element(By.ID, "answer-line").get_attribute("data-impossible") == "false"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from paths import REPO
 
 from train.common.corpus import iter_documents, iter_texts
 from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_TRAIN
@@ -21,7 +22,6 @@ from train.data.shards import MANIFEST, ShardedCorpus
 from train.prepare_corpus import main as prepare_main
 from train.tokenizer import XLNetTokenizer
 
-REPO = Path(__file__).resolve().parents[1]
 PROG = "python -m train.prepare_corpus"
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from paths import REPO
 from server_helpers import (
     OK,
-    REPO,
     WINDOWS,
     ServerProcess,
     check_answer,

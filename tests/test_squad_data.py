@@ -9,7 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures_spm import SHARED_DEV_NAME, shared_squad_file
+from paths import (
+    REPO,
+    SAMPLE_CALIBRATION,
+    SAMPLE_CORPUS,
+    SAMPLE_DEV,
+    SAMPLE_TRAIN,
+    SHARED_DEV_NAME,
+    shared_squad_file,
+)
 
 from train.squad import (
     SquadExample,
@@ -22,8 +30,6 @@ from train.squad import (
     write_squad,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "data" / "sample"
 SHARED_DEV = shared_squad_file(SHARED_DEV_NAME)
 
 MINI = {
@@ -57,7 +63,7 @@ MINI = {
 
 
 def test_read_sample_train() -> None:
-    examples = read_squad(SAMPLE / "train.json")
+    examples = read_squad(SAMPLE_TRAIN)
     assert len(examples) == 470
     assert sum(e.is_impossible for e in examples) == 262
     first = examples[0]
@@ -79,7 +85,7 @@ def test_read_sample_train() -> None:
 
 def test_read_file_without_is_impossible() -> None:
     # corpus.json (like the unlabelled test split) has no is_impossible and empty answers
-    examples = read_squad(SAMPLE / "corpus.json")
+    examples = read_squad(SAMPLE_CORPUS)
     assert examples and all(ex.is_impossible and not ex.answers for ex in examples)
     assert {ex.title for ex in examples} == {"Jacksonville,_Florida", "Sky_(United_Kingdom)", "Miscellaneous"}
 
@@ -192,7 +198,7 @@ def test_mini_roundtrip(tmp_path: Path) -> None:
 
 
 def test_split_by_titles(tmp_path: Path) -> None:
-    train_json = SAMPLE / "train.json"
+    train_json = SAMPLE_TRAIN
     assert article_titles(train_json) == ["Normans", "Harvard_University"]
     chosen, rest = split_by_article(train_json, ["Harvard_University"])
     assert article_titles(chosen) == ["Harvard_University"]
@@ -205,22 +211,44 @@ def test_split_by_titles(tmp_path: Path) -> None:
     assert not {e.context for e in a} & {e.context for e in b}
 
 
-def test_split_by_count_fraction_and_seed() -> None:
-    if SHARED_DEV is None:
+def _labelled_sample(tmp_path: Path) -> Path:
+    """The shipped sample's labelled articles (train, dev, calibration) as one document of five."""
+    parts = [load_dataset(f) for f in (SAMPLE_TRAIN, SAMPLE_DEV, SAMPLE_CALIBRATION)]
+    return write_squad(
+        {"version": "v2.0", "data": [a for p in parts for a in p["data"]]}, tmp_path / "all.json"
+    )
+
+
+@pytest.mark.parametrize("source", ["sample", "shared"])
+def test_split_by_count_fraction_and_seed(source: str, tmp_path: Path) -> None:
+    if source == "shared" and SHARED_DEV is None:
         pytest.skip("../shared is absent (a fresh clone)")
-    titles = article_titles(SHARED_DEV)
-    first, rest = split_by_article(SHARED_DEV, 3)
+    path = _labelled_sample(tmp_path) if source == "sample" else SHARED_DEV
+    titles = article_titles(path)
+    n = len(titles)
+    assert n >= 5 and len(set(titles)) == n
+    first, rest = split_by_article(path, 3)
     assert article_titles(first) == titles[:3] and article_titles(rest) == titles[3:]
-    half, other = split_by_article(SHARED_DEV, 0.5)
-    assert len(half["data"]) == round(0.5 * 13) and len(other["data"]) == 13 - round(0.5 * 13)
-    s1, r1 = split_by_article(SHARED_DEV, 4, seed=7)
-    s2, _ = split_by_article(SHARED_DEV, 4, seed=7)
+    assert first["version"] == rest["version"] == "v2.0"
+    a = read_squad(write_squad(first, tmp_path / "first.json"))
+    b = read_squad(write_squad(rest, tmp_path / "rest.json"))
+    assert len(a) + len(b) == len(read_squad(path))
+    assert not {e.context for e in a} & {e.context for e in b}
+    half, other = split_by_article(path, 0.5)
+    assert len(half["data"]) == round(0.5 * n) and len(other["data"]) == n - round(0.5 * n)
+    assert (
+        split_by_article(path, 0)[0]["data"] == [] and article_titles(split_by_article(path, n)[0]) == titles
+    )
+    s1, r1 = split_by_article(path, 2, seed=7)
+    s2, _ = split_by_article(path, 2, seed=7)
     assert article_titles(s1) == article_titles(s2)
     assert sorted(article_titles(s1) + article_titles(r1)) == sorted(titles)
+    # a seed shuffles first: some seed takes articles out of file order
+    assert any(article_titles(split_by_article(path, 2, seed=k)[0]) != titles[:2] for k in range(10))
 
 
 def test_split_errors() -> None:
-    dataset = load_dataset(SAMPLE / "train.json")
+    dataset = load_dataset(SAMPLE_TRAIN)
     with pytest.raises(ValueError, match="unknown article titles \\['Nope'\\]"):
         split_by_article(dataset, ["Nope"])
     with pytest.raises(ValueError, match="cannot take 5 of 2 articles"):

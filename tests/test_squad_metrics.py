@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from fixtures_spm import SHARED_DEV_NAME, shared_squad_file
+from paths import SHARED_DEV_NAME, shared_squad_file
 
 from train.squad import (
     SquadExample,
@@ -23,7 +23,6 @@ from train.squad import (
 )
 from train.squad.metrics import gold_answers
 
-REPO = Path(__file__).resolve().parents[1]
 SHARED_DEV = shared_squad_file(SHARED_DEV_NAME)
 
 

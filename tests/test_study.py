@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from train.common.cli import run
 from train.experiments.study import Run, main, parse_runs
 from train.squad import read_squad
 
-SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 TINY = ["--config", "tiny", "--vocab", "1000", "--pretrain-steps", "4", "--pretrain-batch", "2"]
 TINY += ["--seq-len", "32", "--synth-steps", "2", "--finetune-steps", "3", "--finetune-batch", "2"]
 TINY += ["--max-seq-len", "96", "--doc-stride", "48", "--eval-every", "3", "--no-progress"]

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+
+from paths import SAMPLE_TRAIN
 
 from train.experiments.sweep import main as sweep_main
 from train.squad import write_squad
 
-SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
-
 
 def test_sweep_writes_table_and_plot_and_skips_finished_cells(spm_dir, tmp_path):
-    train = json.loads((SAMPLE / "train.json").read_text())
+    train = json.loads(SAMPLE_TRAIN.read_text())
     train["data"] = [{**train["data"][0], "paragraphs": train["data"][0]["paragraphs"][:2]}]
     write_squad(train, tmp_path / "t.json")
     out = tmp_path / "sweep"

@@ -12,13 +12,12 @@ import numpy as np
 import pytest
 import torch
 from gpu_mode import SERVING_PACKAGES, require_package, require_torch_cuda
+from paths import REPO
 from server_helpers import ServerProcess, dev_questions, server_env
 
 from server.backends.base import dummy_batch
 from server.backends.torch import TorchBackend, torch_device_problem
 from server.model_spec import resolve_spec
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _server(model: Path, *flags: str) -> subprocess.CompletedProcess:

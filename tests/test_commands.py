@@ -1,0 +1,86 @@
+"""Every documented ``python -m`` command still starts: ``--help`` exits 0 and prints a usage line.
+
+The commands are the project's promised names, every ``python -m`` of this repository's packages that
+README.md, BENCHMARKS.md, the Makefile or docs/ shows, and every bench module with a main; each runs
+in a real interpreter from the repository root, as a user would type it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from paths import REPO
+
+# The names the README promises; the documents may show more (found below), never fewer.
+PROMISED = [
+    "train.pretrain",
+    "train.finetune",
+    "train.evaluate",
+    "train.calibrate",
+    "train.prepare_corpus",
+    "train.study",
+    "train.ablation",
+    "train.sweep",
+    "train.synth",
+    "train.tokenizer",
+    "export.onnx",
+    "export.trt",
+    "export.triton",
+    "export.stack_report",
+    "export.gpu_versions",
+    "server",
+]
+DOCUMENTS = [
+    "README.md",
+    "BENCHMARKS.md",
+    "Makefile",
+    *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").rglob("*.md")),
+]
+# `python -m x`, and the Makefile's `$(PY) -m x` (any variable naming an interpreter)
+COMMAND = re.compile(r"(?:\bpython3?|\$\([A-Z_]*PY[A-Z_]*\)) -m ([A-Za-z_][\w.]*)")
+
+
+def documented_commands() -> set[str]:
+    """The ``python -m`` modules of this repository (not pip, venv, pytest) that the documents show."""
+    found = set()
+    for name in DOCUMENTS:
+        found.update(COMMAND.findall((REPO / name).read_text(encoding="utf-8")))
+    return {m.rstrip(".") for m in found if (REPO / m.split(".")[0]).is_dir()}
+
+
+def bench_commands() -> set[str]:
+    return {
+        f"bench.{p.stem}"
+        for p in (REPO / "bench").glob("*.py")
+        if 'if __name__ == "__main__":' in p.read_text(encoding="utf-8")
+    }
+
+
+COMMANDS = sorted(set(PROMISED) | documented_commands() | bench_commands())
+
+
+def test_the_list_is_found() -> None:
+    """The documents are read (a renamed file would otherwise shrink the list silently)."""
+    assert all((REPO / name).is_file() for name in DOCUMENTS)
+    assert {"train.finetune", "export.onnx", "server", "bench.latency"} <= documented_commands()
+    assert {"bench.latency", "bench.serve", "bench.train"} <= bench_commands()
+
+
+@pytest.mark.parametrize("module", COMMANDS)
+def test_help_exits_zero_with_a_usage_line(module: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert re.search(r"^usage: ", r.stdout, re.M), r.stdout[:500]
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
