@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
+from paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 ROOMS = ("train", "export", "server")
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_helpers import REPO, ServerProcess, dev_questions, server_env
+from paths import REPO
+from server_helpers import ServerProcess, dev_questions, server_env
 
 import clients
 from clients import (

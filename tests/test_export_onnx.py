@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 import torch
 import transformers
-from fixtures_spm import SHARED_DEV_NAME, shared_squad_file
+from paths import REPO, SAMPLE_DEV, SHARED_DEV_NAME, shared_squad_file
 
 from export.onnx.cli import build_parser, main, options_from_args
 from export.onnx.graph import FORBIDDEN_OPS, matmul_weights, op_counts
@@ -30,9 +30,7 @@ from train.common.digests import sha256_file
 from train.model import XLNetConfig, XLNetLMHeadModel, checkpoint
 from train.model.inference import QAInference, derive_p_mask, output_names
 
-REPO = Path(__file__).resolve().parents[1]
 SHARED_DEV = shared_squad_file(SHARED_DEV_NAME)
-SAMPLE_DEV = REPO / "data" / "sample" / "dev.json"
 HEADS = ("simple", "shallow", "deep", "beam")
 TINY_ARGS = dict(d_model=32, n_layer=2, n_head=4, d_inner=64, dropout=0.0)
 METADATA = {"no_answer_threshold": 0.4, "max_seq_len": 256, "doc_stride": 64, "max_query_len": 32}

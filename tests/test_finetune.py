@@ -12,14 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from paths import REPO, SAMPLE
 
 from train.evaluate import main as evaluate_main
 from train.finetune import main as finetune_main
 from train.model import XLNetConfig, XLNetForQuestionAnswering, checkpoint
 from train.squad import Answerability, read_squad, split_by_article, write_squad
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "data" / "sample"
 METRIC_KEYS = {
     "exact",
     "f1",

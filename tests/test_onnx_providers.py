@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tomllib
 from gpu_mode import REQUIRE_ENV, gpu_required, require_provider
+from paths import REPO
 from server_helpers import ServerProcess, server_env
 
 from export.runtime.providers import (
@@ -28,7 +29,6 @@ from export.runtime.providers import (
     tensorrt_options,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 PROFILE = ProfileShapes(max_batch=8, max_seq_len=384)
 # ops that carry the model's arithmetic: on a GPU provider none may run on the CPU
 COMPUTE_OPS = {

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from fixtures_spm import SHARED_TEST_NAME, shared_squad_file
 from fixtures_spm import TINY_PRETRAIN_ARGS as RESUME_ARGS
+from paths import REPO, SAMPLE_CORPUS, SHARED_TEST_NAME, shared_squad_file
 
 from train.data import PretrainBatches, PretrainDataConfig
 from train.engine.runtime import to_tensors
@@ -25,8 +25,6 @@ from train.model import XLNetConfig, XLNetLMHeadModel, checkpoint
 from train.pretrain import main as pretrain_main
 from train.recipes.pretrain import pretrain_loss
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE_CORPUS = REPO / "data" / "sample" / "corpus.json"
 SHARED_CORPUS = shared_squad_file(SHARED_TEST_NAME)
 
 

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+from paths import REPO
 from server_helpers import ServerProcess, server_env
 
 from export.runtime.providers import CPU, CUDA, TENSORRT, canonical_provider, parse_providers
 
-REPO = Path(__file__).resolve().parents[1]
 ORT_GPU_ENV = "XLNETQA_ORT_GPU_PYTHON"  # set by `make test` to the venv `make ort-gpu-venv` builds
 
 

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from fixtures_spm import SAMPLE
+from paths import SAMPLE
 
 from train.engine.optim import (
     MicroBatchClipping,

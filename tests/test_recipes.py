@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from paths import SAMPLE
 
 from train import finetune as finetune_cli
 from train import pretrain as pretrain_cli
@@ -15,9 +16,6 @@ from train.model import checkpoint
 from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
 from train.recipes.pretrain import PretrainConfig, PretrainRecipe
 from train.squad import write_squad
-
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "data" / "sample"
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,10 @@ interrupted save left behind is cleaned up. Real pretraining runs of the tiny pr
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from fixtures_spm import TINY_PRETRAIN_ARGS as RESUME_ARGS
+from paths import REPO, SAMPLE
 
 from train.common.cli import run
 from train.engine.run_record import RUN_FILE, explicit_flags
@@ -16,8 +16,6 @@ from train.engine.state import latest_checkpoint
 from train.finetune import main as finetune_main
 from train.model import checkpoint
 from train.pretrain import main as pretrain_main
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def pretrain(argv: list[str], capsys) -> tuple[int, str]:
@@ -36,7 +34,7 @@ def test_a_fresh_run_refuses_a_directory_holding_another_run(spm_dir, tmp_path, 
     assert code == 2 and "holds a pretrain run started" in err and "--resume" in err and "--overwrite" in err
     assert latest_checkpoint(out) == old_latest and json.loads((out / RUN_FILE).read_text()) == first
 
-    sample = REPO / "data" / "sample"
+    sample = SAMPLE
     finetune_argv = [
         "--train-file",
         str(sample / "train.json"),
@@ -224,7 +222,7 @@ def test_a_save_that_cannot_be_written_fails_clearly_and_keeps_the_last_checkpoi
 def test_finetune_resume_alone_and_overwrite_replaces_everything(spm_dir, tmp_path, capsys) -> None:
     """Fine-tuning: `--out R --resume` alone continues (the data files come from the record), and
     `--overwrite` removes all the old run wrote (a tokenizer it trained, its metrics, its model)."""
-    sample = REPO / "data" / "sample"
+    sample = SAMPLE
     out = tmp_path / "ft"
     argv = ["--train-file", str(sample / "train.json"), "--dev-file", str(sample / "dev.json")]
     argv += ["--config", "tiny", "--train-spm", "400", "--steps", "4", "--eval-every", "4", "--no-progress"]

@@ -17,7 +17,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 from hostile_server import FAULTY, app_server, faulty_backend, post_many
-from server_helpers import OK, REPO, WINDOWS, ServerProcess, long_context, post
+from paths import REPO
+from server_helpers import OK, WINDOWS, ServerProcess, long_context, post
 
 from export.runtime.sidecar import Sidecar
 from server.metrics import sample_total

@@ -15,7 +15,8 @@ import httpx
 import numpy as np
 import pytest
 from hostile_server import app_server, slow_backend
-from server_helpers import OK, REPO, WINDOWS, long_context, post
+from paths import REPO
+from server_helpers import OK, WINDOWS, long_context, post
 
 from server.metrics import sample_total
 from train.squad import featurize_one

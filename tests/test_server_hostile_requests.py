@@ -13,7 +13,8 @@ from pathlib import Path
 
 import httpx
 from hostile_server import app_server, slow_backend
-from server_helpers import OK, REPO, WINDOWS, ServerProcess, long_context, post
+from paths import SAMPLE_DEV
+from server_helpers import OK, WINDOWS, ServerProcess, long_context, post
 
 from server.metrics import sample_total
 from server.process import LOOPBACK as HOST
@@ -107,7 +108,7 @@ def test_typical_requests_pass_the_default_limits(onnx_server: ServerProcess) ->
         "question": "Who gave their name to Normandy?",
         "context": "The Normans ... gave their name to Normandy ...",
     }
-    data = json.loads((REPO / "data" / "sample" / "dev.json").read_text())
+    data = json.loads(SAMPLE_DEV.read_text())
     items = [
         {"question": p["qas"][0]["question"], "context": p["context"]}
         for a in data["data"]

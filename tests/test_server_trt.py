@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from server_helpers import REPO, ServerProcess, check_answer, dev_questions, post, server_env
+from paths import REPO
+from server_helpers import ServerProcess, check_answer, dev_questions, post, server_env
 from trt_stand_in import fake_nvidia_smi, fake_trt_export
 
 from export.gpu_versions import TENSORRT_VERSION

@@ -18,6 +18,7 @@ import onnx
 import pytest
 from gpu_mode import require_tensorrt
 from onnx import TensorProto, helper, numpy_helper
+from paths import REPO
 from trt_stand_in import STRONGLY_TYPED, StandInBuilderConfig
 
 from export.gpu_versions import TENSORRT_VERSION, tensorrt_release
@@ -37,8 +38,6 @@ from export.trt.build import (
 from export.trt.cli import main, shape_flag
 from export.trt.profile import Profile, min_sequence, parse_shape, position_limit, source_graph
 from train.common.contract import INPUT_NAMES
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def position_graph(

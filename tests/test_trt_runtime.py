@@ -9,10 +9,10 @@ import os
 import subprocess
 import sys
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
+from paths import REPO
 from trt_stand_in import StandInCudart, fake_nvidia_smi, fake_trt_export
 
 from export.gpu_versions import TENSORRT_VERSION, TENSORRT_WHEEL, tensorrt_release, tensorrt_version_problem
@@ -21,8 +21,6 @@ from export.runtime import gpu
 from export.runtime.sidecar import Sidecar
 from export.trt import cuda as cuda_runtime
 from export.trt import runtime as trt_runtime
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 # --- the GPU stack checks ------------------------------------------------------------------------------------
