@@ -2,7 +2,7 @@
 
 Two stages, each fitted only on questions that nothing it scores was fitted on:
 
-1. **The question verifier** (:data:`~train.squad.answerability.QUESTION_FEATURES`): lexical evidence
+1. **The question verifier** (:data:`~train.squad.answerability_features.QUESTION_FEATURES`): lexical evidence
    that needs no QA model, so it is fitted on the fine-tuning questions themselves (a logistic
    model); its logit is one input of the next stage.
 2. **The combining model** on held-out questions the QA model never trained on (a fine-tuning run's
@@ -27,19 +27,17 @@ from typing import Any
 import numpy as np
 
 from train.squad import Prediction, SquadExample
-from train.squad.answerability import (
+from train.squad.answerability import RULES, Answerability, SpanF1
+from train.squad.answerability_features import (
     MODEL_FEATURES,
     QUESTION_FEATURES,
-    RULES,
     SPAN_FEATURES,
     VERIFIER_LOGIT,
-    Answerability,
     ContextIndex,
-    Linear,
-    SpanF1,
     all_features,
     question_features,
 )
+from train.squad.linear import Linear
 from train.squad.metrics import compute_f1, gold_answers
 
 # The combining model's inputs, by name (`--answerability` in train.finetune).
