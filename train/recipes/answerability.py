@@ -30,13 +30,15 @@ from typing import Any
 
 import numpy as np
 
-from train.squad import Prediction, SquadExample
-from train.squad.answerability import Answerability
-from train.squad.answerability_features import VERIFIER_LOGIT
-from train.squad.linear import Linear
-
-from .answerability_crossfit import CrossFit, answers, best_threshold, cross_fit, f1_at, fit_rules
-from .answerability_models import (
+from train.recipes.answerability_crossfit import (
+    CrossFit,
+    answers,
+    best_threshold,
+    cross_fit,
+    f1_at,
+    fit_rules,
+)
+from train.recipes.answerability_models import (
     CALIBRATION_METHODS,
     FEATURE_SETS,
     FitOptions,
@@ -46,7 +48,11 @@ from .answerability_models import (
     fit_question_verifier,
     roc_auc,
 )
-from .answerability_table import Table, build_table, fittable, fold_groups, group_folds
+from train.recipes.answerability_table import Table, build_table, fittable, fold_groups, group_folds
+from train.squad import Prediction, SquadExample
+from train.squad.answerability import Answerability
+from train.squad.answerability_features import VERIFIER_LOGIT
+from train.squad.linear import Linear
 
 # The recipe's public names, also those defined beside it (imported from here by the commands,
 # the held-out comparison and the tests).

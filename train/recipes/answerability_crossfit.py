@@ -8,11 +8,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from train.recipes.answerability_models import FitOptions, answerable_probs, calibrated, fit_span_f1
+from train.recipes.answerability_table import Table, fittable, table_folds
 from train.squad.answerability import Answerability
 from train.squad.linear import Linear
-
-from .answerability_models import FitOptions, answerable_probs, calibrated, fit_span_f1
-from .answerability_table import Table, fittable, table_folds
 
 
 def answers(a: Answerability, t: Table, probs: np.ndarray | None = None) -> np.ndarray:

@@ -13,6 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from train.recipes.answerability_table import (
+    SPAN_F1_FEATURES,
+    Table,
+    group_folds,
+    question_table,
+    table_folds,
+)
 from train.squad import SquadExample
 from train.squad.answerability import RULES, Answerability, SpanF1
 from train.squad.answerability_features import (
@@ -22,8 +29,6 @@ from train.squad.answerability_features import (
     VERIFIER_LOGIT,
 )
 from train.squad.linear import Linear
-
-from .answerability_table import SPAN_F1_FEATURES, Table, group_folds, question_table, table_folds
 
 # The combining model's inputs, by name (`--answerability` in train.finetune).
 FEATURE_SETS: dict[str, tuple[str, ...]] = {
