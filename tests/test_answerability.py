@@ -28,22 +28,23 @@ from train.recipes.answerability import (
 )
 from train.squad import read_squad
 from train.squad.answerability import (
+    Answerability,
+    SpanF1,
+    decide,
+    from_metadata,
+    sigmoid,
+)
+from train.squad.answerability_features import (
     MODEL_FEATURES,
     QUESTION_FEATURES,
     SPAN_FEATURES,
     VERIFIER_LOGIT,
-    Answerability,
-    AnswerabilityError,
     ContextIndex,
-    Linear,
-    SpanF1,
     SpanScores,
     all_features,
-    decide,
-    from_metadata,
     question_features,
-    sigmoid,
 )
+from train.squad.linear import AnswerabilityError, Linear
 
 CONTEXT = (
     "The Normans were the people who gave their name to Normandy, a region in France. "
@@ -270,7 +271,7 @@ def test_fitting_on_real_questions_and_the_report(sample_dir) -> None:
     """The sample's articles through the real pipeline pieces (the QA model's scores faked as cls =
     0: the verifier has to carry the decision): the report's claims are internally consistent."""
     from train.squad import Prediction
-    from train.squad.decode import NBestEntry
+    from train.squad.prediction import NBestEntry
 
     fit = read_squad(sample_dir / "train.json")
     held = read_squad(sample_dir / "calibration.json")

@@ -22,7 +22,7 @@ from train.squad import (
     featurize_one,
     read_squad,
 )
-from train.squad.features import offsets_array
+from train.squad.alignment import offsets_array
 from train.tokenizer import XLNetTokenizer, train_spm
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ from train.squad import (
     read_squad,
     subsample_out_of_window,
 )
-from train.squad.features import offsets_array
+from train.squad.alignment import offsets_array
 from train.tokenizer import (
     CLS_ID,
     PAD_ID,

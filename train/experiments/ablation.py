@@ -162,8 +162,29 @@ def mean_sd(values: list[float]) -> str:
 
 
 def write_report(out: Path, args, results: list[dict]) -> None:
+    """ablation.md (the table per configuration), results.json and the loss plot."""
     configs = list(dict.fromkeys(r["config"] for r in results))
     tuned = "dev_f1" in results[0]
+    seeds = sorted({r["seed"] for r in results})
+    text = [
+        f"# Activation / AoA ablation ({args.preset} preset)",
+        "",
+        f"Pretraining: {args.steps} steps x {args.batch_size} x {args.seq_len} tokens, lr {args.lr:g}, "
+        f"max_gram {args.max_gram}, seeds {seeds}; the same tokenizer and data for every run. "
+        "Loss: mean cross-entropy per predicted token over each log interval; best = the lowest interval.",
+        "",
+        *_results_table(results, configs, tuned),
+        "",
+    ]
+    if tuned:
+        text += _finetuning_note(args, results)
+    (out / "ablation.md").write_text("\n".join(text))
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    plot_losses(out / "ablation.png", results, configs)
+
+
+def _results_table(results: list[dict], configs: list[str], tuned: bool) -> list[str]:
+    """One row per configuration: mean ± sd over its seeds (and the dev scores when fine-tuned)."""
     cols = ["configuration", "runs", "best pretraining loss (nats/token)", "final loss"]
     if tuned:
         cols += ["dev F1", "dev F1 - none", "dev HasAns F1", "dev span F1", "dev best_f1 (upper bound)"]
@@ -180,35 +201,30 @@ def write_report(out: Path, args, results: list[dict]) -> None:
             keys = ("dev_f1", "dev_f1_minus_none", "dev_has_ans_f1", "dev_span_f1", "dev_best_f1")
             cells += [mean_sd([r[k] for r in rows]) for k in keys]
         lines.append("| " + " | ".join(cells) + " |")
-    seeds = sorted({r["seed"] for r in results})
-    text = [
-        f"# Activation / AoA ablation ({args.preset} preset)",
-        "",
-        f"Pretraining: {args.steps} steps x {args.batch_size} x {args.seq_len} tokens, lr {args.lr:g}, "
-        f"max_gram {args.max_gram}, seeds {seeds}; the same tokenizer and data for every run. "
-        "Loss: mean cross-entropy per predicted token over each log interval; best = the lowest interval.",
-        "",
-        *lines,
+    return lines
+
+
+def _finetuning_note(args, results: list[dict]) -> list[str]:
+    """How the fine-tuned columns were made, with every run's difference from answering none."""
+    return [
+        f"Fine-tuning: {args.finetune_steps} steps x {args.finetune_batch} windows of {args.max_seq_len}, "
+        f"{args.head} head{' with the exact-match feature' if args.question_match else ''}, "
+        f"on {args.fit_file}; answerability fitted on {args.calibration_file} (cross-fitted by article); "
+        f"scored on {args.dev_file} (final model), where nothing was fitted or chosen. dev F1 - none: the "
+        "difference from answering none (per run: "
+        + "; ".join(
+            f"{r['config']} seed {r['seed']} {r['dev_f1_minus_none']:+.2f} "
+            f"[{r['dev_f1_minus_none_ci'][0]:+.2f}, {r['dev_f1_minus_none_ci'][1]:+.2f}]"
+            for r in results
+        )
+        + ", paired bootstrap 95% intervals). best_f1: the threshold searched on the scored questions "
+        "themselves, an upper bound that no deployed model gets.",
         "",
     ]
-    if tuned:
-        text += [
-            f"Fine-tuning: {args.finetune_steps} steps x {args.finetune_batch} windows of {args.max_seq_len}, "
-            f"{args.head} head{' with the exact-match feature' if args.question_match else ''}, "
-            f"on {args.fit_file}; answerability fitted on {args.calibration_file} (cross-fitted by article); "
-            f"scored on {args.dev_file} (final model), where nothing was fitted or chosen. dev F1 - none: the "
-            "difference from answering none (per run: "
-            + "; ".join(
-                f"{r['config']} seed {r['seed']} {r['dev_f1_minus_none']:+.2f} "
-                f"[{r['dev_f1_minus_none_ci'][0]:+.2f}, {r['dev_f1_minus_none_ci'][1]:+.2f}]"
-                for r in results
-            )
-            + ", paired bootstrap 95% intervals). best_f1: the threshold searched on the scored questions "
-            "themselves, an upper bound that no deployed model gets.",
-            "",
-        ]
-    (out / "ablation.md").write_text("\n".join(text))
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+
+
+def plot_losses(path: Path, results: list[dict], configs: list[str]) -> None:
+    """Pretraining loss per configuration: the mean over seeds, with a min..max band."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -230,7 +246,7 @@ def write_report(out: Path, args, results: list[dict]) -> None:
     ax.set_title("Pretraining loss: mean over seeds, band = min..max")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "ablation.png", dpi=100)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from argparse import Namespace, _ArgumentGroup
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +37,16 @@ from train.common.sample_data import SAMPLE_DIR as SAMPLE
 from train.engine.optim import OPTIMIZERS
 from train.engine.runlog import read_series
 from train.experiments import synth as synth_cli
-from train.experiments.heldout import aucs_table, compare_rules, plot_reliability, predict_file, rows_table
-from train.squad import evaluate, load_dataset, read_squad, split_by_article, write_squad
+from train.experiments.heldout import compare_rules, plot_reliability, predict_file
+from train.experiments.study_report import (
+    comparison_json,
+    comparison_section,
+    no_answer_baseline,
+    plot_study,
+    span_quality,
+    write_report,
+)
+from train.squad import load_dataset, read_squad, split_by_article, write_squad
 
 BASES = ("pretrained", "random")
 MODIFIERS = ("synth", "match", "plausible", "hard")
@@ -45,7 +54,18 @@ MODIFIERS = ("synth", "match", "plausible", "hard")
 
 def build_parser() -> Parser:
     p = Parser(prog="python -m train.experiments.study", description=__doc__.splitlines()[0])
-    g = p.add_argument_group("data")
+    _data_arguments(p.add_argument_group("data"))
+    _run_arguments(p.add_argument_group("runs"))
+    _pretraining_arguments(p.add_argument_group("pretraining"))
+    _synth_arguments(p.add_argument_group("synthetic-question stage (runs named ...+synth)"))
+    _finetuning_arguments(p.add_argument_group("fine-tuning"))
+    p.add_argument("--out", default="runs/study")
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def _data_arguments(g: _ArgumentGroup) -> None:
     g.add_argument("--train-file", default=str(SAMPLE / "train.json"), help="SQuAD 2.0 file to fine-tune on")
     g.add_argument("--eval-file", default=str(SAMPLE / "dev.json"), help="SQuAD 2.0 file to evaluate on")
     g.add_argument("--labelled", help="instead: one SQuAD 2.0 file split by article into train and eval")
@@ -68,7 +88,9 @@ def build_parser() -> Parser:
     g.add_argument(
         "--corpus", nargs="+", default=[str(SAMPLE / "corpus.json")], help="unlabelled pretraining text"
     )
-    g = p.add_argument_group("runs")
+
+
+def _run_arguments(g: _ArgumentGroup) -> None:
     g.add_argument(
         "--runs",
         default="pretrained,random",
@@ -78,7 +100,9 @@ def build_parser() -> Parser:
     g.add_argument("--vocab", type=int, default=4000)
     g.add_argument("--head", default="shallow")
     g.add_argument("--threads", type=int, default=None, help="torch threads per stage")
-    g = p.add_argument_group("pretraining")
+
+
+def _pretraining_arguments(g: _ArgumentGroup) -> None:
     g.add_argument("--pretrain-steps", type=int, default=1000)
     g.add_argument("--pretrain-batch", type=int, default=16)
     g.add_argument("--pretrain-lr", type=float, default=1e-3)
@@ -86,7 +110,9 @@ def build_parser() -> Parser:
     g.add_argument("--max-gram", type=int, default=1, help="longest predicted span in pretraining")
     g.add_argument("--pretrain-optimizer", choices=OPTIMIZERS, default="xlnet")
     g.add_argument("--pretrain-weight-decay", type=float, default=0.0)
-    g = p.add_argument_group("synthetic-question stage (runs named ...+synth)")
+
+
+def _synth_arguments(g: _ArgumentGroup) -> None:
     g.add_argument("--synth-steps", type=int, default=1000)
     g.add_argument("--synth-lr", type=float, default=5e-4)
     g.add_argument("--synth-answerable", type=float, default=0.5)
@@ -101,7 +127,9 @@ def build_parser() -> Parser:
         default=0.5,
         help="runs named ...+hard: share of unanswerable synthetic questions made by an edit",
     )
-    g = p.add_argument_group("fine-tuning")
+
+
+def _finetuning_arguments(g: _ArgumentGroup) -> None:
     g.add_argument("--finetune-steps", type=int, default=1500)
     g.add_argument("--finetune-batch", type=int, default=16)
     g.add_argument("--finetune-lr", type=float, default=5e-4)
@@ -110,10 +138,6 @@ def build_parser() -> Parser:
     g.add_argument("--doc-stride", type=int, default=128)
     g.add_argument("--eval-every", type=int, default=500)
     g.add_argument("--keep-out-of-window", type=float, default=1.0, help="share of answer-less windows kept")
-    p.add_argument("--out", default="runs/study")
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
-    return p
 
 
 class Stages:
@@ -236,103 +260,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     resume = ["--resume"] if args.resume else []
     threads = ["--threads", str(args.threads)] if args.threads else []
     stages = Stages()
-    tok = out / "tokenizer"
-    # the fine-tuning articles' text is unlabelled text too
-    tok_argv = ["--input", *args.corpus, str(fit), "--vocab-size", str(args.vocab), "--out", str(tok)]
-    stages.run("tokenizer", tok / "spiece.model", tokenizer_cli.main, tok_argv)
+    tok = _tokenizer_stage(args, out, fit, stages)
     pre = out / "pretrain"
     if any(r.base == "pretrained" for r in runs):
-        argv_pre = short_pretraining_argv(
-            [*args.corpus, str(fit)],
-            tok,
-            args.config,
-            args.pretrain_steps,
-            args.pretrain_batch,
-            args.seq_len,
-            args.pretrain_lr,
-            args.max_gram,
-        )
-        argv_pre += [
-            "--optimizer",
-            args.pretrain_optimizer,
-            "--weight-decay",
-            str(args.pretrain_weight_decay),
-        ]
-        argv_pre += ["--out", str(pre), "--save-every", "250", *resume, *quiet, *threads]
-        stages.run("pretrain", pre / "model.safetensors", pretrain_cli.main, argv_pre)
-    synth_files = {False: out / "synthetic.json", True: out / "synthetic-hard.json"}
-    for hard in sorted({r.hard for r in runs if r.synth}):
-        synth_argv = ["--input", *args.corpus, str(fit), "--out", str(synth_files[hard])]
-        synth_argv += ["--answerable", str(args.synth_answerable), "--in-place", str(args.synth_in_place)]
-        synth_argv += ["--per-sentence", str(args.synth_per_sentence)]
-        if hard:
-            synth_argv += ["--hard-negatives", str(args.synth_hard_negatives)]
-        stages.run(
-            f"synthetic questions{' (hard)' if hard else ''}", synth_files[hard], synth_cli.main, synth_argv
-        )
+        _pretraining_stage(args, tok, fit, pre, [*resume, *quiet, *threads], stages)
+    synth_files = _synthetic_question_stages(args, runs, out, fit, stages)
     finetune_common = ["--dev-file", str(thr), "--head", args.head, "--batch-size", str(args.finetune_batch)]
     finetune_common += ["--max-seq-len", str(args.max_seq_len), "--doc-stride", str(args.doc_stride)]
     finetune_common += ["--layer-decay", str(args.layer_decay), *resume, *quiet, *threads]
-
-    def finetune_argv(
-        init: list[str], train_file: Path, run_dir: Path, steps: int, lr: float, keep: float, every: int
-    ) -> list[str]:
-        argv = [*finetune_common, *init, "--train-file", str(train_file), "--out", str(run_dir)]
-        argv += ["--steps", str(steps), "--lr", str(lr), "--keep-out-of-window", str(keep)]
-        return argv + ["--eval-every", str(every), "--save-every", str(every)]
-
+    study = _Study(args, out, stages, tok, pre, synth_files, thr, held, finetune_common, quiet)
     held_examples = read_squad(held)
     fit_examples = read_squad(fit)
     comparisons: list = []
     rows = []
     curves: dict[str, list[tuple[int, float]]] = {}
     for r in runs:
-        init = (
-            ["--init", str(pre)] if r.base == "pretrained" else ["--config", args.config, "--spm", str(tok)]
-        )
-        if r.match:
-            init.append("--question-match")
-        if r.plausible:
-            init.append("--plausible-spans")
-        if r.synth:
-            stage = out / (
-                "synth-stage-"
-                + "-".join([r.base, *(m for m in ("match", "plausible", "hard") if getattr(r, m))])
-            )
-            argv_s = finetune_argv(
-                init,
-                synth_files[r.hard],
-                stage,
-                args.synth_steps,
-                args.synth_lr,
-                args.synth_keep_out_of_window,
-                args.synth_steps,
-            )
-            argv_s += ["--answerability", "cls"]  # a stage: its successor fits the answerability
-            stages.run(f"synthetic stage ({stage.name})", stage / "metadata.json", finetune_cli.main, argv_s)
-            init = ["--init", str(stage), *(["--plausible-spans"] if r.plausible else [])]
-        name, slug = r.name, r.slug
-        ft = out / f"finetune-{slug}"
-        argv_f = finetune_argv(
-            init, fit, ft, args.finetune_steps, args.finetune_lr, args.keep_out_of_window, args.eval_every
-        )
-        stages.run(f"fine-tune ({name})", ft / "metadata.json", finetune_cli.main, argv_f)
-        ev = out / f"eval-{slug}"
-        stages.run(
-            f"evaluate ({name})",
-            ev / "metrics.json",
-            evaluate_cli.main,
-            ["--checkpoint", str(ft), "--data", str(held), "--out", str(ev), *quiet],
-        )
-        metrics = json.loads((ev / "metrics.json").read_text())
-        metrics.update(span_quality(held_examples, json.loads((ev / "nbest.json").read_text())))
-        rows.append((name, metrics))
-        curves[name] = read_series(ft) if (ft / "metrics.jsonl").exists() else []
-        print(f"[compare answerability rules ({name})] starting", flush=True)
-        stored = json.loads((ft / "metadata.json").read_text())
-        calibration = predict_file(ft, read_squad(thr), progress=not args.no_progress)
-        evaluated = predict_file(ft, held_examples, progress=not args.no_progress)
-        comparisons.append((name, compare_rules(stored, fit_examples, calibration, evaluated)))
+        ft = _finetune(study, r, fit)
+        metrics = _evaluate(study, r, ft, held_examples)
+        rows.append((r.name, metrics))
+        curves[r.name] = read_series(ft) if (ft / "metrics.jsonl").exists() else []
+        comparisons.append((r.name, _compare_rules(study, r, ft, fit_examples, held_examples)))
     baseline = no_answer_baseline(held_examples)
     write_report(
         out, args, rows, baseline, stages.seconds, len(fit_examples), held_examples, honest_threshold
@@ -346,138 +293,135 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def comparison_section(comparisons, honest: bool) -> list[str]:
-    where = (
-        "on the calibration articles (held out of fine-tuning), the question verifier on the fine-tuning articles"
-        if honest
-        else "on the evaluated questions themselves (--calibration-articles 0: optimistic)"
+def _tokenizer_stage(args, out: Path, fit: Path, stages: Stages) -> Path:
+    tok = out / "tokenizer"
+    # the fine-tuning articles' text is unlabelled text too
+    tok_argv = ["--input", *args.corpus, str(fit), "--vocab-size", str(args.vocab), "--out", str(tok)]
+    stages.run("tokenizer", tok / "spiece.model", tokenizer_cli.main, tok_argv)
+    return tok
+
+
+def _pretraining_stage(args, tok: Path, fit: Path, pre: Path, flags: list[str], stages: Stages) -> None:
+    argv_pre = short_pretraining_argv(
+        [*args.corpus, str(fit)],
+        tok,
+        args.config,
+        args.pretrain_steps,
+        args.pretrain_batch,
+        args.seq_len,
+        args.pretrain_lr,
+        args.max_gram,
     )
-    return [
-        "",
-        "## Answerability rules on the evaluated questions",
-        "",
-        f"Every rule was fitted {where}, then applied unchanged to the evaluated questions. F1 - none: the "
-        "difference from answering none, with its paired bootstrap 95% interval over questions. CV F1: what "
-        "the rule's own cross-validation over calibration articles expected (against answering none there).",
-        "",
-        *rows_table(comparisons),
-        "",
-        "ROC AUC of each score for answerable vs unanswerable evaluated questions (cls and null span: "
-        "higher means unanswerable, so negated), and the span F1 (best span, decision switched off):",
-        "",
-        *aucs_table(comparisons),
-        "",
-        "![reliability](reliability.png)",
-        "",
+    argv_pre += [
+        "--optimizer",
+        args.pretrain_optimizer,
+        "--weight-decay",
+        str(args.pretrain_weight_decay),
     ]
+    argv_pre += ["--out", str(pre), "--save-every", "250", *flags]
+    stages.run("pretrain", pre / "model.safetensors", pretrain_cli.main, argv_pre)
 
 
-def comparison_json(comparisons) -> dict:
-    return {
-        run: {"rows": [r.as_dict() for r in c.rows], "score_aucs": c.score_aucs, "span_f1": c.span_f1}
-        for run, c in comparisons
-    }
+def _synthetic_question_stages(
+    args, runs: list[Run], out: Path, fit: Path, stages: Stages
+) -> dict[bool, Path]:
+    """The synthetic questions each +synth run needs: plain, and with hard negatives for +hard."""
+    synth_files = {False: out / "synthetic.json", True: out / "synthetic-hard.json"}
+    for hard in sorted({r.hard for r in runs if r.synth}):
+        synth_argv = ["--input", *args.corpus, str(fit), "--out", str(synth_files[hard])]
+        synth_argv += ["--answerable", str(args.synth_answerable), "--in-place", str(args.synth_in_place)]
+        synth_argv += ["--per-sentence", str(args.synth_per_sentence)]
+        if hard:
+            synth_argv += ["--hard-negatives", str(args.synth_hard_negatives)]
+        stages.run(
+            f"synthetic questions{' (hard)' if hard else ''}", synth_files[hard], synth_cli.main, synth_argv
+        )
+    return synth_files
 
 
-def no_answer_baseline(examples) -> dict:
-    return evaluate(examples, {ex.qas_id: "" for ex in examples})
+@dataclass(frozen=True)
+class _Study:
+    """What every run's stages share: the options, the shared stages' outputs, the data files."""
+
+    args: Namespace
+    out: Path
+    stages: Stages
+    tok: Path
+    pre: Path
+    synth_files: dict[bool, Path]
+    thr: Path  # calibration.json: fine-tuning's dev file, where the answerability is fitted
+    held: Path  # eval.json
+    finetune_common: list[str]
+    quiet: list[str]
+
+    def finetune_argv(
+        self, init: list[str], train_file: Path, run_dir: Path, steps: int, lr: float, keep: float, every: int
+    ) -> list[str]:
+        argv = [*self.finetune_common, *init, "--train-file", str(train_file), "--out", str(run_dir)]
+        argv += ["--steps", str(steps), "--lr", str(lr), "--keep-out-of-window", str(keep)]
+        return argv + ["--eval-every", str(every), "--save-every", str(every)]
 
 
-def span_quality(examples, nbest: dict) -> dict:
-    """EM/F1 of the best span on the answerable questions with the no-answer decision switched off.
-
-    A small model's answerability classifier often wins the threshold search by saying "no answer"
-    everywhere; this column shows whether its span extraction learned anything all the same.
-    """
-    answerable = [ex for ex in examples if ex.answers]
-    if not answerable:
-        return {}
-    preds = {ex.qas_id: (nbest.get(ex.qas_id) or [{"text": ""}])[0]["text"] for ex in answerable}
-    m = evaluate(answerable, preds)
-    return {"span_exact": m["exact"], "span_f1": m["f1"]}
-
-
-KEYS = ("exact", "f1", "HasAns_f1", "NoAns_f1", "best_f1", "span_exact", "span_f1")
-
-
-def write_report(out: Path, args, rows, baseline, seconds, n_fit: int, held_examples, honest: bool) -> None:
-    lines = [
-        "| run | " + " | ".join(KEYS) + " |",
-        "| --- |" + " --- |" * len(KEYS),
-        "| no-answer baseline | " + " | ".join(_fmt(baseline.get(k)) for k in KEYS) + " |",
-    ]
-    for name, m in rows:
-        lines.append(f"| {args.config}, {name} | " + " | ".join(_fmt(m.get(k)) for k in KEYS) + " |")
-    n_ans = sum(bool(ex.answers) for ex in held_examples)
-    where = (
-        "articles held out of fine-tuning (calibration.json) and the fine-tuning articles (question verifier)"
-        if honest
-        else "the evaluated questions themselves (optimistic)"
+def _finetune(study: _Study, r: Run, fit: Path) -> Path:
+    """The run's fine-tuning (after its synthetic stage, for +synth); returns its checkpoint."""
+    args, out = study.args, study.out
+    init = (
+        ["--init", str(study.pre)]
+        if r.base == "pretrained"
+        else ["--config", args.config, "--spm", str(study.tok)]
     )
-    text = [
-        f"# End-to-end study ({args.config} preset, {args.head} head)",
-        "",
-        f"Fine-tuned on {n_fit} questions; evaluated on {len(held_examples)} questions never trained on "
-        f"({n_ans} answerable). Answerability fitted on {where}. Pretraining: {args.pretrain_steps} "
-        f"steps x {args.pretrain_batch} x {args.seq_len} tokens; synthetic stage: {args.synth_steps} steps; "
-        f"fine-tuning: {args.finetune_steps} steps x {args.finetune_batch} windows of {args.max_seq_len}.",
-        "",
-        *lines,
-        "",
-        "exact / f1 / HasAns_f1 / NoAns_f1: decided by the model's stored answerability rule. best_f1: with the threshold searched "
-        "on the evaluated questions (an upper bound, as the original XLNet reports). span_exact / span_f1: "
-        "the best span on the answerable questions with the no-answer decision switched off.",
-        "",
-        "Minutes per stage (this call; reused stages are not counted): "
-        + ", ".join(f"{k} {v / 60:.1f}" for k, v in seconds.items()),
-        "",
-    ]
-    (out / "RESULTS.md").write_text("\n".join(text))
+    if r.match:
+        init.append("--question-match")
+    if r.plausible:
+        init.append("--plausible-spans")
+    if r.synth:
+        stage = out / (
+            "synth-stage-" + "-".join([r.base, *(m for m in ("match", "plausible", "hard") if getattr(r, m))])
+        )
+        argv_s = study.finetune_argv(
+            init,
+            study.synth_files[r.hard],
+            stage,
+            args.synth_steps,
+            args.synth_lr,
+            args.synth_keep_out_of_window,
+            args.synth_steps,
+        )
+        argv_s += ["--answerability", "cls"]  # a stage: its successor fits the answerability
+        study.stages.run(
+            f"synthetic stage ({stage.name})", stage / "metadata.json", finetune_cli.main, argv_s
+        )
+        init = ["--init", str(stage), *(["--plausible-spans"] if r.plausible else [])]
+    ft = out / f"finetune-{r.slug}"
+    argv_f = study.finetune_argv(
+        init, fit, ft, args.finetune_steps, args.finetune_lr, args.keep_out_of_window, args.eval_every
+    )
+    study.stages.run(f"fine-tune ({r.name})", ft / "metadata.json", finetune_cli.main, argv_f)
+    return ft
 
 
-def moving_mean(values: Sequence[float], window: int) -> list[float]:
-    """Mean of each value and the `window - 1` before it (fewer at the start)."""
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v - (values[i - window] if i >= window else 0.0)
-        out.append(total / min(i + 1, window))
-    return out
+def _evaluate(study: _Study, r: Run, ft: Path, held_examples) -> dict:
+    """The run's held-out metrics, with the best span's scores beside them."""
+    ev = study.out / f"eval-{r.slug}"
+    study.stages.run(
+        f"evaluate ({r.name})",
+        ev / "metrics.json",
+        evaluate_cli.main,
+        ["--checkpoint", str(ft), "--data", str(study.held), "--out", str(ev), *study.quiet],
+    )
+    metrics = json.loads((ev / "metrics.json").read_text())
+    metrics.update(span_quality(held_examples, json.loads((ev / "nbest.json").read_text())))
+    return metrics
 
 
-def plot_study(path: Path, rows, baseline: dict, curves: dict[str, list[tuple[int, float]]]) -> None:
-    """Held-out scores per run (left) and the fine-tuning loss curves, smoothed (right)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, (bars, lines) = plt.subplots(1, 2, figsize=(13, 4.5))
-        names = ["no-answer"] + [n for n, _ in rows]
-        series = {"F1": "f1", "best F1": "best_f1", "span F1": "span_f1"}
-        width = 0.8 / len(series)
-        for k, (label, key) in enumerate(series.items()):
-            values = [baseline.get(key) or 0.0] + [m.get(key) or 0.0 for _, m in rows]
-            bars.bar([i + (k - 1) * width for i in range(len(names))], values, width=width, label=label)
-        bars.set_xticks(list(range(len(names))), names, rotation=20, ha="right")
-        bars.set_ylabel("held-out score")
-        bars.legend()
-        for name, points in curves.items():
-            if points:
-                steps, losses = zip(*points, strict=True)
-                lines.plot(steps, moving_mean(losses, max(1, len(losses) // 20)), label=name)
-        lines.set_xlabel("fine-tuning step")
-        lines.set_ylabel("training loss (moving mean)")
-        lines.legend()
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-    except Exception as exc:  # noqa: BLE001 - the table is the result; the plot is a courtesy
-        print(f"(plot skipped: {exc})")
-
-
-def _fmt(value) -> str:
-    return "–" if value is None else f"{value:.2f}"
+def _compare_rules(study: _Study, r: Run, ft: Path, fit_examples, held_examples):
+    """Every answerability rule fitted on the calibration questions, scored on the evaluated ones."""
+    print(f"[compare answerability rules ({r.name})] starting", flush=True)
+    stored = json.loads((ft / "metadata.json").read_text())
+    progress = not study.args.no_progress
+    calibration = predict_file(ft, read_squad(study.thr), progress=progress)
+    evaluated = predict_file(ft, held_examples, progress=progress)
+    return compare_rules(stored, fit_examples, calibration, evaluated)
 
 
 if __name__ == "__main__":

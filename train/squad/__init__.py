@@ -4,7 +4,17 @@ Shared by training/evaluation and by the HTTP server, so it imports only numpy, 
 library and :mod:`train.tokenizer` (never torch).
 """
 
-from .answerability import VERIFIER_LOGIT, Answerability, AnswerabilityError, ContextIndex, SpanScores
+from .alignment import (
+    AlignmentFailure,
+    TokenizerLike,
+    align_answer,
+    alignment_report,
+    answer_survives,
+    span_text,
+)
+from .answerability import Answerability
+from .answerability_features import VERIFIER_LOGIT, ContextIndex, SpanScores
+from .batches import pad_batch, subsample_out_of_window
 from .data import (
     Answer,
     Dataset,
@@ -18,35 +28,17 @@ from .data import (
     split_by_article,
     write_squad,
 )
-from .decode import (
-    Deciding,
-    NBestEntry,
-    Prediction,
-    answers_and_na_probs,
-    decode,
+from .decode import decode, decode_beam
+from .features import Feature, feature_answer_text, featurize, featurize_encoded, featurize_one
+from .head_outputs import (
     decode_all,
     decode_all_beam,
     decode_all_head_outputs,
-    decode_beam,
     decode_head_outputs,
     group_features,
     simple_null_logit,
 )
-from .features import (
-    AlignmentFailure,
-    Feature,
-    TokenizerLike,
-    align_answer,
-    alignment_report,
-    answer_survives,
-    feature_answer_text,
-    featurize,
-    featurize_encoded,
-    featurize_one,
-    pad_batch,
-    span_text,
-    subsample_out_of_window,
-)
+from .linear import AnswerabilityError
 from .metrics import (
     apply_no_answer_threshold,
     compute_exact,
@@ -58,6 +50,7 @@ from .metrics import (
     per_question_f1,
     raw_scores,
 )
+from .prediction import Deciding, NBestEntry, Prediction, answers_and_na_probs
 
 __all__ = [
     "AlignmentFailure",

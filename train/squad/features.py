@@ -13,36 +13,28 @@ paragraph token is scored in every window holding it (min(left, right) context +
 length); the best window (the first one on ties) is its "max context" window, the only one in which
 decoding lets a span start there.
 
-Features are not padded: :func:`pad_batch` pads a micro-batch to its longest feature (right
+Features are not padded: :func:`.batches.pad_batch` pads a micro-batch to its longest feature (right
 padding, so token positions and ``cls_index`` are the same with and without padding). Character
-offsets come from the tokenizer, so nothing here is quadratic in the context length.
+offsets come from the tokenizer (:mod:`.alignment`), so nothing here is quadratic in the context length.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 import numpy as np
 
-from train.common.contract import CLS_ID, DEFAULTS, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEG_ID_PAD, SEP_ID
+from train.common.contract import CLS_ID, DEFAULTS, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEP_ID
 
+from .alignment import ContextEncoder, TokenizerLike, align_answer, offsets_array, span_text
 from .data import SquadExample
 
 logger = logging.getLogger(__name__)
 
 _NO_CHAR = -1
-
-
-class TokenizerLike(Protocol):
-    """What featurisation needs from :class:`train.tokenizer.XLNetTokenizer`."""
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]: ...
 
 
 @dataclass(eq=False)
@@ -77,56 +69,6 @@ class Feature:
         return len(self.input_ids)
 
 
-@dataclass(frozen=True)
-class AlignmentFailure:
-    """An answer whose tokens do not map back to exactly its text."""
-
-    qas_id: str
-    answer_text: str
-    answer_start: int
-    recovered_text: str | None
-
-
-def offsets_array(offsets: Sequence[tuple[int, int]]) -> np.ndarray:
-    """Tokenizer offsets as an int64 array of shape [n, 2] (also for n == 0).
-
-    ``np.fromiter`` over the flattened pairs is ~3x faster than ``np.asarray`` on a list of tuples,
-    which matters on the per-request serving path.
-    """
-    if isinstance(offsets, np.ndarray):
-        return offsets.astype(np.int64, copy=False).reshape(-1, 2)
-    flat = itertools.chain.from_iterable(offsets)
-    return np.fromiter(flat, dtype=np.int64, count=2 * len(offsets)).reshape(-1, 2)
-
-
-def align_answer(offsets: np.ndarray, answer_start: int, answer_text: str) -> tuple[int, int] | None:
-    """Inclusive token span of an answer: every token whose characters overlap the answer's.
-
-    Leading/trailing whitespace of the answer is ignored, and so are zero-width tokens. None when no
-    token overlaps (a whitespace-only answer).
-    """
-    stripped = answer_text.lstrip()
-    a = answer_start + (len(answer_text) - len(stripped))
-    b = a + len(stripped.rstrip())
-    if b <= a or len(offsets) == 0:
-        return None
-    starts, ends = offsets[:, 0], offsets[:, 1]
-    hit = np.flatnonzero((starts < b) & (ends > a) & (ends > starts))
-    if hit.size == 0:
-        return None
-    return int(hit[0]), int(hit[-1])
-
-
-def span_text(context: str, token_to_char: np.ndarray, start: int, end: int) -> tuple[str, int, int]:
-    """``(text, char_start, char_end)`` of tokens ``start..end``, whitespace trimmed, so that
-    ``context[char_start:char_end] == text``."""
-    a, b = int(token_to_char[start, 0]), int(token_to_char[end, 1])
-    raw = context[a:b]
-    a += len(raw) - len(raw.lstrip())
-    b = max(a, b - (len(raw) - len(raw.rstrip())))
-    return context[a:b], a, b
-
-
 def _window_starts(n_tokens: int, room: int, doc_stride: int) -> list[tuple[int, int]]:
     """``(start, length)`` of each window, exactly as the original: advance by min(length, stride)."""
     spans: list[tuple[int, int]] = []
@@ -156,22 +98,6 @@ def _max_context_windows(n_tokens: int, spans: list[tuple[int, int]]) -> np.ndar
         cur[better] = score[better]
         best_window[start : start + length][better] = w
     return best_window
-
-
-class _Encoder:
-    """Tokenizer calls cached per text, so a paragraph shared by many questions is encoded once."""
-
-    def __init__(self, tokenizer: TokenizerLike) -> None:
-        self.tokenizer = tokenizer
-        self._contexts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-
-    def context(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        hit = self._contexts.get(text)
-        if hit is None:
-            ids, offsets = self.tokenizer.encode_with_offsets(text)
-            hit = (np.asarray(ids, dtype=np.int64), offsets_array(offsets))
-            self._contexts[text] = hit
-        return hit
 
 
 def _check_lengths(max_seq_len: int, doc_stride: int, max_query_len: int) -> None:
@@ -275,7 +201,7 @@ def featurize(
     where the question points and the answerability head learns that it is not answered there.
     """
     _check_lengths(max_seq_len, doc_stride, max_query_len)
-    encoder = _Encoder(tokenizer)
+    encoder = ContextEncoder(tokenizer)
     features: list[Feature] = []
     skipped = 0
     for i, ex in enumerate(examples):
@@ -315,27 +241,6 @@ def featurize(
     if skipped:
         logger.warning("featurize: skipped %d training examples whose answer no token overlaps", skipped)
     return features
-
-
-def subsample_out_of_window(
-    features: Sequence[Feature], examples: Sequence[SquadExample], keep: float, seed: int = 0
-) -> list[Feature]:
-    """Training windows with `keep` (0..1) of the out-of-window ones: windows of an answerable question
-    that do not hold its answer (labelled `<cls>`, like an unanswerable question). Windows holding
-    the answer and every window of an unanswerable question stay. Long contexts with short windows
-    make most training windows out-of-window; the original keeps them all (keep=1).
-    """
-    if not 0.0 <= keep <= 1.0:
-        raise ValueError(f"keep must be in [0, 1], got {keep}")
-    if keep == 1.0:
-        return list(features)
-    rng = np.random.default_rng(seed)
-    draws = rng.random(len(features))
-    return [
-        f
-        for f, u in zip(features, draws, strict=True)
-        if not f.is_impossible or not examples[f.example_index].answers or u < keep
-    ]
 
 
 def featurize_one(
@@ -380,84 +285,8 @@ def featurize_encoded(
     )
 
 
-def pad_batch(
-    features: Sequence[Feature],
-    pad_to: int | None = None,
-    multiple_of: int | None = None,
-    include_labels: bool = False,
-    max_length: int | None = None,
-) -> dict[str, np.ndarray]:
-    """Right-pad features into int64 arrays ``[B, T]``: input_ids, attention_mask, token_type_ids, p_mask.
-
-    T is the longest feature, or ``pad_to`` (which must fit them all), rounded up to a multiple of
-    ``multiple_of`` (e.g. 8 for tensor cores, or to limit the number of distinct shapes an engine
-    sees) but never past ``max_length`` (the longest input the model or engine takes). Padding is PAD_ID / 0 / SEG_ID_PAD / 1. ``include_labels`` adds ``[B]`` arrays cls_index,
-    start_positions, end_positions and is_impossible for training (labelled features only).
-    """
-    if not features:
-        raise ValueError("pad_batch: no features")
-    longest = max(len(f.input_ids) for f in features)
-    length = longest if pad_to is None else pad_to
-    if length < longest:
-        raise ValueError(f"pad_batch: pad_to={pad_to} is shorter than the longest feature ({longest})")
-    if multiple_of:
-        rounded = -(-length // multiple_of) * multiple_of
-        length = rounded if max_length is None else max(length, min(rounded, max_length))
-    n = len(features)
-    batch = {
-        "input_ids": np.full((n, length), PAD_ID, dtype=np.int64),
-        "attention_mask": np.zeros((n, length), dtype=np.int64),
-        "token_type_ids": np.full((n, length), SEG_ID_PAD, dtype=np.int64),
-        "p_mask": np.ones((n, length), dtype=np.int64),
-    }
-    for i, f in enumerate(features):
-        k = len(f.input_ids)
-        batch["input_ids"][i, :k] = f.input_ids
-        batch["attention_mask"][i, :k] = f.attention_mask
-        batch["token_type_ids"][i, :k] = f.token_type_ids
-        batch["p_mask"][i, :k] = f.p_mask
-    if include_labels:
-        if any(f.start_position is None or f.end_position is None for f in features):
-            raise ValueError("pad_batch: include_labels needs features made with is_training=True")
-        batch["cls_index"] = np.array([f.cls_index for f in features], dtype=np.int64)
-        batch["start_positions"] = np.array([f.start_position for f in features], dtype=np.int64)
-        batch["end_positions"] = np.array([f.end_position for f in features], dtype=np.int64)
-        batch["is_impossible"] = np.array([f.is_impossible for f in features], dtype=np.int64)
-    return batch
-
-
 def feature_answer_text(feature: Feature, context: str) -> str | None:
     """The context text under a training feature's labelled span; None if it points at ``<cls>``."""
     if feature.start_position is None or feature.end_position is None or feature.is_impossible:
         return None
     return span_text(context, feature.token_to_char, feature.start_position, feature.end_position)[0]
-
-
-def answer_survives(context: str, offsets: np.ndarray, answer_text: str, answer_start: int) -> bool:
-    """Whether the answer's tokens map back to exactly its text (whitespace trimmed)."""
-    span = align_answer(offsets, answer_start, answer_text)
-    if span is None:
-        return False
-    return span_text(context, offsets, span[0], span[1])[0] == answer_text.strip()
-
-
-def alignment_report(
-    examples: Iterable[SquadExample], tokenizer: TokenizerLike
-) -> tuple[int, int, list[AlignmentFailure]]:
-    """``(n_ok, n_total, failures)`` over every distinct gold answer: text -> tokens -> text exactly."""
-    encoder = _Encoder(tokenizer)
-    n_ok = n_total = 0
-    failures: list[AlignmentFailure] = []
-    for ex in examples:
-        if not ex.answers:
-            continue
-        _, offsets = encoder.context(ex.context)
-        for text, start in dict.fromkeys(ex.answers):
-            n_total += 1
-            span = align_answer(offsets, start, text)
-            recovered = None if span is None else span_text(ex.context, offsets, span[0], span[1])[0]
-            if recovered == text.strip():
-                n_ok += 1
-            else:
-                failures.append(AlignmentFailure(ex.qas_id, text, start, recovered))
-    return n_ok, n_total, failures

@@ -101,6 +101,93 @@ def train_spm(
     """
     from train.common.corpus import iter_texts  # local import keeps `import train.tokenizer` light
 
+    punct = _check_options(
+        model_type,
+        vocab_size,
+        character_coverage,
+        input_sentence_size,
+        num_threads,
+        max_sentence_length,
+        punct_symbols,
+    )
+    paths = [Path(p) for p in ([inputs] if isinstance(inputs, str | Path) else inputs)]
+    texts = iter_texts(paths)  # validates that every path exists before training starts
+
+    # Errors raised while sentencepiece pulls lines (a bad JSON file mid-way) must surface as themselves.
+    failure: list[BaseException] = []
+    lines = _training_lines(
+        texts, punct, failure, do_lower_case, remove_space, keep_accents, max_sentence_length
+    )
+    options = _trainer_options(
+        vocab_size, model_type, character_coverage, input_sentence_size, hard_vocab_limit, num_threads
+    )
+    options |= _punct_options(punct, max_sentence_length)
+    options |= {"split_digits": split_digits, "byte_fallback": False, "minloglevel": 0 if verbose else 2}
+    model = _run_trainer(lines, failure, seed, vocab_size, options)
+    return _write_tokenizer_dir(Path(out_dir), model, do_lower_case, remove_space, keep_accents)
+
+
+def _write_tokenizer_dir(
+    out: Path, model: bytes, do_lower_case: bool, remove_space: bool, keep_accents: bool
+) -> Path:
+    """Write ``spiece.model`` and the tokenizer's settings into ``out``; return the model's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    model_path = out / MODEL_FILE
+    model_path.write_bytes(model)
+    XLNetTokenizer(model_path, do_lower_case, remove_space, keep_accents).save(out)  # validates ids too
+    return model_path
+
+
+def _trainer_options(
+    vocab_size: int,
+    model_type: str,
+    character_coverage: float,
+    input_sentence_size: int,
+    hard_vocab_limit: bool,
+    num_threads: int,
+) -> dict[str, Any]:
+    """The original XLNet trainer flags (control symbols, ``<eop>``, shuffled input) with the caller's sizes."""
+    return {
+        "vocab_size": vocab_size,
+        "model_type": model_type,
+        "character_coverage": character_coverage,
+        "control_symbols": list(CONTROL_SYMBOLS),
+        "user_defined_symbols": list(USER_SYMBOLS),
+        "shuffle_input_sentence": True,
+        "input_sentence_size": input_sentence_size,
+        "hard_vocab_limit": hard_vocab_limit,
+        "num_threads": num_threads,
+    }
+
+
+def _run_trainer(
+    lines: Iterator[str], failure: list[BaseException], seed: int, vocab_size: int, options: dict[str, Any]
+) -> bytes:
+    """Train in memory and return the model's bytes. A reading error (in ``failure``) is raised as
+    itself; sentencepiece's own errors as actionable messages."""
+    model = io.BytesIO()
+    spm.set_random_generator_seed(seed)
+    try:
+        spm.SentencePieceTrainer.train(sentence_iterator=lines, model_writer=model, **options)
+    except RuntimeError as e:
+        if failure:
+            raise failure[0] from None
+        raise _sp_error(e, vocab_size) from None
+    if failure:
+        raise failure[0]
+    return model.getvalue()
+
+
+def _check_options(
+    model_type: str,
+    vocab_size: int,
+    character_coverage: float,
+    input_sentence_size: int,
+    num_threads: int,
+    max_sentence_length: int,
+    punct_symbols: Iterable[str],
+) -> tuple[str, ...]:
+    """Refuse options sentencepiece would reject late or tersely; return the punctuation, deduplicated."""
     if model_type not in ("unigram", "bpe"):
         raise ValueError(f"model_type must be 'unigram' (XLNet) or 'bpe', got {model_type!r}")
     if vocab_size < len(SPECIAL_PIECES) + 1:
@@ -119,58 +206,40 @@ def train_spm(
     for sym in punct:
         if not isinstance(sym, str) or len(sym) != 1 or sym.isspace() or sym == _TRAIN_DELIMITER:
             raise ValueError(f"punct_symbols must be single non-space characters, got {sym!r}")
+    return punct
+
+
+def _training_lines(
+    texts: Iterable[str],
+    punct: tuple[str, ...],
+    failure: list[BaseException],
+    do_lower_case: bool,
+    remove_space: bool,
+    keep_accents: bool,
+    max_sentence_length: int,
+) -> Iterator[str]:
+    """The lines sentencepiece trains on: preprocessed as encoding will preprocess them, too long ones
+    left out, every punctuation character between delimiters. An error while reading is appended to
+    ``failure`` (to be re-raised once sentencepiece has returned) and ends the lines."""
     # every punctuation character becomes delimiter + character + delimiter
     isolate = str.maketrans({c: f"{_TRAIN_DELIMITER}{c}{_TRAIN_DELIMITER}" for c in punct})
-    expansion = 2 * len(_TRAIN_DELIMITER.encode("utf-8")) + 1 if punct else 1
-    paths = [Path(p) for p in ([inputs] if isinstance(inputs, str | Path) else inputs)]
-    texts = iter_texts(paths)  # validates that every path exists before training starts
-
-    # Errors raised while sentencepiece pulls lines (a bad JSON file mid-way) must surface as themselves.
-    failure: list[BaseException] = []
-
-    def lines() -> Iterator[str]:
-        try:
-            for line in texts:
-                line = preprocess_text(_clean(line), do_lower_case, remove_space, keep_accents)
-                # the length limit applies to the text, not to the delimiters added below
-                if line and len(line.encode("utf-8")) <= max_sentence_length:
-                    yield line.translate(isolate) if punct else line
-        except Exception as e:  # re-raised below, once sentencepiece has returned
-            failure.append(e)
-
-    out = Path(out_dir)
-    model = io.BytesIO()
-    spm.set_random_generator_seed(seed)
-    punct_options: dict[str, Any] = (
-        {"pretokenization_delimiter": _TRAIN_DELIMITER, "required_chars": "".join(punct)} if punct else {}
-    )
     try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=lines(),
-            model_writer=model,
-            vocab_size=vocab_size,
-            model_type=model_type,
-            character_coverage=character_coverage,
-            control_symbols=list(CONTROL_SYMBOLS),
-            user_defined_symbols=list(USER_SYMBOLS),
-            shuffle_input_sentence=True,
-            input_sentence_size=input_sentence_size,
-            hard_vocab_limit=hard_vocab_limit,
-            num_threads=num_threads,
-            max_sentence_length=min(max_sentence_length * expansion, _MAX_SENTENCE_LENGTH_LIMIT),
-            split_digits=split_digits,
-            **punct_options,
-            byte_fallback=False,
-            minloglevel=0 if verbose else 2,
-        )
-    except RuntimeError as e:
-        if failure:
-            raise failure[0] from None
-        raise _sp_error(e, vocab_size) from None
-    if failure:
-        raise failure[0]
-    out.mkdir(parents=True, exist_ok=True)
-    model_path = out / MODEL_FILE
-    model_path.write_bytes(model.getvalue())
-    XLNetTokenizer(model_path, do_lower_case, remove_space, keep_accents).save(out)  # validates ids too
-    return model_path
+        for line in texts:
+            line = preprocess_text(_clean(line), do_lower_case, remove_space, keep_accents)
+            # the length limit applies to the text, not to the delimiters added below
+            if line and len(line.encode("utf-8")) <= max_sentence_length:
+                yield line.translate(isolate) if punct else line
+    except Exception as e:  # re-raised by train_spm, once sentencepiece has returned
+        failure.append(e)
+
+
+def _punct_options(punct: tuple[str, ...], max_sentence_length: int) -> dict[str, Any]:
+    """Trainer options for the punctuation constraint: the delimiter, the characters every vocabulary
+    needs, and a sentence length limit that leaves room for the delimiters."""
+    expansion = 2 * len(_TRAIN_DELIMITER.encode("utf-8")) + 1 if punct else 1
+    options: dict[str, Any] = {
+        "max_sentence_length": min(max_sentence_length * expansion, _MAX_SENTENCE_LENGTH_LIMIT)
+    }
+    if punct:
+        options |= {"pretokenization_delimiter": _TRAIN_DELIMITER, "required_chars": "".join(punct)}
+    return options

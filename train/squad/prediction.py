@@ -1,0 +1,129 @@
+"""A decoded question: its n-best spans, the answer decided from them, and a re-decision.
+
+Kept apart from the decoders so that what they return (and what evaluation, the server and the
+answerability fit read) can be used without the decoding machinery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from train.common.contract import DEFAULTS
+
+from .answerability import Answerability, decide
+from .answerability_features import ContextIndex, SpanScores
+
+
+@dataclass
+class NBestEntry:
+    """One candidate span: text and character offsets in the context, plus where it came from."""
+
+    text: str
+    start: int
+    end: int
+    score: float
+    probability: float
+    start_log_prob: float
+    end_log_prob: float
+    window_index: int
+    start_token: int
+    end_token: int
+
+
+@dataclass
+class Prediction:
+    """The decoded answer to one question.
+
+    ``text`` is "" and ``start == end == -1`` when the question is judged unanswerable (or no span
+    was valid); ``n_best`` (best first) still holds the spans, ``n_best[0]`` being the best one.
+    """
+
+    qas_id: str
+    text: str
+    start: int
+    end: int
+    score: float
+    no_answer_prob: float
+    null_logit: float
+    is_impossible: bool
+    n_best: list[NBestEntry] = field(default_factory=list)
+    answerable_prob: float = 0.5  # calibrated when the model carries a fitted answerability model
+    threshold: float = DEFAULTS.no_answer_threshold  # the threshold on no_answer_prob it was decided at
+    null_log_prob: float | None = None  # best window's log P(start = end = <cls>); None for the beam head
+
+    @property
+    def best_span_text(self) -> str:
+        """The best non-null span's text, whatever the threshold decided ("" if there is none)."""
+        return self.n_best[0].text if self.n_best else ""
+
+    def span_scores(self) -> SpanScores:
+        """The decoder's numbers for this question: what an answerability model reads."""
+        best = self.n_best[0] if self.n_best else None
+        return SpanScores(
+            cls_logit=self.null_logit,
+            null_log_prob=self.null_log_prob,
+            best_log_prob=best.score if best is not None else None,
+            best_probability=best.probability if best is not None else 0.0,
+            best_start=best.start if best is not None else -1,
+            best_end=best.end if best is not None else -1,
+        )
+
+    def redecided(self, deciding: Deciding, context: str) -> Prediction:
+        """This prediction decided again under another answerability model or threshold (the spans
+        and scores are kept: no model run is needed to compare decision rules)."""
+        d = decide(
+            deciding.rule(),
+            deciding.question,
+            deciding.index or context,
+            self.span_scores(),
+            deciding.threshold,
+        )
+        best = None if d.is_impossible or not self.n_best else self.n_best[0]
+        return replace(
+            self,
+            text=best.text if best is not None else "",
+            start=best.start if best is not None else -1,
+            end=best.end if best is not None else -1,
+            no_answer_prob=d.no_answer_prob,
+            is_impossible=d.is_impossible,
+            answerable_prob=d.answerable_prob,
+            threshold=d.threshold,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (plain Python numbers)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Deciding:
+    """How a decoded question is decided: the model's answerability (None: sigmoid(cls) against
+    ``threshold``), the question's text (for a verifier's lexical features), and the caller's own
+    threshold on the no-answer probability, which replaces the stored rule."""
+
+    answerability: Answerability | None = None
+    question: str = ""
+    threshold: float | None = None
+    index: ContextIndex | None = None  # the context's stems and sentences, shared by its questions
+
+    def rule(self) -> Answerability:
+        if self.answerability is not None:
+            return self.answerability
+        return Answerability.cls_only(
+            DEFAULTS.no_answer_threshold if self.threshold is None else self.threshold
+        )
+
+
+def answers_and_na_probs(
+    predictions: Mapping[str, Prediction], apply_threshold: bool = False
+) -> tuple[dict[str, str], dict[str, float]]:
+    """``(answers, na_probs)`` for :func:`train.squad.metrics.evaluate`.
+
+    By default the answers are the best spans (never ""), as the original XLNet writes them, and the
+    no-answer decision is left to ``evaluate(..., na_probs, na_prob_thresh=t)``, which then reports
+    the score at ``t`` and the best threshold. ``apply_threshold=True`` gives the decided answers.
+    """
+    answers = {q: (p.text if apply_threshold else p.best_span_text) for q, p in predictions.items()}
+    return answers, {q: p.no_answer_prob for q, p in predictions.items()}
