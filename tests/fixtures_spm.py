@@ -8,16 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from paths import (  # noqa: F401  (re-exported: tests import the shared data's names from here too)
-    REPO,
-    SAMPLE,
-    SAMPLE_CORPUS,
-    SAMPLE_TRAIN,
-    SHARED_DEV_NAME,
-    SHARED_SQUAD,
-    SHARED_TEST_NAME,
-    shared_squad_file,
-)
+from paths import SAMPLE_CORPUS, SAMPLE_TRAIN
 
 from train.tokenizer import train_spm
 

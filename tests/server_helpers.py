@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import torch
-from paths import REPO, SAMPLE_DEV  # noqa: F401  (REPO re-exported for the server tests)
+from paths import SAMPLE_DEV
 
 import server.process
 from server.process import child_env

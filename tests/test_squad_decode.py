@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
+from paths import SAMPLE
 
 from train.squad import (
     Feature,
@@ -25,8 +25,6 @@ from train.squad import (
 from train.squad.alignment import offsets_array
 from train.tokenizer import XLNetTokenizer, train_spm
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "data" / "sample"
 WINDOW = {"max_seq_len": 128, "doc_stride": 48, "max_query_len": 32}
 
 

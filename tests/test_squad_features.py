@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-from fixtures_spm import SHARED_DEV_NAME, shared_squad_file
+from paths import SAMPLE, SHARED_DEV_NAME, shared_squad_file
 
 from train.squad import (
     SquadExample,
@@ -34,8 +33,6 @@ from train.tokenizer import (
     train_spm,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "data" / "sample"
 SHARED_DEV = shared_squad_file(SHARED_DEV_NAME)
 
 # As the project brief: 2000 pieces trained on the ~270 KB sample. train_spm's defaults (split_digits, the

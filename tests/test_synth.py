@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from paths import SAMPLE
 
 from train.experiments.synth import (
     SynthConfig,
@@ -22,8 +23,6 @@ from train.experiments.synth import (
 from train.squad import featurize, read_squad
 from train.tokenizer import XLNetTokenizer
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "data" / "sample"
 INPUTS = [SAMPLE / "train.json", SAMPLE / "corpus.json"]
 
 
