@@ -44,6 +44,27 @@ def test_the_cpu_device_is_reported() -> None:
     assert torch_device_problem("cpu") is None
 
 
+def test_a_benchmark_names_its_own_flag_for_a_device_it_cannot_use() -> None:
+    """bench.latency --device takes the server's check, worded with the flag the user typed."""
+    assert (
+        torch_device_problem("gpu0", flag="--device")
+        == "--device 'gpu0': not a torch device (cpu, cuda or cuda:N)"
+    )
+    bad = "cuda" if not torch.cuda.is_available() else f"cuda:{torch.cuda.device_count()}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.latency", "--device", bad],
+        cwd=REPO,
+        env=server_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert (
+        proc.stderr.strip().splitlines()[-1].endswith(f"error: {torch_device_problem(bad, flag='--device')}")
+    )
+
+
 @pytest.mark.gpu
 def test_torch_backend_on_cuda_matches_the_cpu(onnx_export: Path) -> None:
     require_torch_cuda()
