@@ -2,12 +2,8 @@
 answers decoded from the beam head (run_squad.py write_predictions), the no-answer threshold
 (squad_utils.py find_best_thresh) and the fine-tuning loss (run_squad.py get_model_fn).
 
-The original is the TensorFlow code of zihangdai/xlnet. Each ``_orig_*`` function below is an independent
-re-implementation, in numpy / plain Python on tiny inputs, of what one part of that code does: its
-docstring states that behaviour as facts, quirks a test is about included, and names the original
-file:function the facts come from. The tests compare our implementation with these references, so they
-check it against the original's behaviour; where we deviate on purpose, the test says so. The other
-points are in the sibling files test_recipe_reference_*.py.
+Each ``_orig_*`` function is a reference in numpy / plain Python: how they are written, and the list
+of points with their tests, are in docs/recipe.md ("Points the review found matching").
 """
 
 from __future__ import annotations

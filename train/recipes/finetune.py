@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from train.common.contract import DEFAULTS
-from train.engine.loop import LoopPlan, StepReport, run_loop
+from train.engine.loop import LoopPlan, StepReport
 from train.engine.optim import make_optimizer, make_scheduler
 from train.engine.predict import (
     EvalResult,
@@ -32,6 +32,7 @@ from train.engine.predict import (
     run_evaluation,
     write_prediction_files,
 )
+from train.engine.recipe import Recipe
 from train.engine.runlog import LogInterval, MetricsLog
 from train.engine.runtime import seed_everything, to_tensors
 from train.engine.session import Resumed, RunConfig, Session
@@ -140,7 +141,7 @@ def fit_final_answerability(
     return a
 
 
-class FinetuneRecipe:
+class FinetuneRecipe(Recipe):
     """A fine-tuning run: ``run()`` is ``setup()``, ``train()``, ``cleanup()``; the engine's loop calls
     ``micro_loss``, ``after_step`` (which evaluates) and ``save_checkpoint``."""
 
@@ -158,11 +159,6 @@ class FinetuneRecipe:
         self.best_step: int | None = None
         self.final_metrics: dict | None = None
         self.last_loss = float("nan")
-
-    def run(self) -> dict:
-        self.setup()
-        self.train()
-        return self.cleanup()
 
     def setup(self) -> None:
         """Open the run (data files checked before it is recorded), model, features, optimiser; resume."""
@@ -268,18 +264,8 @@ class FinetuneRecipe:
             flush=True,
         )
 
-    def train(self) -> int:
-        """The engine's loop from the current step to the last (or a stop); returns the last step."""
-        plan = LoopPlan(self.step, self.total_steps, self.config.save_every, self.config.stop_after)
-        self.step = run_loop(
-            self.trainer,
-            self.micro_loss,
-            plan,
-            self.session.dist,
-            after_step=self.after_step,
-            save=self.save_checkpoint,
-        )
-        return self.step
+    def loop_plan(self) -> LoopPlan:
+        return LoopPlan(self.step, self.total_steps, self.config.save_every, self.config.stop_after)
 
     def micro_loss(self, train_model: torch.nn.Module, _: int) -> torch.Tensor:
         idx = self.batches.next_indices()

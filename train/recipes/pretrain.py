@@ -23,8 +23,9 @@ from torch.nn import functional as F
 from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_TRAIN
 from train.data import PretrainBatches, PretrainDataConfig
 from train.data.shards import TOKENIZER_DIR, ShardedCorpus
-from train.engine.loop import LoopPlan, StepReport, run_loop
+from train.engine.loop import LoopPlan, StepReport
 from train.engine.optim import make_optimizer, make_scheduler
+from train.engine.recipe import Recipe
 from train.engine.runlog import LogInterval, MetricsLog
 from train.engine.runtime import Dist, autocast, seed_everything, to_tensors
 from train.engine.session import Resumed, RunConfig, Session
@@ -206,7 +207,7 @@ def load_mems(path: Path, d: Dist) -> list[torch.Tensor] | None:
     return [m.to(d.device) for m in stacked.unbind(0)]
 
 
-class PretrainRecipe:
+class PretrainRecipe(Recipe):
     """A pretraining run: ``run()`` is ``setup()``, ``train()``, ``cleanup()``; the engine's loop calls
     ``micro_loss``, ``after_step`` and ``save_checkpoint``."""
 
@@ -222,11 +223,6 @@ class PretrainRecipe:
         self.config = config
         self.step = 0
         self.last_loss = float("nan")  # the mean loss of the last log interval
-
-    def run(self) -> dict:
-        self.setup()
-        self.train()
-        return self.cleanup()
 
     def setup(self) -> None:
         """Open the run (checked before it is recorded), data, model, optimiser; resume if asked."""
@@ -287,19 +283,9 @@ class PretrainRecipe:
             flush=True,
         )
 
-    def train(self) -> int:
-        """The engine's loop from the current step to --steps (or a stop); returns the last step."""
+    def loop_plan(self) -> LoopPlan:
         c = self.config
-        plan = LoopPlan(self.step, c.steps, c.save_every, c.stop_after)
-        self.step = run_loop(
-            self.trainer,
-            self.micro_loss,
-            plan,
-            self.session.dist,
-            after_step=self.after_step,
-            save=self.save_checkpoint,
-        )
-        return self.step
+        return LoopPlan(self.step, c.steps, c.save_every, c.stop_after)
 
     def micro_loss(self, train_model: torch.nn.Module, _: int) -> torch.Tensor:
         if self.data.step_in_pass == 0:
