@@ -13,11 +13,11 @@ import tempfile
 
 import torch
 import transformers
-from torch.nn import functional as F
 
 from bench.common import machine_line, markdown_table, pct, time_runs
 from train.engine.runtime import autocast
 from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel, checkpoint
+from train.recipes.pretrain import pretrain_loss
 
 CPU = torch.device("cpu")
 
@@ -33,6 +33,7 @@ def pretrain_batch(b: int, t: int, p: int, vocab: int, seed: int = 0) -> dict[st
         "perm_mask": (torch.rand(b, t, t, generator=g) > 0.5).float(),
         "target_mapping": tm,
         "target_ids": torch.randint(9, vocab, (b, p), generator=g),
+        "target_weights": torch.ones(b, p),
     }
 
 
@@ -54,17 +55,7 @@ def bench_pretrain(
         kwargs = {"use_mems": True} if model is hf else {}
 
         def step(model=model, opt=opt, kwargs=kwargs):
-            with autocast(precision, CPU):
-                out = model(
-                    batch["input_ids"],
-                    token_type_ids=batch["token_type_ids"],
-                    perm_mask=batch["perm_mask"],
-                    target_mapping=batch["target_mapping"],
-                    mems=mems_ours,
-                    **kwargs,
-                )
-            logits = out.logits.float()
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["target_ids"].reshape(-1))
+            loss, _ = pretrain_loss(model, batch, mems_ours, precision, **kwargs)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -15,17 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from export.runtime.runner import Feeds, Runner
-from train.common.contract import (
-    CLS_ID,
-    INDEX_OUTPUTS,
-    INPUT_NAMES,
-    PAD_ID,
-    SEG_ID_A,
-    SEG_ID_B,
-    SEG_ID_CLS,
-    SEG_ID_PAD,
-    SEP_ID,
-)
+from train.common import contract
+from train.common.contract import INDEX_OUTPUTS, INPUT_NAMES
 from train.squad import featurize_one, pad_batch
 
 DEFAULT_SHAPES: tuple[tuple[int, int], ...] = ((1, 16), (2, 64), (3, 200))
@@ -66,22 +57,22 @@ def _random_row(length: int, vocab_size: int, rng: np.random.Generator) -> Feeds
     ids = np.concatenate(
         [
             rng.integers(low, vocab_size, n_p),
-            [SEP_ID],
+            [contract.SEP_ID],
             rng.integers(low, vocab_size, n_q),
-            [SEP_ID, CLS_ID],
+            [contract.SEP_ID, contract.CLS_ID],
         ]
     ).astype(np.int64)
-    types = np.concatenate([np.full(n_p + 1, SEG_ID_A), np.full(n_q + 1, SEG_ID_B), [SEG_ID_CLS]]).astype(
-        np.int64
-    )
+    types = np.concatenate(
+        [np.full(n_p + 1, contract.SEG_ID_A), np.full(n_q + 1, contract.SEG_ID_B), [contract.SEG_ID_CLS]]
+    ).astype(np.int64)
     return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": types}
 
 
 def _pad_rows(rows: list[Feeds], length: int) -> Feeds:
     batch = {
-        "input_ids": np.full((len(rows), length), PAD_ID, dtype=np.int64),
+        "input_ids": np.full((len(rows), length), contract.PAD_ID, dtype=np.int64),
         "attention_mask": np.zeros((len(rows), length), dtype=np.int64),
-        "token_type_ids": np.full((len(rows), length), SEG_ID_PAD, dtype=np.int64),
+        "token_type_ids": np.full((len(rows), length), contract.SEG_ID_PAD, dtype=np.int64),
     }
     for i, row in enumerate(rows):
         k = min(length, len(row["input_ids"]))

@@ -87,8 +87,9 @@ class PretrainConfig(RunConfig):
             raise ValueError("give either --spm or --train-spm, not both")
 
 
-def pretrain_loss(model, batch: dict[str, torch.Tensor], mems=None, precision: str = "fp32"):
-    """Mean cross-entropy of the query stream over the real targets; returns (loss, new mems)."""
+def pretrain_loss(model, batch: dict[str, torch.Tensor], mems=None, precision: str = "fp32", **forward):
+    """Mean cross-entropy of the query stream over the real targets; returns (loss, new mems).
+    ``forward`` goes to the model as is (``use_mems=True`` makes a HuggingFace model return its memory)."""
     with autocast(precision, batch["input_ids"].device):
         out = model(
             batch["input_ids"],
@@ -96,6 +97,7 @@ def pretrain_loss(model, batch: dict[str, torch.Tensor], mems=None, precision: s
             perm_mask=batch["perm_mask"],
             target_mapping=batch["target_mapping"],
             mems=mems,
+            **forward,
         )
     logits = out.logits.float()
     nll = F.cross_entropy(
