@@ -63,11 +63,15 @@ def test_every_folder_the_layout_names_exists() -> None:
     assert not missing, f"the README's layout names folders that do not exist: {missing}"
 
 
-def defines_main(path: Path) -> bool:
+def is_command(path: Path) -> bool:
+    """A module that runs as a program: it has an ``if __name__ == "__main__":`` block."""
     tree = ast.parse(path.read_text())
-    names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    names |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
-    return "main" in names
+    return any(
+        isinstance(n, ast.If)
+        and isinstance(n.test, ast.Compare)
+        and ast.unparse(n.test) == "__name__ == '__main__'"
+        for n in tree.body
+    )
 
 
 @pytest.mark.parametrize("room", ["train", "export"])
@@ -77,7 +81,5 @@ def test_the_top_of_train_and_export_holds_only_commands(room: str) -> None:
     for module in sorted((REPO / room).glob("*.py")):
         if module.name == "__init__.py":
             continue
-        assert defines_main(module), (
-            f"{room}/{module.name} is not a command (no main): move it into a package"
-        )
+        assert is_command(module), f"{room}/{module.name} is not a command: move it into a package"
         assert f"`{module.name}`" in architecture, f"{room}/{module.name} missing from ARCHITECTURE.md"

@@ -84,3 +84,35 @@ def test_help_exits_zero_with_a_usage_line(module: str) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     assert re.search(r"^usage: ", r.stdout, re.M), r.stdout[:500]
     assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"python -m {module} " in r.stdout.splitlines()[0] or module == "server", r.stdout.splitlines()[0]
+
+
+@pytest.mark.parametrize("name", ["study", "ablation", "sweep", "synth"])
+def test_a_documented_name_behaves_as_the_module_it_names(name: str, tmp_path) -> None:
+    """`python -m train.NAME` runs `train.experiments.NAME` as the program: a user error is its one line
+    under the documented name and exit code 2, never a traceback."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    flags = {
+        "synth": ["--input", str(tmp_path / "absent.txt"), "--out", str(tmp_path / "q.json")],
+        "study": ["--train-file", str(tmp_path / "absent.json"), "--out", str(tmp_path / "run")],
+        "ablation": ["--corpus", str(tmp_path / "absent.txt"), "--out", str(tmp_path / "run")],
+        "sweep": [
+            "--train-file",
+            str(tmp_path / "absent.json"),
+            "--dev-file",
+            str(tmp_path / "d.json"),
+            "--out",
+            str(tmp_path / "run"),
+        ],
+    }[name]
+    r = subprocess.run(
+        [sys.executable, "-m", f"train.{name}", *flags],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert lines[-1].startswith(f"train.{name}: error: "), lines

@@ -1,6 +1,7 @@
-"""`python -m train.experiments.ablation`, the documented name of `train.experiments.ablation`."""
+"""`python -m train.ablation`, the documented name of `train.experiments.ablation`: runs that module as the
+program, so its one-line errors and exit codes are the same under either name."""
 
-from train.experiments.ablation import main
+import runpy
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    runpy.run_module("train.experiments.ablation", run_name="__main__", alter_sys=True)

@@ -1,6 +1,7 @@
-"""`python -m train.experiments.study`, the documented name of `train.experiments.study`."""
+"""`python -m train.study`, the documented name of `train.experiments.study`: runs that module as the
+program, so its one-line errors and exit codes are the same under either name."""
 
-from train.experiments.study import main
+import runpy
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    runpy.run_module("train.experiments.study", run_name="__main__", alter_sys=True)

@@ -1,6 +1,7 @@
-"""`python -m train.experiments.sweep`, the documented name of `train.experiments.sweep`."""
+"""`python -m train.sweep`, the documented name of `train.experiments.sweep`: runs that module as the
+program, so its one-line errors and exit codes are the same under either name."""
 
-from train.experiments.sweep import main
+import runpy
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    runpy.run_module("train.experiments.sweep", run_name="__main__", alter_sys=True)

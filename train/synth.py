@@ -1,6 +1,7 @@
-"""`python -m train.experiments.synth`, the documented name of `train.experiments.synth`."""
+"""`python -m train.synth`, the documented name of `train.experiments.synth`: runs that module as the
+program, so its one-line errors and exit codes are the same under either name."""
 
-from train.experiments.synth import main
+import runpy
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    runpy.run_module("train.experiments.synth", run_name="__main__", alter_sys=True)

@@ -1,4 +1,4 @@
-"""`python -m train.experiments.ablation`: activation / Attention-on-Attention grid at equal budget and seeds.
+"""`python -m train.ablation`: activation / Attention-on-Attention grid at equal budget and seeds.
 
 The CS224N report "SOTA Attention Mechanism and Activation Functions on XLNet" pretrained XLNet with
 ReLU, GELU, Mish and Mish + Attention-on-Attention and compared the best pretraining loss (mean of
@@ -45,7 +45,7 @@ def parse_config(name: str) -> tuple[str, bool]:
 
 
 def build_parser() -> Parser:
-    p = Parser(prog="python -m train.experiments.ablation", description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m train.ablation", description=__doc__.splitlines()[0])
     p.add_argument("--corpus", nargs="+", default=[str(SAMPLE_CORPUS)], help="pretraining text")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, e.g. relu,gelu,mish+aoa")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (runs per configuration)")
@@ -289,4 +289,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(main, prog="train.experiments.ablation"))
+    sys.exit(run(main, prog="train.ablation"))

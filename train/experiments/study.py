@@ -1,4 +1,4 @@
-"""`python -m train.experiments.study`: the whole recipe on this machine, end to end, with honest held-out scores.
+"""`python -m train.study`: the whole recipe on this machine, end to end, with honest held-out scores.
 
 tokenizer -> pretraining on unlabelled text -> (optional) a stage on self-supervised cloze questions
 (`train.experiments.synth`) -> SQuAD 2.0 fine-tuning -> evaluation on questions the model never trained on,
@@ -53,7 +53,7 @@ MODIFIERS = ("synth", "match", "plausible", "hard")
 
 
 def build_parser() -> Parser:
-    p = Parser(prog="python -m train.experiments.study", description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m train.study", description=__doc__.splitlines()[0])
     _data_arguments(p.add_argument_group("data"))
     _run_arguments(p.add_argument_group("runs"))
     _pretraining_arguments(p.add_argument_group("pretraining"))
@@ -425,4 +425,4 @@ def _compare_rules(study: _Study, r: Run, ft: Path, fit_examples, held_examples)
 
 
 if __name__ == "__main__":
-    sys.exit(run(main, prog="train.experiments.study"))
+    sys.exit(run(main, prog="train.study"))

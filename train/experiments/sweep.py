@@ -1,4 +1,4 @@
-"""`python -m train.experiments.sweep`: the fine-tuning trade-off study (CS293S: XLNet on limited hardware).
+"""`python -m train.sweep`: the fine-tuning trade-off study (CS293S: XLNet on limited hardware).
 
 Grid over max sequence length x frozen bottom layers x head type. Each cell is one short
 `train.finetune` run from the same initial checkpoint; we record dev EM/F1/best_f1, seconds per
@@ -24,7 +24,7 @@ def int_list(text: str) -> list[int]:
 
 
 def build_parser() -> Parser:
-    p = Parser(prog="python -m train.experiments.sweep", description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m train.sweep", description=__doc__.splitlines()[0])
     p.add_argument("--train-file", required=True)
     p.add_argument("--dev-file", required=True)
     p.add_argument("--init", help="checkpoint to start every cell from (else --config + --spm)")
@@ -163,4 +163,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(main, prog="train.experiments.sweep"))
+    sys.exit(run(main, prog="train.sweep"))

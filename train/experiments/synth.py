@@ -1,4 +1,4 @@
-"""`python -m train.experiments.synth`: self-supervised SQuAD 2.0 questions from unlabelled text (torch-free).
+"""`python -m train.synth`: self-supervised SQuAD 2.0 questions from unlabelled text (torch-free).
 
 Cloze questions in the spirit of Dhingra et al. 2018 (questions from a passage's own sentences),
 Lewis et al. 2019 (cloze turned into wh-questions) and Ram et al. 2021 (recurring spans). For every
@@ -258,7 +258,7 @@ def synthesize(paths: Sequence[str | Path], cfg: SynthConfig) -> tuple[dict, dic
 
 
 def build_parser() -> Parser:
-    p = Parser(prog="python -m train.experiments.synth", description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m train.synth", description=__doc__.splitlines()[0])
     p.add_argument("--input", nargs="+", required=True, help="plain text and/or SQuAD JSON files")
     p.add_argument("--out", required=True, help="SQuAD 2.0 JSON to write")
     p.add_argument("--answerable", type=float, default=0.5, help="share of answerable questions")
@@ -302,4 +302,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(main, prog="train.experiments.synth"))
+    sys.exit(run(main, prog="train.synth"))
