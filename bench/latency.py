@@ -28,6 +28,7 @@ import transformers
 from bench.common import machine_line, markdown_table, pct, time_runs, xlnet_forward_flops
 from export.onnx.pipeline import OnnxExportOptions, VerificationFailed, export_onnx
 from export.runtime.sessions import session
+from train.common.cli import to_stderr
 from train.common.contract import INPUT_NAMES
 from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_DEV
 from train.model import XLNetConfig, XLNetForQuestionAnswering, checkpoint
@@ -91,7 +92,7 @@ def export_ours(ckpt: Path, out: Path, precision: str) -> Path | None:
     """Our exporter (verification on); returns the model file, or None if that export does not verify."""
     options = OnnxExportOptions(checkpoint=ckpt, out=out, precision=precision)
     try:
-        return export_onnx(options, report=print, warn=lambda line: print(line, file=sys.stderr)).model_path
+        return export_onnx(options, report=print, warn=to_stderr).model_path
     except VerificationFailed as exc:
         print(f"our {precision} export does not verify: {exc}", file=sys.stderr)
         return None

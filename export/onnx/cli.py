@@ -26,7 +26,7 @@ from export.onnx.options import (
 from export.onnx.pipeline import export_onnx
 from export.runtime.providers import canonical_provider
 from export.runtime.sidecar import PRECISIONS
-from train.common.cli import Parser, run
+from train.common.cli import Parser, run, to_stderr
 from train.model import HEADS
 
 __all__ = [
@@ -103,14 +103,10 @@ def options_from_args(args: argparse.Namespace) -> OnnxExportOptions:
     return OnnxExportOptions(**{**values, "verify_providers": tuple(args.verify_providers)})
 
 
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr)
-
-
 def _main(argv: Sequence[str] | None) -> int:
     options = options_from_args(build_parser().parse_args(argv))
     try:
-        export_onnx(options, report=print, warn=_stderr)
+        export_onnx(options, report=print, warn=to_stderr)
     except VerificationFailed as exc:
         print(f"{PROG}: error: verification failed, nothing written: {exc}", file=sys.stderr)
         return 1

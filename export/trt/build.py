@@ -36,7 +36,6 @@ warning) and overwrites the file. Torch-free: the GPU's name comes from cuda-bin
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -57,6 +56,7 @@ from export.trt.profile import (
     source_graph,
 )
 from train.common.atomic_dir import atomic_write_bytes
+from train.common.cli import to_stderr
 from train.common.contract import INPUT_NAMES
 
 PROG = "python -m export.trt"  # the command that runs this builder; its first progress line names it
@@ -64,11 +64,6 @@ ENGINE_FILE = "model.engine"
 TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}  # x max(1, max |reference output|), per output
 
 Report = Callable[[str], None]
-
-
-def to_stderr(line: str) -> None:
-    """The default warning callback: a line on stderr."""
-    print(line, file=sys.stderr)
 
 
 class BuildFailed(RuntimeError):

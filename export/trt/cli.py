@@ -16,9 +16,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from export.trt.build import PROG, BuildFailed, StackUnavailable, TrtBuildOptions, build_trt, to_stderr
+from export.trt.build import PROG, BuildFailed, StackUnavailable, TrtBuildOptions, build_trt
 from export.trt.profile import Shape, parse_shape
-from train.common.cli import Parser, run
+from train.common.cli import Parser, run, to_stderr
 
 __all__ = ["PROG", "build_parser", "main", "options_from_args", "shape_flag"]
 

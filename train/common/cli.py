@@ -14,6 +14,11 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+def to_stderr(line: str) -> None:
+    """A library's warning callback for a command: the line on stderr, beside the progress on stdout."""
+    print(line, file=sys.stderr)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse that shows defaults in --help and exits 2 with a one-line message on bad flags."""
 
