@@ -1,4 +1,4 @@
-"""QA inference glue shared by fine-tuning, evaluation and the torch server backend.
+"""QA inference glue shared by fine-tuning, evaluation, calibration and the experiments.
 
 features -> padded batches -> model outputs -> `train.squad` decoding -> official metrics. The
 decoding and featurisation are the torch-free ones the server uses, so what is measured offline is
