@@ -60,7 +60,7 @@ def predict_features(
     precision: str = "fp32",
 ) -> FeatureOutputs:
     """Run the QA model over features in length-sorted batches (less padding), return per-feature rows."""
-    from train.engine.runtime import autocast
+    from train.engine.runtime import autocast, to_tensors
 
     model.eval()
     device = torch.device(device)
@@ -72,7 +72,7 @@ def predict_features(
     for idx in tqdm(batches, desc="predict", disable=not progress, dynamic_ncols=True):
         feats = [features[i] for i in idx]
         arrays = pad_batch(feats)
-        tensors = {k: torch.from_numpy(v).to(device) for k, v in arrays.items()}
+        tensors = to_tensors(arrays, device)
         with autocast(precision, device):
             res = model(
                 tensors["input_ids"],

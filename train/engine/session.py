@@ -62,9 +62,6 @@ class Resumed:
     data: Any
     extra: dict
 
-    def as_state(self) -> dict:
-        return {"step": self.step, "data": self.data, "extra": self.extra}
-
 
 @dataclass
 class Session:
@@ -94,8 +91,8 @@ class Session:
 
     def train_step(self, model, optimizer, scheduler, config, resumed: Resumed | None) -> TrainStep:
         """The optimizer step the config describes, with a resumed run's loss scale and skip counts."""
-        state = resumed.as_state() if resumed is not None else None
-        return TrainStep.from_args(model, optimizer, scheduler, self.dist, config, state)
+        trainer_state = resumed.extra.get("trainer") if resumed is not None else None
+        return TrainStep.from_args(model, optimizer, scheduler, self.dist, config, trainer_state)
 
     def progress(self, total: int, initial: int, config: RunConfig) -> tqdm:
         return tqdm(

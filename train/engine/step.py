@@ -82,7 +82,9 @@ class TrainStep:
         self.skipped_in_row = 0
 
     @classmethod
-    def from_args(cls, model, optimizer, scheduler, dist: Dist, args, state: dict | None = None) -> TrainStep:
+    def from_args(
+        cls, model, optimizer, scheduler, dist: Dist, args, trainer_state: dict | None = None
+    ) -> TrainStep:
         """The step a training CLI's flags describe (``--precision``, ``--grad-accum``, ``--clip``,
         ``--clip-each-micro-batch``), resumed from a checkpoint's ``extra["trainer"]`` when given."""
         step = cls(
@@ -95,8 +97,8 @@ class TrainStep:
             clip=args.clip,
             clip_each_micro_batch=getattr(args, "clip_each_micro_batch", False),
         )
-        if state is not None:
-            step.load_state_dict(state.get("extra", {}).get("trainer", {}))
+        if trainer_state is not None:
+            step.load_state_dict(trainer_state)
         return step
 
     def _sync_context(self, micro: int):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from train import finetune as finetune_cli
 from train.common.cli import Parser, run
-from train.recipes.finetune import FinetuneRecipe, check_data_files
+from train.recipes.finetune import FinetuneRecipe
 
 
 def int_list(text: str) -> list[int]:
@@ -93,7 +93,6 @@ def run_cell(args, seq: int, frozen: int, head: str) -> dict:
         argv.append("--no-progress")
     argv.append("--resume")  # an interrupted cell continues (a finished one returned above)
     config = finetune_cli.parse_config(argv)
-    check_data_files(config)
     summary = FinetuneRecipe(config).run()
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     timings = [r["s_per_step"] for r in records if "s_per_step" in r]

@@ -287,6 +287,7 @@ class FinetuneRecipe(Recipe):
         """Log every --log-every steps, evaluate every --eval-every steps and at the last."""
         c, last = self.config, r.step == self.total_steps
         self.last_loss = r.loss
+        self.interval.add_step(r.loss)
         if r.step % c.log_every == 0 or last:
             elapsed = self.interval.elapsed()
             self.log.log(
@@ -296,7 +297,7 @@ class FinetuneRecipe(Recipe):
                 grad_norm=r.outcome.grad_norm,
                 epoch=self.batches.epoch,
                 features_per_s=self.interval.items / max(elapsed, 1e-9),
-                s_per_step=elapsed / max(1, c.log_every),
+                s_per_step=elapsed / max(1, self.interval.steps),
                 skipped_steps=self.trainer.skipped_total,
             )
             self.bar.set_postfix(loss=f"{r.loss:.3f}", best_f1=f"{self.best_f1:.1f}")
