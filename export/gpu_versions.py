@@ -54,6 +54,13 @@ def tensorrt_release(version: str) -> tuple[int, int, int] | None:
     return (int(match[1]), int(match[2]), int(match[3])) if match else None
 
 
+def release_problem(version: str) -> str | None:
+    """Why ``version`` is not a TensorRT release to name (MAJOR.MINOR.PATCH); None when it is one."""
+    if tensorrt_release(version) is None:
+        return f"expected a TensorRT version MAJOR.MINOR.PATCH like 10.14.1, got {version!r}"
+    return None
+
+
 def tensorrt_version_problem(built: str, runtime: str, *, where: str = "this machine") -> str | None:
     """Why a plan built with TensorRT ``built`` cannot be loaded by TensorRT ``runtime`` (that of ``where``);
     None if it can.

@@ -15,29 +15,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from export.onnx.options import (
-    MODEL_FILE,
-    PORTABLE_FILE,
-    PROG,
-    OnnxExportOptions,
-    VerificationFailed,
-    check_out_dir,
-)
+from export.onnx.options import PROG, OnnxExportOptions, VerificationFailed
 from export.onnx.pipeline import export_onnx
 from export.runtime.providers import canonical_provider
 from export.runtime.sidecar import PRECISIONS
 from train.common.cli import Parser, run, to_stderr
 from train.model import HEADS
 
-__all__ = [
-    "MODEL_FILE",
-    "PORTABLE_FILE",
-    "PROG",
-    "VerificationFailed",
-    "build_parser",
-    "check_out_dir",
-    "main",
-]
+__all__ = ["build_parser", "main", "options_from_args"]
 
 
 def provider_flag(text: str) -> str:

@@ -14,7 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from export.gpu_versions import TENSORRT_VERSION, tensorrt_release
+from export.gpu_versions import TENSORRT_VERSION, release_problem
 from export.triton.repository import INSTANCE_KINDS, TritonOptions, write_repository
 from train.common.cli import Parser, run
 
@@ -32,10 +32,8 @@ def int_list(text: str) -> list[int]:
 
 
 def tensorrt_version(text: str) -> str:
-    if tensorrt_release(text) is None:
-        raise argparse.ArgumentTypeError(
-            f"expected a TensorRT version MAJOR.MINOR.PATCH like 10.14.1, got {text!r}"
-        )
+    if problem := release_problem(text):
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from export.gpu_versions import TENSORRT_VERSION, TRITON_GUIDANCE, tensorrt_release, tensorrt_version_problem
+from export.gpu_versions import TENSORRT_VERSION, TRITON_GUIDANCE, release_problem, tensorrt_version_problem
 from export.runtime.providers import gpu_graph
 from export.runtime.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.triton import pbtxt
@@ -77,11 +77,8 @@ class TritonOptions:
             raise ValueError("--max-queue-delay-us must be >= 0")
         if self.instance_kind not in INSTANCE_KINDS:
             raise ValueError(f"--instance-kind must be one of {INSTANCE_KINDS}, got {self.instance_kind!r}")
-        if tensorrt_release(self.triton_tensorrt) is None:
-            raise ValueError(
-                f"--triton-tensorrt: expected a TensorRT version MAJOR.MINOR.PATCH like 10.14.1, "
-                f"got {self.triton_tensorrt!r}"
-            )
+        if problem := release_problem(self.triton_tensorrt):
+            raise ValueError(f"--triton-tensorrt: {problem}")
         preferred = self.preferred_batch
         if preferred is None:
             preferred = [b for b in DEFAULT_PREFERRED if b <= self.max_batch_size] or [self.max_batch_size]
