@@ -25,18 +25,12 @@ if TYPE_CHECKING:
 
 def verification_record(result: Comparison, batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """A verification as export.json records it."""
-    record: dict[str, Any] = {
-        "shapes": [list(b["input_ids"].shape) for b in batches],
-        "max_abs_diff": result.max_abs_diff,
-        "fraction_equal": result.fraction_equal,
-        "tolerance": result.tolerance,
-        "passed": result.passed,
+    runtime = f"onnxruntime {onnxruntime.__version__} CPUExecutionProvider"
+    return {
+        **result.record([b["input_ids"].shape for b in batches]),
         "reference": REFERENCE,
-        "runtime": f"onnxruntime {onnxruntime.__version__} CPUExecutionProvider",
+        "runtime": runtime,
     }
-    if result.relative:
-        record["tolerance_is_relative_to"] = result.scale
-    return record
 
 
 def verify_on_providers(steps: ExportSteps, final: Path, portable: Path | None) -> dict[str, Any]:
@@ -66,10 +60,8 @@ def verify_on_providers(steps: ExportSteps, final: Path, portable: Path | None) 
         )
         got = run_all(runner(sess, steps.names), steps.batches)
         result = compare(steps.names, steps.reference, got, tol, exact_indices=False, relative=True)
-        steps.report(f"verify {path.name} on {provider} (relative tolerance {tol:g}):")
-        for line in result.lines():
+        for line in result.summary(f"verify {path.name} on {provider} (relative tolerance {tol:g}):"):
             steps.report(line)
-        steps.report(f"  -> {'passed' if result.passed else 'FAILED: ' + '; '.join(result.problems)}")
         if not result.passed:
             raise VerificationFailed(f"{provider}: " + "; ".join(result.problems))
         served = PORTABLE_FILE if path == portable and portable != final else MODEL_FILE

@@ -95,10 +95,8 @@ class ExportSteps:
         # float32 rounding grows with them; random tiny models keep the plain 1e-4.
         result = compare(self.names, self.reference, got, tol, exact_indices=exact, relative=True)
         shapes = [list(b["input_ids"].shape) for b in self.batches]
-        self.report(f"verify {label} at shapes {shapes} (relative tolerance {tol:g}):")
-        for line in result.lines():
+        for line in result.summary(f"verify {label} at shapes {shapes} (relative tolerance {tol:g}):"):
             self.report(line)
-        self.report(f"  -> {'passed' if result.passed else 'FAILED: ' + '; '.join(result.problems)}")
         if fatal and not result.passed:
             raise VerificationFailed(f"{label}: " + "; ".join(result.problems))
         return result

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -131,6 +132,24 @@ class Comparison:
             for name, diff in self.max_abs_diff.items()
         ]
         out += [f"  {name:22s} equal      {frac:.4f}" for name, frac in self.fraction_equal.items()]
+        return out
+
+    def summary(self, header: str) -> list[str]:
+        """What a verification prints: ``header``, a line per output, and the verdict."""
+        verdict = "passed" if self.passed else "FAILED: " + "; ".join(self.problems)
+        return [header, *self.lines(), f"  -> {verdict}"]
+
+    def record(self, shapes: Sequence[Sequence[int]]) -> dict[str, Any]:
+        """The verification as an export's sidecar records it (the caller adds what it compared against)."""
+        out: dict[str, Any] = {
+            "shapes": [list(s) for s in shapes],
+            "max_abs_diff": self.max_abs_diff,
+            "fraction_equal": self.fraction_equal,
+            "tolerance": self.tolerance,
+            "passed": self.passed,
+        }
+        if self.relative:
+            out["tolerance_is_relative_to"] = self.scale
         return out
 
 

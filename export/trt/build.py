@@ -325,18 +325,11 @@ def verify_engine(runner_: Any, plan: BuildPlan, report: Report = print) -> dict
     # Relative to each output's magnitude, as export.onnx verifies: trained logits reach tens.
     tol = TOLERANCE[precision]
     result = compare(names, reference, got, tol, exact_indices=precision == "fp32", relative=True)
-    report(f"verify TensorRT engine vs onnxruntime at shapes {[list(s) for s in shapes]}:")
-    report("\n".join(result.lines()))
-    report(f"  -> {'passed' if result.passed else 'FAILED: ' + '; '.join(result.problems)}")
-    return {
-        "shapes": [list(s) for s in shapes],
-        "max_abs_diff": result.max_abs_diff,
-        "fraction_equal": result.fraction_equal,
-        "tolerance": result.tolerance,
-        "passed": result.passed,
-        "reference": f"onnxruntime CPU on {graph.name}",
-        "tolerance_is_relative_to": result.scale,
-    }
+    for line in result.summary(
+        f"verify TensorRT engine vs onnxruntime at shapes {[list(s) for s in shapes]}:"
+    ):
+        report(line)
+    return {**result.record(shapes), "reference": f"onnxruntime CPU on {graph.name}"}
 
 
 def engine_sidecar(options: TrtBuildOptions, plan: BuildPlan, facts: dict[str, Any]) -> Sidecar:
