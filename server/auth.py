@@ -1,22 +1,31 @@
 """API keys: who may ask. Keys come from a file (``--api-keys-file``) and/or the ``XLNETQA_API_KEYS``
 environment variable, never from a command-line value that ``ps`` would show.
 
-Format, one key per line (blank lines and ``#`` comments ignored)::
+File format, one key per line; a ``#`` starts a comment that runs to the end of its line, and is
+removed before anything else is read (so text in a comment can never become a key)::
 
     team-a: 3f7c1e...        # name: key (the name is what logs and metrics show)
-    9b2d4a...                # key alone: named key-<first 8 hex digits of its SHA-256>
+    9b2d4a...                # key alone: named after where it is, key-line-<N>
 
-The environment variable holds the same lines separated by newlines or commas. A key is 16 to 256
-characters of ``A-Z a-z 0-9 . _ ~ + / = -``; a name 1 to 64 of ``A-Z a-z 0-9 . _ -``. Only SHA-256
-digests are kept in memory, and a presented key is compared with every stored digest in constant
-time (``hmac.compare_digest``), so neither the comparison's time nor a log line says anything of a
-key. Problems in the file name the line, never its text.
+The environment variable is a list: ``name: key`` or bare keys separated by commas or newlines (bare
+ones are named env-key-<N>, by position). A name never says anything of its key.
+
+A key is 16 to 256 characters of ``A-Z a-z 0-9 . _ ~ + / = -`` and must be strong enough that guessing
+is hopeless (:func:`strength_problem`: about 128 bits, e.g. 32 random hex digits or
+``secrets.token_urlsafe(32)``): the failure budget of :mod:`server.quotas` bounds what refusals cost,
+it does not stop guessing. A name is 1 to 64 of ``A-Z a-z 0-9 . _ -``. Only SHA-256 digests are kept
+in memory, and a presented key is compared with every stored digest in constant time
+(``hmac.compare_digest``), so neither the comparison's time nor a log line says anything of a key.
+Problems name the source and line, never its text.
 
 Rotation without downtime: the file is read again on SIGHUP and whenever its modification time,
 size or inode changes (checked at most once a second, on the next request); the new set replaces
 the old in one assignment, so a request already authenticated is never affected, and a client
 moving from an old key to a new one is served throughout when the file holds both during the move.
-A reload that fails (unreadable file, a bad line, no keys left) keeps the previous keys and logs why.
+A reload never fails open: a file with a bad line keeps only the valid keys that were valid before
+and are still in the new text (it never adds one, never keeps a removed one); a missing, unreadable
+or empty file withdraws all of its keys. Each is one log line; with no key left every request is
+refused. At start, any of these refuses to start instead.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 import os
 import re
 import threading
@@ -37,6 +47,15 @@ KEYS_ENV = "XLNETQA_API_KEYS"
 KEY_PATTERN = re.compile(r"[A-Za-z0-9._~+/=-]{16,256}")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
 CHECK_INTERVAL_S = 1.0  # how often a request may look at the keys file's metadata
+MIN_KEY_BITS = 128
+KEY_ADVICE = "32 random hex digits, or python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+_CHARACTER_CLASSES = (
+    ("abcdefghijklmnopqrstuvwxyz", 26),
+    ("ABCDEFGHIJKLMNOPQRSTUVWXYZ", 26),
+    ("0123456789", 10),
+    ("._~+/=-", 7),
+)
+DENY_ALL = "no valid API key left: the server will deny every request until the keys are fixed"
 
 
 class KeyFileError(ValueError):
@@ -47,33 +66,75 @@ def digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8")).digest()
 
 
-def parse_keys(text: str, source: str) -> dict[bytes, str]:
-    """``{sha256(key): name}`` from key lines (see the module doc); KeyFileError on any bad line."""
-    keys: dict[bytes, str] = {}
+def strength_problem(key: str) -> str | None:
+    """Why ``key`` is too weak to stand alone, or None. An estimate from its length and the character
+    classes it uses (at least 128 bits), plus variety: at least 8 distinct characters, none more than a
+    quarter of the key (``aaaa...`` and ``abab...`` are long but guessable)."""
+    pool = sum(size for chars, size in _CHARACTER_CLASSES if any(c in chars for c in key))
+    counts = [key.count(c) for c in set(key)]
+    if len(key) * math.log2(max(pool, 2)) < MIN_KEY_BITS or len(counts) < 8 or max(counts) * 4 > len(key):
+        return f"a key must carry at least {MIN_KEY_BITS} bits: {KEY_ADVICE}"
+    return None
+
+
+@dataclass
+class _Parsed:
+    """What one source held: the keys of its good lines, and a line for each bad one."""
+
+    keys: dict[bytes, str]
+    problems: list[str]
+
+
+def _parse_entries(entries: list[tuple[int, str, str]], source: str) -> _Parsed:
+    """``(line number, text, name for a bare key)`` entries, already free of comments."""
+    parsed = _Parsed({}, [])
     names: set[str] = set()
-    for number, raw in enumerate(text.replace(",", "\n").splitlines(), start=1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
+    for number, line, bare_name in entries:
         name, sep, key = line.partition(":")
-        name, key = (name.strip(), key.strip()) if sep else ("", name.strip())
+        name, key = (name.strip(), key.strip()) if sep else (bare_name, name.strip())
+        where = f"{source} line {number}"
         if not KEY_PATTERN.fullmatch(key):
-            raise KeyFileError(
-                f"{source} line {number}: a key must be 16-256 characters of A-Z a-z 0-9 . _ ~ + / = -"
-            )
-        d = digest(key)
-        name = name or f"key-{d.hex()[:8]}"
+            parsed.problems.append(f"{where}: a key must be 16-256 characters of A-Z a-z 0-9 . _ ~ + / = -")
+            continue
+        weak = strength_problem(key)
+        if weak:
+            parsed.problems.append(f"{where}: {weak}")
+            continue
         if not NAME_PATTERN.fullmatch(name):
-            raise KeyFileError(
-                f"{source} line {number}: a key name must be 1-64 characters of A-Z a-z 0-9 . _ -"
-            )
-        if d in keys:
-            raise KeyFileError(f"{source} line {number}: the same key appears twice")
-        if name in names:
-            raise KeyFileError(f"{source} line {number}: the name {name!r} appears twice")
-        keys[d] = name
-        names.add(name)
-    return keys
+            parsed.problems.append(f"{where}: a key name must be 1-64 characters of A-Z a-z 0-9 . _ -")
+            continue
+        d = digest(key)
+        if d in parsed.keys:
+            parsed.problems.append(f"{where}: the same key appears twice")
+        elif name in names:
+            parsed.problems.append(f"{where}: the name {name!r} appears twice")
+        else:
+            parsed.keys[d] = name
+            names.add(name)
+    return parsed
+
+
+def parse_file_text(text: str, source: str) -> _Parsed:
+    """A keys file: comments go per physical line first; then one entry per line."""
+    entries = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            entries.append((number, line, f"key-line-{number}"))
+    return _parse_entries(entries, source)
+
+
+def parse_env_text(text: str, source: str = KEYS_ENV) -> _Parsed:
+    """The environment variable: entries separated by commas or newlines (no comments)."""
+    items = [item.strip() for item in text.replace("\n", ",").split(",")]
+    entries = [(n, item, f"env-key-{n}") for n, item in enumerate((i for i in items if i), start=1)]
+    return _parse_entries(entries, f"{source} entry")
+
+
+def _strict(parsed: _Parsed) -> dict[bytes, str]:
+    if parsed.problems:
+        raise KeyFileError(parsed.problems[0])
+    return parsed.keys
 
 
 @dataclass(frozen=True)
@@ -96,7 +157,8 @@ class KeyRing:
 
     def __init__(self, path: Path | None = None, env_text: str | None = None) -> None:
         self.path = path
-        self.env_text = env_text
+        self._env_keys = _strict(parse_env_text(env_text)) if env_text else {}
+        self._file_keys: dict[bytes, str] = {}
         self._keys: dict[bytes, str] = {}
         self._stamp: _FileStamp | None = None
         self._next_check = 0.0
@@ -116,44 +178,63 @@ class KeyRing:
     def names(self) -> tuple[str, ...]:
         return tuple(sorted(self._keys.values()))
 
-    def _read(self) -> tuple[dict[bytes, str], _FileStamp | None]:
-        keys: dict[bytes, str] = {}
-        stamp = None
-        if self.env_text:
-            keys |= parse_keys(self.env_text, KEYS_ENV)
-        if self.path is not None:
-            stamp = _FileStamp.of(self.path)
-            try:
-                text = self.path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise KeyFileError(f"{self.path}: cannot read the keys file ({type(exc).__name__})") from None
-            from_file = parse_keys(text, str(self.path))
-            clash = set(from_file.values()) & set(keys.values())
-            if clash or set(from_file) & set(keys):
-                raise KeyFileError(f"{self.path}: a key or name is also in {KEYS_ENV}")
-            keys |= from_file
-        if not keys:
-            raise KeyFileError(f"{self.path or KEYS_ENV}: no API keys (auth is on, so nobody could ask)")
-        return keys, stamp
+    def _read_file(self) -> tuple[_Parsed, _FileStamp | None]:
+        """The file's keys and problems (a clash with the variable is one), with the stamp read before."""
+        assert self.path is not None
+        stamp = _FileStamp.of(self.path)
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            return _Parsed({}, [f"{self.path}: cannot read the keys file ({type(exc).__name__})"]), stamp
+        parsed = parse_file_text(text, str(self.path))
+        env_names = set(self._env_keys.values())
+        for d, name in list(parsed.keys.items()):
+            if d in self._env_keys or name in env_names:
+                del parsed.keys[d]
+                parsed.problems.append(f"{self.path}: a key or name is also in {KEYS_ENV}")
+        return parsed, stamp
+
+    def _install(self, file_keys: dict[bytes, str], stamp: _FileStamp | None) -> None:
+        keys = self._env_keys | file_keys
+        with self._lock:  # one assignment: a lookup sees the old set or the new
+            self._file_keys, self._keys, self._stamp = file_keys, keys, stamp
+            self.reloads += 1
 
     def load(self) -> None:
-        """Read the keys now; KeyFileError leaves the current ones in place."""
-        keys, stamp = self._read()
-        with self._lock:
-            self._keys, self._stamp = keys, stamp  # one assignment: a lookup sees the old set or the new
-            self.reloads += 1
-        logger.info("API keys loaded: %d (%s)", len(keys), ", ".join(sorted(keys.values())))
+        """Read the keys now, strictly (at start): any problem is a KeyFileError and changes nothing."""
+        file_keys, stamp = {}, None
+        if self.path is not None:
+            parsed, stamp = self._read_file()
+            file_keys = _strict(parsed)
+        if not self._env_keys and not file_keys:
+            raise KeyFileError(f"{self.path or KEYS_ENV}: no API keys (auth is on, so nobody could ask)")
+        self._install(file_keys, stamp)
+        logger.info("API keys loaded: %d (%s)", len(self._keys), ", ".join(self.names))
 
     def reload(self) -> bool:
-        """Reload (SIGHUP, or the file changed); on failure keep the previous keys and log why."""
-        try:
-            self.load()
+        """Reload (SIGHUP, or the file changed), never failing open: a file with problems keeps only
+        the keys valid before and still listed; an unreadable or empty one withdraws its keys. One log
+        line either way. True when the file was read cleanly."""
+        if self.path is None:
             return True
-        except KeyFileError as exc:
-            logger.error("API keys not reloaded, the previous %d stay valid: %s", len(self._keys), exc)
-            with self._lock:
-                self._stamp = _FileStamp.of(self.path) if self.path else None  # do not retry every second
-            return False
+        parsed, stamp = self._read_file()
+        if not parsed.keys and not parsed.problems:
+            parsed.problems.append(f"{self.path}: no API keys in the file")
+        if not parsed.problems:
+            self._install(parsed.keys, stamp)
+            logger.info("API keys reloaded: %d (%s)", len(self._keys), ", ".join(self.names))
+            return True
+        kept = {d: name for d, name in parsed.keys.items() if d in self._file_keys}
+        self._install(kept, stamp)  # the stamp too: a broken file is not reread every second
+        more = f" (and {len(parsed.problems) - 1} more)" if len(parsed.problems) > 1 else ""
+        outcome = (
+            f"{len(kept)} of its keys stay (valid before and still listed), none added"
+            if parsed.keys
+            else "its keys are withdrawn"
+        )
+        left = f"; {DENY_ALL}" if not self._keys else f"; {len(self._keys)} keys valid"
+        logger.error("API keys file not fully reloaded: %s%s; %s%s", parsed.problems[0], more, outcome, left)
+        return False
 
     def maybe_reload(self) -> None:
         """Reload when the file's metadata changed (looked at no more than once per CHECK_INTERVAL_S)."""
