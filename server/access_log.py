@@ -1,6 +1,6 @@
 """The access log: one JSON line per HTTP request on the ``server.access`` logger.
 
-Fields: ``request_id``, ``key`` (the API key's name, never the key), ``client`` (address), ``method``,
+Fields: ``request_id``, ``key`` (the API key's name, never the key), ``client`` (address), ``method`` (GET, POST, HEAD, OPTIONS or ``other``),
 ``route`` (the route template, never the raw path: no query strings, nothing a caller typed),
 ``status``, ``windows`` (model inputs the request cost; 0 when it never reached the model) and
 ``latency_ms``. Questions and contexts are never logged, nor any header.
@@ -14,7 +14,7 @@ import logging
 from starlette.types import Scope
 
 from server.guard import caller_name
-from server.observe import ObservingMiddleware, route_label
+from server.observe import ObservingMiddleware, method_label, route_label
 from server.request_ids import request_id_var
 
 access_logger = logging.getLogger("server.access")
@@ -29,7 +29,7 @@ class AccessLogMiddleware(ObservingMiddleware):
             "request_id": request_id_var.get(),
             "key": caller_name(scope),
             "client": (scope.get("client") or ("-", 0))[0],
-            "method": scope.get("method", ""),
+            "method": method_label(scope),
             "route": route_label(scope),
             "status": status,
             "windows": int(state.get("windows", 0)),

@@ -4,8 +4,11 @@ Default deny: the open paths are listed (probes, and what the operator opened: t
 page and files, the docs, ``/metrics``); everything else, every route added later and every path
 that matches no route, answers 401 without a key, so an unauthenticated caller cannot even tell
 which paths exist. Missing and wrong keys get the same 401 (``WWW-Authenticate: Bearer``, error
-``unauthorized``), and an address whose failures exceed its budget gets 429 + Retry-After before
-its key is even looked at. A caller let in is held to its request rate and daily quota here, before
+``unauthorized``). The key decides first: a valid key is let in whatever its address has done, so
+one client failing from an address shared with others (an ingress, a NAT) cannot lock them out. A
+refused caller whose address is over its failure budget gets 429 + Retry-After instead of 401: the
+budget bounds what refusals cost; guessing is stopped by the keys' strength (:mod:`server.auth`). The
+address is the real client's only where a named proxy vouches for it (``--forwarded-allow-ips``). A caller let in is held to its request rate and daily quota here, before
 its body is read (:mod:`server.quotas`; 429 ``rate_limited``): a flood of malformed bodies is throttled
 too. The caller's key name goes into the request's state (``api_key``), where
 the routes (per-key limits) and the access log read it; it is ``anonymous`` when keys are off.
@@ -90,12 +93,8 @@ class GuardMiddleware:
             state["api_key"] = ANONYMOUS
             await self._admitted(ANONYMOUS, scope, receive, send, headers)
             return
-        name = None
         presented = presented_key(headers)
-        address = (scope.get("client") or ("unknown", 0))[0]
-        wait = self.failures.blocked_for(address)
-        if wait <= 0:
-            name = self.keys.identify(presented)
+        name = self.keys.identify(presented)  # the key decides first: a valid one is always let in
         if name is not None:
             state["api_key"] = name
             await self._admitted(name, scope, receive, send, headers)
@@ -104,6 +103,8 @@ class GuardMiddleware:
             state["api_key"] = ANONYMOUS
             await self.app(scope, receive, send)
             return
+        address = (scope.get("client") or ("unknown", 0))[0]
+        wait = self.failures.blocked_for(address)
         if wait > 0:
             self.metrics.auth_failures.labels("address_blocked").inc()
             response = error_response(
@@ -138,8 +139,10 @@ class GuardMiddleware:
 async def _refuse(
     response: Response, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes]
 ) -> None:
-    """Send a refusal; a small body still on its way is read first (briefly) so the client sees it."""
+    """Send a refusal; a small body still on its way is read first (briefly) so the client sees it,
+    unless the client waits for ``100 Continue`` (reading would invite the body the refusal is for)."""
     declared = headers.get(b"content-length", b"")
-    if declared.isdigit() and 0 < int(declared) <= LINGER_BYTES:
+    expects_continue = headers.get(b"expect", b"").lower() == b"100-continue"
+    if declared.isdigit() and 0 < int(declared) <= LINGER_BYTES and not expects_continue:
         await discard_body(receive, LINGER_S)
     await response(scope, receive, send)

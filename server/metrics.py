@@ -1,7 +1,8 @@
 """Prometheus metrics in a registry of the app's own (several apps per process in tests never collide).
 
-Route labels are route templates, never raw paths, so a scan of random URLs cannot blow up the
-number of time series. With several worker processes (``--workers N``) prometheus-client's
+Every label value comes from a fixed set, so no request can add series: routes are route templates
+(or ``unmatched``), never raw paths; methods are the API's own or ``other``; statuses are the codes
+the app sent; key names are those of the keys file; reasons and limits are this code's words. With several worker processes (``--workers N``) prometheus-client's
 multiprocess mode is on (``PROMETHEUS_MULTIPROC_DIR``, set by ``python -m server`` before the workers
 start): every worker writes its values to files there and ``/metrics``, whichever worker answers it,
 aggregates all of them (counters summed, gauges summed over live workers).
@@ -17,7 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import ASGIApp, Scope
 
-from server.observe import ObservingMiddleware, route_label
+from server.observe import ObservingMiddleware, method_label, route_label
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LOAD_FAILED_MARK = "load-failed"  # a worker whose model failed leaves this in the shared directory
@@ -222,7 +223,7 @@ class MetricsMiddleware(ObservingMiddleware):
     def finished(self, scope: Scope, status: int, seconds: float) -> None:
         self.metrics.inflight.dec()
         label = route_label(scope)
-        self.metrics.requests.labels(label, scope.get("method", ""), str(status)).inc()
+        self.metrics.requests.labels(label, method_label(scope), str(status)).inc()
         self.metrics.latency.labels(label).observe(seconds)
         key = (scope.get("state") or {}).get("api_key")
         if key is not None:  # set by the door (server.guard) for every request it let in

@@ -1,6 +1,7 @@
 """Watching HTTP requests from outside the app: a pure ASGI middleware that sees each request's
 status and duration, whatever the handler did (errors included). Metrics and the access log are
-both built on it."""
+both built on it, and both name a request by the labels here, each from a fixed set: the method
+(:data:`KNOWN_METHODS` or ``other``) and the route template (or ``unmatched``)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,20 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+KNOWN_METHODS = frozenset({"GET", "POST", "HEAD", "OPTIONS"})
+OTHER_METHOD = "other"
+
 
 def route_label(scope: Scope) -> str:
     """The matched route's template (never the raw path, so random URLs cannot add label values)."""
     return getattr(scope.get("route"), "path", None) or "unmatched"
+
+
+def method_label(scope: Scope) -> str:
+    """The method if it is one the API uses, else ``other``: HTTP lets a client invent any method (of
+    any length), and each raw one would be a new label value, a new series and a longer log line."""
+    method = scope.get("method", "")
+    return method if method in KNOWN_METHODS else OTHER_METHOD
 
 
 class ObservingMiddleware:
