@@ -68,18 +68,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from server.backends import BackendUnavailable, check_spec, preflight
     from server.hosts import is_loopback
     from server.model_spec import ModelSpecError, resolve_spec
-    from server.slow_clients import HeaderDeadlineProtocol
+    from server.slow_clients import configure_connections, connection_protocol
+    from server.tls import TlsSetupError
 
     try:
         preflight(settings)
         spec = resolve_spec(settings.model, settings.backend)
         check_spec(spec, settings)
         keys = KeyRing.from_settings(settings.api_keys_file)
-        tls_problem = _tls_problem(settings)
-    except (ModelSpecError, BackendUnavailable, KeyFileError) as exc:
+        tls = settings.tls_context()
+    except (ModelSpecError, BackendUnavailable, KeyFileError, TlsSetupError) as exc:
         return _fail(str(exc))
-    if tls_problem:
-        return _fail(tls_problem)
     if keys is None and not is_loopback(settings.host):
         logging.getLogger("server").warning(
             "no API keys: anyone who reaches %s:%d may use this server (--api-keys-file or XLNETQA_API_KEYS)",
@@ -97,11 +96,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "limit_concurrency": settings.connection_limit,
         "server_header": False,  # no "server: uvicorn" (nothing to fingerprint)
         "access_log": False,  # ours (server.access_log) names routes and keys, never raw paths
-        "http": HeaderDeadlineProtocol,  # h11 with a deadline on request headers (slowloris)
+        # h11 with a deadline on request headers (slowloris) and TLS handshakes; TLS is done there too
+        "http": connection_protocol,
+        "ws": "none",  # no WebSocket: an upgrade request is a plain request for the door to answer
+        # X-Forwarded-* only from the named proxies (uvicorn's default believes loopback)
+        "proxy_headers": settings.forwarded_allow_ips is not None,
+        "forwarded_allow_ips": settings.forwarded_allow_ips or "",
     }
-    HeaderDeadlineProtocol.header_timeout_s = settings.header_timeout_s
-    if settings.ssl_certfile is not None:
-        common |= {"ssl_certfile": str(settings.ssl_certfile), "ssl_keyfile": str(settings.ssl_keyfile)}
+    configure_connections(settings.header_timeout_s, tls)
     if settings.workers > 1:
         return _run_workers(settings, common)
 
@@ -121,21 +123,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: model failed to load: {runtime.error}", file=sys.stderr)
         return 1
     return 0
-
-
-def _tls_problem(settings: ServerSettings) -> str | None:
-    """One line when the certificate or key cannot be used (checked before anything listens)."""
-    if settings.ssl_certfile is None:
-        return None
-    import ssl
-
-    try:
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
-            str(settings.ssl_certfile), str(settings.ssl_keyfile)
-        )
-    except (OSError, ssl.SSLError) as exc:
-        return f"TLS: cannot use {settings.ssl_certfile} with {settings.ssl_keyfile}: {exc}"
-    return None
 
 
 def _run_workers(settings: ServerSettings, common: dict) -> int:

@@ -21,6 +21,7 @@ from server.access_log import AccessLogMiddleware
 from server.auth import KeyRing
 from server.backends import create_backend
 from server.errors import BodyLimitMiddleware, install_error_handlers
+from server.framing import FramingMiddleware
 from server.guard import DOCS_PATHS, METRICS_PATHS, PLAYGROUND_PATHS, PROBES, GuardMiddleware, OpenPaths
 from server.hosts import HostCheckMiddleware, allowed_hosts, is_loopback
 from server.metrics import Metrics, MetricsMiddleware
@@ -31,7 +32,7 @@ from server.request_ids import RequestIdMiddleware, configure_logging
 from server.routes import answer_router, batch_router, ops_router
 from server.runtime import BackendFactory, Runtime
 from server.settings import ServerSettings
-from server.slow_clients import HeaderDeadlineProtocol
+from server.slow_clients import configure_connections
 
 # ---- the app ----------------------------------------------------------------------------------------
 
@@ -97,6 +98,7 @@ def create_app(
     )
     hosts = allowed_hosts(settings.trusted_hosts, is_loopback(settings.host))
     app.add_middleware(HostCheckMiddleware, allowed=hosts, metrics=metrics)
+    app.add_middleware(FramingMiddleware, metrics=metrics)
     if settings.access_log:
         app.add_middleware(AccessLogMiddleware)
     app.add_middleware(RequestIdMiddleware)
@@ -158,5 +160,5 @@ def create_app_from_env() -> FastAPI:
     """App factory for ``uvicorn --factory`` / multi-worker mode: settings from ``XLNETQA_*`` only."""
     settings = ServerSettings()
     configure_logging(settings.log_level)
-    HeaderDeadlineProtocol.header_timeout_s = settings.header_timeout_s  # this worker's connections
+    configure_connections(settings.header_timeout_s, settings.tls_context())  # this worker's connections
     return create_app(settings, on_fatal=_exit_worker)

@@ -6,6 +6,8 @@ can tune it without code changes, and tests can start servers with tiny limits.
 
 from __future__ import annotations
 
+import ipaddress
+import ssl
 from pathlib import Path
 from typing import Literal
 
@@ -162,8 +164,17 @@ class ServerSettings(BaseSettings):
         description="Host headers answered, comma-separated ('*': any). Default: loopback names when bound "
         "to loopback (against DNS rebinding), else any",
     )
+    forwarded_allow_ips: str | None = Field(
+        None,
+        description="Proxies whose X-Forwarded-For / X-Forwarded-Proto are believed, comma-separated addresses "
+        "or networks (e.g. the ingress's pod network 10.0.0.0/8); the failure budget and the access log then "
+        "see the real client. Default: none, so a client cannot pick the address it is counted under",
+    )
     header_timeout_s: float = Field(
-        10.0, gt=0.0, description="A request's headers must arrive within this (slow clients are closed)"
+        10.0,
+        gt=0.0,
+        description="A request's headers (and a TLS handshake before them) must arrive within this of the "
+        "connection's start (slow clients are closed)",
     )
     body_timeout_s: float = Field(
         30.0, gt=0.0, description="A request's body must arrive within this after its headers (else 408)"
@@ -206,6 +217,20 @@ class ServerSettings(BaseSettings):
         """uvicorn's limit_concurrency: beyond it new connections get 503 before any work."""
         return self.max_connections or 2 * self.max_queue + 64
 
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _proxy_addresses(cls, value: str | None) -> str | None:
+        """Addresses or networks only (``*`` would believe anyone, which is what the default prevents)."""
+        if value is None or not value.strip():
+            return None
+        items = [item.strip() for item in value.split(",") if item.strip()]
+        for item in items:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"not an IP address or network: {item[:64]!r}") from None
+        return ",".join(items)
+
     @field_validator("providers")
     @classmethod
     def _known_providers(cls, value: str) -> str:
@@ -235,6 +260,15 @@ class ServerSettings(BaseSettings):
             f"the next start reuses {cache}" if cache else "without --trt-cache-dir every start builds them"
         )
         return f": the TensorRT provider builds its engines at a first start ({reuse})"
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The TLS context of ssl_certfile + ssl_keyfile, or None for plain HTTP (TlsSetupError when
+        they cannot be used: one line, checked before anything listens)."""
+        if self.ssl_certfile is None or self.ssl_keyfile is None:
+            return None
+        from server.tls import server_context
+
+        return server_context(self.ssl_certfile, self.ssl_keyfile)
 
     def provider_list(self) -> list[str] | None:
         """Explicit onnxruntime providers (full names), or None for automatic selection."""

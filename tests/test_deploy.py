@@ -531,6 +531,11 @@ def test_keys_come_from_a_mounted_secret_and_a_network_policy_admits_only_ingres
     assert {p["port"] for p in rule["ports"]} <= {p["name"] for p in container["ports"]}
     sources = {s["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for s in rule["from"]}
     assert sources == {"ingress-nginx", "monitoring"}
+    # behind the ingress, the failure budget must count the real client, not the ingress pod's address
+    from server.settings import ServerSettings
+
+    proxies = ServerSettings(forwarded_allow_ips=config["data"]["XLNETQA_FORWARDED_ALLOW_IPS"])
+    assert proxies.forwarded_allow_ips and "*" not in proxies.forwarded_allow_ips
 
 
 def test_compose_reads_keys_from_secret_files_and_prometheus_sends_one() -> None:
