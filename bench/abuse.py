@@ -11,7 +11,10 @@ Starts ``python -m server`` once and runs two bounded phases of ``--seconds`` ea
      context).
 With ``--per-key`` the server has API keys: the well-behaved clients share ``--tenants`` keys, the
 adversaries have one of their own, and every key is held to ``--key-max-inflight-windows`` and
-``--key-windows-per-s`` (the adversaries' admissible requests should get 429, never 504).
+``--key-windows-per-s`` (the adversaries' admissible requests should get 429, never 504). Beside them,
+``--keyless`` loops send wrong keys from the tenants' own address (everyone is on loopback, as everyone
+is behind an ingress), against the server's default failure budget: the tenants must never get 429
+``too_many_auth_failures``.
 Reports per phase: well-behaved requests, p50/p99 latency, 5xx responses (target 0), hangs (a request
 without an answer within ``--hang-s``, target 0), the server's peak RSS, the largest response body,
 and the ratio of the well-behaved p99 under attack to the baseline p99 (target <= 3).
@@ -50,6 +53,8 @@ class Phase:
     adversary_requests: int = 0
     adversary_status: dict[str, int] = field(default_factory=dict)
     adversary_5xx: int = 0
+    well_behaved_429: dict[str, int] = field(default_factory=dict)  # by error kind
+    keyless_status: dict[str, int] = field(default_factory=dict)
     largest_response_bytes: int = 0
     peak_rss_mb: float = float("nan")
 
@@ -61,6 +66,8 @@ class Tally:
         self.latencies: list[float] = []
         self.errors_5xx = self.other_errors = self.hangs = 0
         self.adversary: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()  # well-behaved 429s by error kind
+        self.keyless: Counter[str] = Counter()
         self.largest = 0
 
     def response(self, r: httpx.Response) -> None:
@@ -113,9 +120,36 @@ async def well_behaved(
                 tally.errors_5xx += 1
             else:
                 tally.other_errors += 1
+                if outcome.status_code == 429:
+                    tally.refused[error_kind(outcome)] += 1
 
     headers_of = keys.tenant_headers if keys else None
     await closed_loop(url, clients, seconds, pairs, record, timeout=hang_s, headers_of=headers_of)
+
+
+def error_kind(r: httpx.Response) -> str:
+    try:
+        return str(r.json().get("error", "?"))
+    except ValueError:
+        return "?"
+
+
+async def keyless_neighbour(url: str, loops: int, seconds: float, tally: Tally) -> None:
+    """Wrong keys, one after another, from the tenants' address: a fresh random key each time."""
+    deadline = time.perf_counter() + seconds
+
+    async def loop(client: httpx.AsyncClient) -> None:
+        while time.perf_counter() < deadline:
+            headers = {"Authorization": f"Bearer {secrets.token_urlsafe(24)}"}
+            try:
+                r = await client.post("/answer", json={"question": "?", "context": "?"}, headers=headers)
+            except httpx.HTTPError as exc:
+                tally.keyless[type(exc).__name__] += 1
+                continue
+            tally.keyless[f"{r.status_code} {error_kind(r)}"] += 1
+
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        await asyncio.gather(*(loop(client) for _ in range(loops)))
 
 
 def attacks(
@@ -189,6 +223,8 @@ def run_phase(
         jobs = [well_behaved(server.url, args.clients, args.seconds, args.hang_s, tally, pairs, keys)]
         if name == "attack":
             jobs.append(adversary(server.url, args.adversaries, args.seconds, tally, limits, pairs, keys))
+            if keys is not None and args.keyless:
+                jobs.append(keyless_neighbour(server.url, args.keyless, args.seconds, tally))
         await asyncio.gather(*jobs)
 
     start = time.perf_counter()
@@ -201,6 +237,8 @@ def run_phase(
     phase.adversary_requests = sum(tally.adversary.values())
     phase.adversary_status = dict(sorted(tally.adversary.items()))
     phase.adversary_5xx = sum(n for k, n in tally.adversary.items() if k.split(": ")[1][:1] == "5")
+    phase.well_behaved_429 = dict(sorted(tally.refused.items()))
+    phase.keyless_status = dict(sorted(tally.keyless.items()))
     phase.largest_response_bytes = tally.largest
     phase.peak_rss_mb = peak_rss_mb(server.proc.pid)
     return phase
@@ -230,6 +268,15 @@ def markdown(phases: Sequence[Phase], title: str) -> str:
             "",
             "Adversary responses: " + ", ".join(f"{k} x{n}" for k, n in attack.adversary_status.items()),
         ]
+    if attack.keyless_status:
+        lines += [
+            "",
+            "Keyless neighbour's responses: "
+            + ", ".join(f"{k} x{n}" for k, n in attack.keyless_status.items()),
+        ]
+    for p in phases:
+        refused = ", ".join(f"{k} x{n}" for k, n in p.well_behaved_429.items()) or "none"
+        lines += ["", f"Well-behaved 429s in {p.name}, by kind: {refused}."]
     return "\n".join(lines)
 
 
@@ -251,6 +298,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "their own, every key under --key-max-inflight-windows and --key-windows-per-s",
     )
     p.add_argument("--tenants", type=int, default=4, help="with --per-key: well-behaved keys")
+    p.add_argument(
+        "--keyless",
+        type=int,
+        default=1,
+        help="with --per-key: loops sending wrong keys from the tenants' address during the attack",
+    )
     p.add_argument("--key-max-inflight-windows", type=int, default=16)
     p.add_argument("--key-windows-per-s", type=float, default=40.0)
     p.add_argument("--key-requests-per-s", type=float, default=None, help="with --per-key (default: none)")
@@ -259,8 +312,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 0 < args.seconds <= 600:
         p.error("--seconds must be in (0, 600] (the benchmark is bounded)")
-    if not 1 <= args.clients <= 256 or not 0 <= args.adversaries <= 64:
-        p.error("--clients must be in 1..256 and --adversaries in 0..64")
+    if not 1 <= args.clients <= 256 or not 0 <= args.adversaries <= 64 or not 0 <= args.keyless <= 64:
+        p.error("--clients must be in 1..256, --adversaries and --keyless in 0..64")
     return args
 
 
@@ -273,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         keys_file = args.log_dir / "abuse-keys.txt"
         keys_file.write_text(keys.file_text())
         keys_file.chmod(0o600)
-        flags += ("--api-keys-file", str(keys_file), "--auth-failures-per-minute", "100000")
+        flags += ("--api-keys-file", str(keys_file))  # the default failure budget: the neighbour spends it
         flags += ("--key-max-inflight-windows", str(args.key_max_inflight_windows))
         flags += ("--key-windows-per-s", str(args.key_windows_per_s))
         if args.key_requests_per_s is not None:
@@ -298,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"; API keys: well-behaved clients on {args.tenants} keys, adversaries on their own, each key "
             f"<= {args.key_max_inflight_windows} windows in flight and {args.key_windows_per_s:g} windows/s"
         )
+        if args.keyless:
+            title += f"; {args.keyless} keyless loop(s) sending wrong keys from the tenants' address"
         if args.key_requests_per_s is not None:
             title += f" and {args.key_requests_per_s:g} requests/s"
     title += f"; {cpu_summary()}"

@@ -187,6 +187,12 @@ def test_bench_abuse_per_key_refuses_the_adversaries_key_with_429(
     assert not any(
         k.endswith(": 401") for k in attack["adversary_status"]
     )  # its key is valid: limits, not auth
+    # a keyless neighbour on the tenants' address spends its failure budget, never theirs
+    keyless = attack["keyless_status"]
+    assert keyless.get("401 unauthorized", 0) >= 1 and keyless.get("429 too_many_auth_failures", 0) >= 1, (
+        keyless
+    )
+    assert "too_many_auth_failures" not in attack["well_behaved_429"], attack["well_behaved_429"]
     assert (tmp_path / "abuse-keys.txt").stat().st_mode & 0o077 == 0
 
 
