@@ -41,9 +41,11 @@ and 503 (not ready / overloaded) are retried with jittered exponential backoff, 
 ``Retry-After``, within ``deadline`` seconds per call when given; every failure is an ``XLNetQAError``.
 
 A server with API keys: ``XLNetQAClient(url, api_key=...)`` or the ``XLNETQA_API_KEY`` variable (sent
-as ``Authorization: Bearer``; never in ``repr`` or error text). 401 is ``XLNetQAAuthenticationError``;
-429 is ``XLNetQARateLimitError``, retried after the server's ``Retry-After`` while that fits in the
-deadline. HTTPS: ``verify=`` a CA bundle's path (or an ``ssl.SSLContext``; ``False`` only on purpose).
+as ``Authorization: Bearer``; surrounding whitespace stripped, anything but printable ASCII a
+``ValueError`` at construction; never in ``repr``, ``vars()`` or error text). 401 is
+``XLNetQAAuthenticationError``; 429 is ``XLNetQARateLimitError``, retried after the server's
+``Retry-After`` while that fits in the deadline. HTTPS: ``verify=`` a CA bundle's path (or an
+``ssl.SSLContext``; ``False`` only on purpose).
 """
 
 from clients.client import (

@@ -21,8 +21,9 @@ import email.utils
 import os
 import random
 import ssl
+import string
 import time
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Generator, Iterable, Mapping
 from typing import Any, TypeVar
 
 import httpx
@@ -177,6 +178,48 @@ def _batch_payload(items: Iterable[BatchItem]) -> list[dict[str, Any]]:
     return out
 
 
+def _api_key(api_key: str | None) -> str | None:
+    """The key from ``api_key=`` (else ``XLNETQA_API_KEY``; unset or blank there: no key), stripped of
+    surrounding whitespace and checked here, so a malformed key is one ValueError naming the rule and
+    the source instead of an httpx error that quotes the header it was put in. The text never holds it."""
+    source = "api_key="
+    if api_key is None:
+        api_key, source = os.environ.get(API_KEY_ENV, "").strip() or None, API_KEY_ENV
+        if api_key is None:
+            return None
+    if not isinstance(api_key, str):
+        raise ValueError(f"the API key from {source} must be a string, got {type(api_key).__name__}")
+    key = api_key.strip()
+    if not key:
+        problem = "is empty (leave api_key out, or pass None, for no key)"
+    elif not key.isascii():
+        problem = "holds a non-ASCII character"
+    elif any(c in string.whitespace for c in key):
+        problem = "holds whitespace inside it"
+    elif not key.isprintable():
+        problem = "holds a control character"
+    else:
+        return key
+    raise ValueError(f"the API key from {source} {problem}: a key is printable ASCII without spaces")
+
+
+class _BearerAuth(httpx.Auth):
+    """``Authorization: Bearer <key>`` set on each request as it is sent. The one place the key lives:
+    a slot (not in ``vars()``), never in the httpx client's default headers, hidden from ``repr``."""
+
+    __slots__ = ("_header",)
+
+    def __init__(self, key: str) -> None:
+        self._header = f"Bearer {key}"
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        request.headers["Authorization"] = self._header
+        yield request
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(<hidden>)"
+
+
 class _Attempts:
     """The retry bookkeeping of one call: what to do after each attempt, within the overall deadline."""
 
@@ -265,9 +308,8 @@ class _Policy:
         self.headers = dict(headers or {})
         self.deadline = deadline
         self.verify = verify  # a CA bundle's path, an SSLContext, True (system CAs) or False (explicit)
-        key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
-        if key is not None:
-            self.headers["Authorization"] = f"Bearer {key}"
+        key = _api_key(api_key)
+        self._auth = _BearerAuth(key) if key is not None else None
 
     def __repr__(self) -> str:  # never the key (nor any header)
         return f"{type(self).__name__}({self.base_url!r}, timeout={self.timeout}, retries={self.retries})"
@@ -303,7 +345,11 @@ class XLNetQAClient(_Policy):
     ) -> None:
         super().__init__(base_url, timeout, retries, backoff, **kw)
         self._http = httpx.Client(
-            base_url=self.base_url, timeout=timeout, headers=self.headers, verify=self.verify
+            base_url=self.base_url,
+            timeout=timeout,
+            headers=self.headers,
+            verify=self.verify,
+            auth=self._auth,
         )
 
     def __enter__(self) -> XLNetQAClient:
@@ -389,7 +435,11 @@ class AsyncXLNetQAClient(_Policy):
     ) -> None:
         super().__init__(base_url, timeout, retries, backoff, **kw)
         self._http = httpx.AsyncClient(
-            base_url=self.base_url, timeout=timeout, headers=self.headers, verify=self.verify
+            base_url=self.base_url,
+            timeout=timeout,
+            headers=self.headers,
+            verify=self.verify,
+            auth=self._auth,
         )
 
     async def __aenter__(self) -> AsyncXLNetQAClient:

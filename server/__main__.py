@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         preflight(settings)
-        spec = resolve_spec(settings.model, settings.backend)
+        spec = resolve_spec(settings.model, settings.backend, allow_unhashed=settings.allow_unhashed_model)
         check_spec(spec, settings)
         keys = KeyRing.from_settings(settings.api_keys_file)
         tls = settings.tls_context()

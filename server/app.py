@@ -52,7 +52,7 @@ def create_app(
     if spec is None:
         if settings.model is None:
             raise ValueError("no model directory (--model or XLNETQA_MODEL)")
-        spec = resolve_spec(settings.model, settings.backend)
+        spec = resolve_spec(settings.model, settings.backend, allow_unhashed=settings.allow_unhashed_model)
     keys = KeyRing.from_settings(settings.api_keys_file)  # KeyFileError: refuse to start
     metrics = Metrics()
     runtime = Runtime(settings, spec, metrics, backend_factory or create_backend, on_fatal)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from export.runtime.sidecar import DEFAULT_SETTINGS, Sidecar, SidecarError
+from export.runtime.sidecar import DEFAULT_SETTINGS, SIDECAR_FILE, Sidecar, SidecarError
 from train.common.contract import DEFAULTS, INPUT_NAMES, shortest_sequence
 from train.common.contract import OUTPUT_NAMES as OUTPUTS_BY_HEAD
 from train.squad.answerability import Answerability, AnswerabilityError
@@ -156,10 +156,14 @@ def _need_tokenizer(directory: Path) -> None:
         raise ModelSpecError(f"{directory}: no spiece.model (the tokenizer must be saved beside the model)")
 
 
-def load_export_spec(directory: str | Path, backend: str = "onnx") -> ModelSpec:
+def load_export_spec(
+    directory: str | Path, backend: str = "onnx", *, allow_unhashed: bool = False
+) -> ModelSpec:
     """Read and validate an export directory through ``export.runtime.sidecar`` (torch-free).
 
     The sidecar's backend must fit the server's: an ONNX export for ``onnx``, an engine for ``trt``.
+    Every served file must match its recorded sha256; an export that records none (an older exporter,
+    or a sidecar someone stripped) is refused unless ``allow_unhashed`` (``--allow-unhashed-model``).
     """
     d = Path(directory)
     try:
@@ -170,7 +174,14 @@ def load_export_spec(directory: str | Path, backend: str = "onnx") -> ModelSpec:
     if problems:
         raise ModelSpecError(f"{d}: {'; '.join(problems)}; export again, or restore the exported files")
     if sc.files_sha256 is None:
-        logger.warning("%s: the export records no file hashes (an older exporter): files not verified", d)
+        if not allow_unhashed:
+            raise ModelSpecError(
+                f"{d}: {SIDECAR_FILE} records no file hashes (files_sha256), so its files cannot be verified; "
+                "export it again, or serve it unverified with --allow-unhashed-model"
+            )
+        logger.warning(
+            "%s: the export records no file hashes (--allow-unhashed-model): files not verified", d
+        )
     wanted = {"onnx": "onnx", "trt": "tensorrt"}.get(backend)
     if wanted is not None and sc.backend != wanted:
         flag = "trt" if sc.backend == "tensorrt" else "onnx"
@@ -235,8 +246,8 @@ def load_checkpoint_spec(directory: str | Path) -> ModelSpec:
     )
 
 
-def resolve_spec(model_dir: str | Path, backend: str) -> ModelSpec:
-    """The spec for ``--model DIR --backend B``.
+def resolve_spec(model_dir: str | Path, backend: str, *, allow_unhashed: bool = False) -> ModelSpec:
+    """The spec for ``--model DIR --backend B`` (``allow_unhashed``: ``--allow-unhashed-model``).
 
     onnx/trt need an export directory. torch takes a checkpoint directory, or an export directory whose
     sidecar names its ``source_checkpoint`` (then the sidecar's lengths and threshold are kept, so both
@@ -246,7 +257,7 @@ def resolve_spec(model_dir: str | Path, backend: str) -> ModelSpec:
     if not d.is_dir():
         raise ModelSpecError(f"{d}: model directory not found")
     if backend != "torch":
-        spec = load_export_spec(d, backend)
+        spec = load_export_spec(d, backend, allow_unhashed=allow_unhashed)
         if spec.max_engine_seq_len is not None and spec.max_engine_seq_len < spec.max_seq_len:
             raise ModelSpecError(
                 f"{d}: the engine accepts at most {spec.max_engine_seq_len} tokens, the sidecar's max_seq_len is "
@@ -255,7 +266,7 @@ def resolve_spec(model_dir: str | Path, backend: str) -> ModelSpec:
         return spec
     if (d / "config.json").is_file():
         return load_checkpoint_spec(d)
-    spec = load_export_spec(d, backend)
+    spec = load_export_spec(d, backend, allow_unhashed=allow_unhashed)
     source = spec.raw.get("source_checkpoint")
     if not source:
         raise ModelSpecError(

@@ -33,6 +33,12 @@ class ServerSettings(BaseSettings):
         None, description="Export directory (onnx/trt) or checkpoint directory (torch)"
     )
     backend: Literal["onnx", "trt", "torch"] = "onnx"
+    allow_unhashed_model: bool = Field(
+        False,
+        description="serve an export whose export.json records no file hashes (files_sha256, written by every "
+        "exporter of this project): its files are not verified, and one warning says so. A file whose hash "
+        "is listed and differs, or a served file missing from the list, is refused all the same",
+    )
     model_name: str | None = Field(None, description="Name reported in responses (default: directory name)")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)

@@ -145,6 +145,8 @@ def test_onnx_repository(onnx_export, tmp_path):
     served = Sidecar.load(model_dir)  # the client-side sidecar: model_file points into the version dir
     assert served.model_file == "1/model.onnx" and served.extra["triton"]["platform"] == "onnxruntime_onnx"
     assert served.settings == sidecar.settings and served.outputs == sidecar.outputs
+    assert set(served.files_sha256 or {}) == {"1/model.onnx", *TOKENIZER_FILES}  # every file it serves
+    assert served.file_problems(model_dir) == []
     for name in TOKENIZER_FILES:
         assert (model_dir / name).read_bytes() == (onnx_export / name).read_bytes()
     sess = session(model_dir / "1" / "model.onnx", threads=1)  # what Triton's onnxruntime backend loads

@@ -388,6 +388,9 @@ def test_the_builder_as_a_library_reports_through_callbacks(tmp_path, capsys, st
     assert lines[0].startswith("python -m export.trt: TensorRT ") and lines[-1].startswith("wrote ")
     assert built.backend == "tensorrt" and Sidecar.load(tmp_path / "engine").trt == built.trt
     assert built.trt["min_shape"] == [1, 1] and built.trt["path"] == "fp32"
+    engine = Sidecar.load(tmp_path / "engine")  # the engine and the tokenizer, every one hashed
+    assert set(engine.files_sha256 or {}) == set(engine.served_files()) == {"model.engine", *TOKENIZER_FILES}
+    assert engine.file_problems(tmp_path / "engine") == []
 
 
 def test_no_gpu_stack_is_stack_unavailable_before_anything_is_written(tmp_path, monkeypatch):

@@ -93,7 +93,8 @@ class Sidecar:
     # by Triton clients; None: sigmoid(cls_logit) against no_answer_threshold.
     answerability: dict[str, Any] | None = None
     # sha256 of every file a server reads (model, portable graph, tokenizer), written by save(): the
-    # server refuses files that differ (a swapped or corrupted model) before it loads anything.
+    # server refuses a file that differs or is not listed (a swapped or corrupted model) before it loads
+    # anything, and an export without the list unless told to serve it unverified.
     files_sha256: dict[str, str] | None = None
     format_version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -220,7 +221,10 @@ class Sidecar:
 
     def file_problems(self, directory: str | os.PathLike) -> list[str]:
         """What is wrong with the served files of ``directory``: a symbolic link, a path that leaves the
-        directory, a file whose sha256 differs from the one recorded at export. Reads every file once."""
+        directory, a file missing from ``files_sha256`` (a file swapped in with its entry removed would
+        otherwise pass), a file whose sha256 differs from the one recorded. Reads every file once.
+        Without any ``files_sha256`` only links and paths are checked: whether such an export may be
+        served at all is the server's decision (``--allow-unhashed-model``)."""
         root = Path(directory).resolve()
         problems = []
         for name in self.served_files():
@@ -231,8 +235,12 @@ class Sidecar:
             if not path.resolve().is_relative_to(root):
                 problems.append(f"{name} leaves the export directory")
                 continue
-            expected = (self.files_sha256 or {}).get(name)
-            if expected is not None and path.is_file() and sha256_file(path) != expected:
+            if self.files_sha256 is None or not path.is_file():
+                continue
+            expected = self.files_sha256.get(name)
+            if expected is None:
+                problems.append(f"{name} is not in files_sha256 (every file a server loads must be hashed)")
+            elif sha256_file(path) != expected:
                 problems.append(f"{name} differs from the exported file (sha256 mismatch)")
         return problems
 
