@@ -43,11 +43,14 @@ def create_app(
     backend_factory: BackendFactory | None = None,
     on_fatal: Callable[[], None] | None = None,
     spec: ModelSpec | None = None,
+    listen_while_loading: bool = True,
 ) -> FastAPI:
-    """Build the app for ``settings`` (the model loads when the app starts, in the background).
+    """Build the app for ``settings`` (the model loads when the app starts).
 
     ``backend_factory`` replaces :func:`server.backends.create_backend` (e.g. to wrap a backend);
     ``on_fatal`` is called if loading fails (``python -m server`` stops the process with exit 1).
+    ``listen_while_loading=False`` makes the lifespan startup wait for the load: uvicorn serves only
+    after it, so a worker sharing a socket with ready siblings takes no connection it would answer 503.
     """
     if spec is None:
         if settings.model is None:
@@ -63,6 +66,8 @@ def create_app(
         reload_on_hup = keys is not None and _on_sighup(keys.reload)
         await runtime.start()
         try:
+            if not listen_while_loading:
+                await runtime.until_loaded()
             yield
         finally:
             if reload_on_hup:
@@ -157,8 +162,9 @@ def _exit_worker() -> None:
 
 
 def create_app_from_env() -> FastAPI:
-    """App factory for ``uvicorn --factory`` / multi-worker mode: settings from ``XLNETQA_*`` only."""
+    """App factory for ``uvicorn --factory`` / multi-worker mode: settings from ``XLNETQA_*`` only. A worker
+    takes connections only once its model is ready (a respawned one leaves them to its siblings)."""
     settings = ServerSettings()
     configure_logging(settings.log_level)
     configure_connections(settings.header_timeout_s, settings.tls_context())  # this worker's connections
-    return create_app(settings, on_fatal=_exit_worker)
+    return create_app(settings, on_fatal=_exit_worker, listen_while_loading=False)

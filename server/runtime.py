@@ -1,8 +1,10 @@
 """The served model's lifecycle: load in the background, warm up, serve, drain on shutdown.
 
-The server listens while the model loads, so ``/healthz`` answers at once and ``/readyz`` stays 503
-until the model is loaded *and* has answered a dummy request through the whole path (load balancers
-only route to warm replicas). On shutdown the micro-batcher is drained, so every admitted question is
+A single server listens while the model loads, so ``/healthz`` answers at once and ``/readyz`` stays
+503 until the model is loaded *and* has answered a dummy request through the whole path (load balancers
+only route to warm replicas). A worker under ``--workers`` waits for :meth:`Runtime.until_loaded` before
+it takes connections (``server.app.create_app``), so a respawned worker never answers 503 while its
+siblings could have answered. On shutdown the micro-batcher is drained, so every admitted question is
 still answered, within what is left of one graceful timeout.
 
 States: starting -> loading -> warming -> ready -> stopping; ``failed`` when loading failed and
@@ -63,6 +65,7 @@ class Runtime:
         self.name = settings.model_name or spec.name
 
         self._shutdown_started: float | None = None
+        self._shutdown_begun = asyncio.Event()  # set on the loop once begin_shutdown ran
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -91,6 +94,7 @@ class Runtime:
             self._loop.call_soon_threadsafe(self._schedule_cutoff)
 
     def _schedule_cutoff(self) -> None:
+        self._shutdown_begun.set()
         graceful = self.settings.graceful_timeout_s
         assert self._loop is not None
         self._loop.call_later(max(0.0, graceful - min(1.0, 0.2 * graceful)), self._cut_off)
@@ -139,6 +143,16 @@ class Runtime:
         self._loop = asyncio.get_running_loop()
         self._track_shutdown_signals()
         self._loader = asyncio.get_running_loop().create_task(self._load(), name="model-loader")
+
+    async def until_loaded(self) -> None:
+        """Return once loading ended (ready, or failed: ``on_fatal`` ran) or shutdown began, whichever is
+        first; a shutdown leaves the loader to :meth:`stop`, so SIGTERM never waits for a load."""
+        assert self._loader is not None, "start() first"
+        shutdown = asyncio.ensure_future(self._shutdown_begun.wait())
+        try:
+            await asyncio.wait({self._loader, shutdown}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            shutdown.cancel()
 
     def _run_backend(self, batch):
         assert self.backend is not None
