@@ -35,6 +35,25 @@ def reset_multiprocess_dir(directory: str | os.PathLike) -> None:
             path.unlink(missing_ok=True)
 
 
+def forget_dead_workers(directory: str | os.PathLike) -> None:
+    """Drop the live gauges of workers that are gone without saying so (``kill -9``, OOM): their files
+    would otherwise keep counting, e.g. a respawned worker's ``xlnetqa_ready`` twice."""
+    for path in Path(directory).glob("gauge_live*_*.db"):
+        pid = path.stem.rsplit("_", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            multiprocess.mark_process_dead(int(pid), str(directory))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def sample_total(text: str, name: str, **labels: str) -> float:
     """Sum of the samples called ``name`` (e.g. ``xlnetqa_batch_size_sum``) in a Prometheus text
     exposition whose labels include ``labels``; 0 if there are none. How benchmarks and tests read
@@ -192,6 +211,7 @@ class Metrics:
         directory = multiprocess_dir()
         if directory is None:
             return generate_latest(self.registry)
+        forget_dead_workers(directory)
         merged = CollectorRegistry()
         multiprocess.MultiProcessCollector(merged, path=directory)
         return generate_latest(merged)

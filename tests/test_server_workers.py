@@ -16,6 +16,8 @@ from pathlib import Path
 import httpx
 from server_helpers import OK, ServerProcess
 
+from server.metrics import sample_total
+
 WARMUP_DELAY_S = 4.0  # each worker's load takes at least this long: long enough to be seen
 
 
@@ -106,6 +108,8 @@ def test_a_killed_worker_is_respawned_and_takes_no_request_before_its_model_is_r
         finally:
             os.kill(survivor, signal.SIGCONT)
         assert statuses == [200] * 5 and respawned != victim
+        # the killed worker's live gauges are forgotten: two workers are ready, not three
+        assert sample_total(httpx.get(s.url + "/metrics", timeout=10).text, "xlnetqa_ready") == 2
     finally:
         s.stop()
 
