@@ -1,10 +1,11 @@
 """The browser playground (``GET /``) in a real headless Chromium against a real server on 127.0.0.1:
 an answerable and an unanswerable question, the rendered highlight checked against the API's offsets,
-batch mode, the server's error message shown, the API key field (only after a 401), content types and
-CSP, and the switch that turns it off."""
+the rule that declined a question, batch mode, the server's error message shown, the API key field
+(only after a 401), content types and CSP, and the switch that turns it off."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,6 +71,13 @@ HIDDEN_BUT_SHOWN = (
     "return [...document.querySelectorAll('[hidden]')]"
     ".filter(e => getComputedStyle(e).display !== 'none').map(e => e.id || e.tagName)"
 )
+
+
+def _bar(text: str) -> float:
+    """The P(answerable) a rule line says the rule asks for ("... P(answerable) ≥ 0.500 ...")."""
+    found = re.search(r"P\(answerable\) ≥ (\d+\.\d+)", text)
+    assert found, text
+    return float(found.group(1))
 
 
 def _api(url: str, body: dict) -> dict:
@@ -143,6 +151,56 @@ def test_unanswerable_question_has_no_highlight(playground_server, browser) -> N
     assert browser.find_elements(By.CSS_SELECTOR, "#context-view mark") == []
     assert browser.find_element(By.ID, "answer-line").get_attribute("data-impossible") == "true"
     assert browser.find_element(By.ID, "answer-line").text.startswith("No answer")
+
+
+def test_no_answer_says_which_rule_declined_it(playground_server, browser) -> None:
+    """ "No answer" beside a P(answerable) above one half is explained by the rule and the bar it set."""
+    from selenium.webdriver.common.by import By
+
+    question = "Who gave their name to Normandy?"
+    url = playground_server.url
+    # the model's own rule: no threshold from the request or the server
+    model = _api(url, {"question": question, "context": CONTEXT})
+    info = httpx.get(url + "/v1/model").json()
+    assert model["is_impossible"], "the tiny model declines this question at its own threshold"
+    assert model["rule"] == "cls" and model["threshold"] == info["no_answer_threshold"]
+    _ask(browser, url, CONTEXT, question)
+    assert _visible(browser, "why")
+    why = browser.find_element(By.ID, "why").text
+    assert "the model's no-answer threshold" in why
+    assert _bar(why) == pytest.approx(1 - model["threshold"], abs=5e-4)
+    assert f"{model['answerable_prob']:.3f}" in why
+    # the request's own threshold, set below this question's p(no answer)
+    threshold = round(model["no_answer_prob"] / 2, 3)
+    _ask(browser, url, CONTEXT, question, threshold=str(threshold))
+    asked = _api(url, {"question": question, "context": CONTEXT, "threshold": threshold})
+    assert asked["is_impossible"] and asked["rule"] == "request"
+    why = browser.find_element(By.ID, "why").text
+    assert "the no-answer threshold you set" in why
+    assert _bar(why) == pytest.approx(1 - asked["threshold"], abs=5e-4)
+    # an answer has nothing to explain
+    _ask(browser, url, CONTEXT, question, threshold="1")
+    assert browser.find_element(By.ID, "answer-line").get_attribute("data-impossible") == "false"
+    assert not _visible(browser, "why")
+
+
+def test_the_servers_own_threshold_is_named_as_the_rule(
+    onnx_export: Path, playground_server, browser, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    question = "Where is Normandy?"
+    probe = _api(playground_server.url, {"question": question, "context": CONTEXT})
+    flag = round(probe["no_answer_prob"] / 2, 3)  # below the question's p(no answer): it is declined
+    with ServerProcess(onnx_export, tmp_path, "--no-answer-threshold", str(flag)) as s:
+        answered = _api(s.url, {"question": question, "context": CONTEXT})
+        info = httpx.get(s.url + "/v1/model").json()
+        assert answered["is_impossible"] and answered["rule"] == "server"
+        assert answered["threshold"] == info["no_answer_threshold"]
+        _ask(browser, s.url, CONTEXT, question)
+        why = browser.find_element(By.ID, "why").text
+        assert _visible(browser, "why") and "this server's no-answer threshold" in why
+        assert _bar(why) == pytest.approx(1 - answered["threshold"], abs=5e-4)
 
 
 def test_batch_mode_and_the_servers_error_message(playground_server, browser) -> None:
