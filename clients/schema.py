@@ -121,10 +121,13 @@ class AnswerResponse(_Response):
     answerability model) and ``no_answer_prob`` its complement; the question is judged unanswerable
     when ``no_answer_prob > threshold`` (the threshold this question was decided at: the request's,
     the server's, or the model's rule; under the expected-gain rule it depends on how good the span
-    looks), or when no span is valid. Then ``answer`` is "" and ``start == end == -1``, but
-    ``best_span`` still says what the model would have answered. ``score`` (log-probability of the
-    best span) is null only when the context has no valid span at all. ``n_best`` is present only
-    when ``top_k > 1``.
+    looks), or when no span is valid. ``rule`` says what set ``threshold``: ``request`` (the request's
+    own), ``server`` (its ``--no-answer-threshold``), or the model's rule: ``cls`` (its <cls> score
+    against a threshold), ``threshold`` or ``expected_gain`` (a fitted answerability model), ``none``
+    (a fitted model that did not beat answering none: it answers nothing). Unanswerable: ``answer``
+    is "" and ``start == end == -1``, but ``best_span`` still says what the model would have
+    answered. ``score`` (log-probability of the best span) is null only when the context has no
+    valid span at all. ``n_best`` is present only when ``top_k > 1``.
     """
 
     answer: str
@@ -134,6 +137,7 @@ class AnswerResponse(_Response):
     no_answer_prob: float
     answerable_prob: float | None = None  # None only from servers older than this field
     threshold: float | None = None
+    rule: str | None = None  # None only from servers older than this field
     is_impossible: bool
     best_span: NBestEntry | None = None
     n_best: list[NBestEntry] | None = None

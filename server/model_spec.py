@@ -80,11 +80,20 @@ class ModelSpec:
         }
 
 
+def decision_rule(a: Answerability) -> str:
+    """The model's own rule, as an answer's ``rule`` names it: ``cls`` (sigmoid of the <cls> logit
+    against a threshold), a fitted model's ``threshold`` or ``expected_gain``, or ``none`` (a fitted
+    model that did not beat answering none, stored as a threshold of 0: it answers nothing)."""
+    if a.report.get("kind") == "cls":
+        return "cls"
+    return "none" if a.report.get("beats_no_answer") is False else a.rule
+
+
 def answerability_summary(a: Answerability) -> dict[str, Any]:
     """What ``GET /v1/model`` says of the decision rule (its cross-validated estimate, when fitted)."""
     cv = a.report.get("cv") or {}
     return {
-        "kind": "cls" if a.report.get("kind") == "cls" else "fitted",
+        "kind": "cls" if decision_rule(a) == "cls" else "fitted",
         "features": list(a.model.features),
         "calibration": a.calibration,
         "rule": a.rule,

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from server.batching import DeadlineUnreachable, JobResult, MicroBatcher, QueueFull
-from server.model_spec import ModelSpec
+from server.model_spec import ModelSpec, decision_rule
 from server.quotas import CallerBudget
 from train.squad import Feature, Prediction, decode_head_outputs, featurize_encoded
 from train.squad.features import TokenizerLike
@@ -95,6 +95,7 @@ class Answered:
     prediction: Prediction
     timing_ms: dict[str, float]
     windows: int
+    rule: str  # what set the prediction's threshold (AnswerResponse.rule)
 
 
 class QAPipeline:
@@ -201,6 +202,15 @@ class QAPipeline:
         assert result is not None
         return result
 
+    def decided_by(self, q: Question) -> tuple[float | None, str]:
+        """The threshold on p(no answer) that replaces the model's rule for ``q`` (the request's, else
+        the server's; None: the model's rule decides) and its name, AnswerResponse.rule."""
+        if q.threshold is not None:
+            return q.threshold, "request"
+        if self.threshold is not None:
+            return self.threshold, "server"
+        return None, decision_rule(self.spec.decision)
+
     def _decode_all(
         self, items: Sequence[Question], groups: Sequence[Sequence[Feature]], results: Sequence[JobResult]
     ) -> tuple[list[Prediction], list[float]]:
@@ -215,7 +225,7 @@ class QAPipeline:
                     res.rows,
                     n_best=max(self.n_best_pool, q.top_k),
                     max_answer_len=q.max_answer_len or self.spec.max_answer_len,
-                    threshold=self.threshold if q.threshold is None else q.threshold,
+                    threshold=self.decided_by(q)[0],
                     answerability=self.spec.decision,
                     question=q.question,
                 )
@@ -279,8 +289,9 @@ class QAPipeline:
                     "total": round(total, 3),
                 },
                 windows=len(g),
+                rule=self.decided_by(q)[1],
             )
-            for p, r, g, fm, dm in zip(preds, results, groups, feat_ms, dec_ms, strict=True)
+            for q, p, r, g, fm, dm in zip(items, preds, results, groups, feat_ms, dec_ms, strict=True)
         ]
 
     async def answer(self, item: Question) -> Answered:

@@ -90,6 +90,7 @@ def _to_response(answered: Answered, top_k: int, model: str) -> AnswerResponse:
         "no_answer_prob": p.no_answer_prob,
         "answerable_prob": p.answerable_prob,
         "threshold": p.threshold,
+        "rule": answered.rule,
         "is_impossible": p.is_impossible,
         "best_span": _entry(p.n_best[0]) if p.n_best else None,
         "model": model,

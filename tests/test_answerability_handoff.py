@@ -141,12 +141,13 @@ def test_server_and_sdk_return_the_same_decisions(
                 a, p = qa.answer(ex.question, ex.context), want[ex.qas_id]
                 assert a.answerable_prob == pytest.approx(p.answerable_prob, abs=1e-4)
                 assert a.no_answer_prob == pytest.approx(p.no_answer_prob, abs=1e-4)
-                assert a.threshold == pytest.approx(rule.threshold)
+                assert a.threshold == pytest.approx(rule.threshold) and a.rule == "threshold"
                 if abs(p.no_answer_prob - rule.threshold) > 1e-3:  # fp differences only matter at the edge
                     assert a.is_impossible == p.is_impossible
                 assert a.best_span is not None and a.best_span.text == p.best_span_text
                 assert a.answer == ("" if a.is_impossible else a.best_span.text)
             forced = qa.answer(examples[0].question, examples[0].context, threshold=1.0)
             assert forced.threshold == 1.0 and not forced.is_impossible  # a request's threshold wins
+            assert forced.rule == "request"
     finally:
         server.stop()

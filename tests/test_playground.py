@@ -1,9 +1,11 @@
 """The browser playground (``GET /``) in a real headless Chromium against a real server on 127.0.0.1:
 an answerable and an unanswerable question, the rendered highlight checked against the API's offsets,
-batch mode, the server's error message shown, content types and CSP, and the switch that turns it off."""
+the rule that declined a question, batch mode, the server's error message shown, the API key field
+(only after a 401), content types and CSP, and the switch that turns it off."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,7 +43,9 @@ def _ask(driver, url: str, context: str, question: str, threshold: str = "", bat
     for element_id, value in (("context", context), ("question", question), ("threshold", threshold)):
         field = driver.find_element(By.ID, element_id)
         field.clear()
-        if value:
+        if len(value) > 1000:  # 20,000 keystrokes through WebDriver can outlast its 120 s on a busy machine
+            driver.execute_script("arguments[0].value = arguments[1]", field, value)
+        elif value:
             field.send_keys(value)
     if batch != driver.find_element(By.ID, "batch").is_selected():
         driver.find_element(By.CSS_SELECTOR, "label[for=batch]").click()
@@ -52,6 +56,30 @@ def _ask(driver, url: str, context: str, question: str, threshold: str = "", bat
             or d.find_element(By.ID, "error").is_displayed()
         )
     )
+
+
+def _visible(driver, element_id: str) -> bool:
+    """Shown by computed style and by WebDriver's rules (a stylesheet's display rule must not beat the
+    element's ``hidden`` attribute)."""
+    from selenium.webdriver.common.by import By
+
+    element = driver.find_element(By.ID, element_id)
+    styled = driver.execute_script("return getComputedStyle(arguments[0]).display !== 'none'", element)
+    return styled and element.is_displayed()
+
+
+# The ids of elements that carry the hidden attribute yet are laid out (there should be none).
+HIDDEN_BUT_SHOWN = (
+    "return [...document.querySelectorAll('[hidden]')]"
+    ".filter(e => getComputedStyle(e).display !== 'none').map(e => e.id || e.tagName)"
+)
+
+
+def _bar(text: str) -> float:
+    """The P(answerable) a rule line says the rule asks for ("... P(answerable) ≥ 0.500 ...")."""
+    found = re.search(r"P\(answerable\) ≥ (\d+\.\d+)", text)
+    assert found, text
+    return float(found.group(1))
 
 
 def _api(url: str, body: dict) -> dict:
@@ -127,6 +155,56 @@ def test_unanswerable_question_has_no_highlight(playground_server, browser) -> N
     assert browser.find_element(By.ID, "answer-line").text.startswith("No answer")
 
 
+def test_no_answer_says_which_rule_declined_it(playground_server, browser) -> None:
+    """ "No answer" beside a P(answerable) above one half is explained by the rule and the bar it set."""
+    from selenium.webdriver.common.by import By
+
+    question = "Who gave their name to Normandy?"
+    url = playground_server.url
+    # the model's own rule: no threshold from the request or the server
+    model = _api(url, {"question": question, "context": CONTEXT})
+    info = httpx.get(url + "/v1/model").json()
+    assert model["is_impossible"], "the tiny model declines this question at its own threshold"
+    assert model["rule"] == "cls" and model["threshold"] == info["no_answer_threshold"]
+    _ask(browser, url, CONTEXT, question)
+    assert _visible(browser, "why")
+    why = browser.find_element(By.ID, "why").text
+    assert "the model's no-answer threshold" in why
+    assert _bar(why) == pytest.approx(1 - model["threshold"], abs=5e-4)
+    assert f"{model['answerable_prob']:.3f}" in why
+    # the request's own threshold, set below this question's p(no answer)
+    threshold = round(model["no_answer_prob"] / 2, 3)
+    _ask(browser, url, CONTEXT, question, threshold=str(threshold))
+    asked = _api(url, {"question": question, "context": CONTEXT, "threshold": threshold})
+    assert asked["is_impossible"] and asked["rule"] == "request"
+    why = browser.find_element(By.ID, "why").text
+    assert "the no-answer threshold you set" in why
+    assert _bar(why) == pytest.approx(1 - asked["threshold"], abs=5e-4)
+    # an answer has nothing to explain
+    _ask(browser, url, CONTEXT, question, threshold="1")
+    assert browser.find_element(By.ID, "answer-line").get_attribute("data-impossible") == "false"
+    assert not _visible(browser, "why")
+
+
+def test_the_servers_own_threshold_is_named_as_the_rule(
+    onnx_export: Path, playground_server, browser, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    question = "Where is Normandy?"
+    probe = _api(playground_server.url, {"question": question, "context": CONTEXT})
+    flag = round(probe["no_answer_prob"] / 2, 3)  # below the question's p(no answer): it is declined
+    with ServerProcess(onnx_export, tmp_path, "--no-answer-threshold", str(flag)) as s:
+        answered = _api(s.url, {"question": question, "context": CONTEXT})
+        info = httpx.get(s.url + "/v1/model").json()
+        assert answered["is_impossible"] and answered["rule"] == "server"
+        assert answered["threshold"] == info["no_answer_threshold"]
+        _ask(browser, s.url, CONTEXT, question)
+        why = browser.find_element(By.ID, "why").text
+        assert _visible(browser, "why") and "this server's no-answer threshold" in why
+        assert _bar(why) == pytest.approx(1 - answered["threshold"], abs=5e-4)
+
+
 def test_batch_mode_and_the_servers_error_message(playground_server, browser) -> None:
     from selenium.webdriver.common.by import By
 
@@ -200,7 +278,22 @@ def test_keyboard_only_and_a_narrow_screen(playground_server, browser) -> None:
         browser.set_window_size(1100, 1400)
 
 
-def test_a_server_with_keys_asks_for_one_and_the_page_keeps_it_out_of_storage(
+def test_an_open_server_never_shows_the_key_field(playground_server, browser) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(playground_server.url + "/")
+    WebDriverWait(browser, 30).until(ec.text_to_be_present_in_element((By.ID, "model-line"), "threshold"))
+    assert not _visible(browser, "key-row")
+    assert browser.execute_script(HIDDEN_BUT_SHOWN) == []
+    _ask(browser, playground_server.url, CONTEXT, "Who gave their name to Normandy?")
+    assert browser.find_element(By.ID, "result").get_attribute("data-done")
+    assert not _visible(browser, "key-row")
+    assert browser.execute_script(HIDDEN_BUT_SHOWN) == []
+
+
+def test_a_server_with_keys_asks_for_one_after_a_401_and_the_page_keeps_it_out_of_storage(
     onnx_export: Path, browser, tmp_path: Path
 ) -> None:
     from selenium.webdriver.common.by import By
@@ -210,14 +303,22 @@ def test_a_server_with_keys_asks_for_one_and_the_page_keeps_it_out_of_storage(
     key = "playground-key-0123456789"
     (tmp_path / "keys.txt").write_text(f"browser: {key}\n")
     with ServerProcess(onnx_export, tmp_path, "--api-keys-file", str(tmp_path / "keys.txt")) as s:
-        browser.get(s.url + "/")
         wait = WebDriverWait(browser, 30)
-        wait.until(
-            ec.visibility_of_element_located((By.ID, "api-key"))
-        )  # the 401 of /v1/model shows the field
-        assert "API key" in browser.find_element(By.ID, "model-line").text
+        # The page's own first call (GET /v1/model) blocked: no 401 has come, so no key field yet.
+        browser.execute_cdp_cmd("Network.enable", {})
+        browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["*/v1/model"]})
+        try:
+            browser.get(s.url + "/")
+            wait.until(ec.text_to_be_present_in_element((By.ID, "model-line"), "Could not read"))
+        finally:
+            browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
+            browser.execute_cdp_cmd("Network.disable", {})
+        assert not _visible(browser, "key-row")
         browser.find_element(By.ID, "context").send_keys(CONTEXT)
         browser.find_element(By.ID, "question").send_keys("Who gave their name to Normandy?")
+        browser.find_element(By.ID, "ask").click()  # no key: 401 from /answer shows the field
+        wait.until(lambda d: d.find_element(By.ID, "error").is_displayed())
+        assert "401" in browser.find_element(By.ID, "error").text and _visible(browser, "key-row")
         browser.find_element(By.ID, "api-key").send_keys("wrong-key-0123456789abc")
         browser.find_element(By.ID, "ask").click()
         wait.until(lambda d: d.find_element(By.ID, "error").is_displayed())
@@ -228,6 +329,8 @@ def test_a_server_with_keys_asks_for_one_and_the_page_keeps_it_out_of_storage(
         browser.find_element(By.ID, "ask").click()
         wait.until(lambda d: d.find_element(By.ID, "result").get_attribute("data-done"))
         assert not browser.find_element(By.ID, "error").is_displayed()
+        assert browser.find_element(By.ID, "answer-line").text  # answered with the key
+        assert _visible(browser, "key-row")  # and the field stays
         stored = browser.execute_script(
             "return JSON.stringify(localStorage) + JSON.stringify(sessionStorage) + document.cookie + location.href"
         )
@@ -235,3 +338,6 @@ def test_a_server_with_keys_asks_for_one_and_the_page_keeps_it_out_of_storage(
         wait.until(
             ec.text_to_be_present_in_element((By.ID, "model-line"), "threshold")
         )  # reloaded with the key
+        browser.get(s.url + "/")  # a fresh page: the 401 of /v1/model shows the field at once
+        wait.until(ec.visibility_of_element_located((By.ID, "api-key")))
+        assert "API key" in browser.find_element(By.ID, "model-line").text

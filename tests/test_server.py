@@ -265,6 +265,22 @@ def test_model_info_docs_and_openapi(onnx_server: ServerProcess) -> None:
     assert {"413", "422", "503"} <= set(spec["paths"]["/answer"]["post"]["responses"])
 
 
+def test_each_answer_names_the_model_rule_that_decided_it() -> None:
+    """``rule`` in an answer, for the model's own rules (a request's or the server's threshold replaces
+    them: tests/test_playground.py asks real servers for those)."""
+    from dataclasses import replace
+
+    from server.model_spec import decision_rule
+    from train.squad.answerability import Answerability, Linear
+
+    fitted = Answerability(
+        Linear(("cls_logit",), (0.0,), (1.0,), (-1.0,), 0.0), threshold=0.3, report={"beats_no_answer": True}
+    )
+    never = replace(fitted, threshold=0.0, report={"beats_no_answer": False})  # how fitting stores "none"
+    rules = [Answerability.cls_only(0.5), fitted, replace(fitted, rule="expected_gain"), never]
+    assert [decision_rule(a) for a in rules] == ["cls", "threshold", "expected_gain", "none"]
+
+
 def test_metrics_count_requests_errors_latency_and_batches(onnx_server: ServerProcess) -> None:
     post(onnx_server.url + "/answer", OK)
     post(onnx_server.url + "/answer", {**OK, "question": ""})

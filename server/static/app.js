@@ -145,6 +145,30 @@ function threshold() {
   return state.model ? modelThreshold(state.model) : "the model's";
 }
 
+// What set a question's threshold (the answer's "rule"), in words.
+const RULES = {
+  request: "the no-answer threshold you set",
+  server: "this server's no-answer threshold",
+  cls: "the model's no-answer threshold",
+  threshold: "the model's fitted answerability rule",
+  expected_gain: "the model's expected-gain rule",
+};
+
+// Why "no answer": the rule's bar on P(answerable) (answered iff p(no answer) <= threshold), so a
+// P(answerable) above one half beside "No answer" reads as the rule it is, not a contradiction.
+function whyNoAnswer(res, pAnswerable) {
+  if (!res.best_span) return "No span of this context can be an answer.";
+  if (res.rule === "none") return "The model answers no question: its fitted answerability rule did not beat answering none.";
+  const rule = RULES[res.rule] || "the server's rule";
+  if (res.threshold == null) return `Declined by ${rule}.`;
+  if (res.threshold === 0) return `Declined by ${rule}: at 0 it answers no question.`;
+  const bar = `P(answerable) ≥ ${(1 - res.threshold).toFixed(3)}`;
+  const when = res.rule === "expected_gain"
+    ? `only when fairly sure: ${bar} here (the better the best span looks, the lower the bar)`
+    : `only when ${bar}`;
+  return `Declined by ${rule}: it answers ${when}; this question's is ${pAnswerable.toFixed(3)}.`;
+}
+
 function renderOne(res, thresholdUsed) {
   const line = $("answer-line");
   line.replaceChildren();
@@ -161,6 +185,7 @@ function renderOne(res, thresholdUsed) {
     line.appendChild(document.createTextNode(` (P(answerable) ${pAnswerable.toFixed(2)})`));
   }
   line.dataset.impossible = String(res.is_impossible);
+  setText($("why"), res.is_impossible ? whyNoAnswer(res, pAnswerable) : "").hidden = !res.is_impossible;
   const facts = $("facts");
   facts.replaceChildren();
   fact(facts, "P(answerable)", pAnswerable.toFixed(4), "answerable-prob");
