@@ -34,6 +34,7 @@ import httpx
 import numpy as np
 import onnx
 import pytest
+from auth_helpers import ALICE, BOB, WRONG, bearer, keys_file, until
 from onnx import numpy_helper
 from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import OK, ServerProcess, post, server_env
@@ -51,26 +52,6 @@ from export.runtime.sidecar import SIDECAR_FILE, Sidecar
 from server.app import create_app
 from server.process import free_port
 from server.settings import ServerSettings
-
-ALICE = "alice-key-0123456789abcdef"
-BOB = "bob-key-fedcba9876543210xyz"
-WRONG = "not-a-valid-key-at-all-123456"
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def keys_file(path: Path, *lines: str) -> Path:
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def until(condition, what: str, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 def exchange(port: int, data: bytes, seconds: float = 10.0, tls: ssl.SSLContext | None = None) -> bytes:
@@ -119,8 +100,12 @@ def test_a_keyless_neighbour_on_the_same_address_cannot_lock_out_a_valid_key(onn
     with ServerProcess(
         onnx_export, tmp_path, "--api-keys-file", str(keys), "--auth-failures-per-minute", "6"
     ) as s:
-        refused = [post(s.url + "/answer", OK, headers=bearer(WRONG)).status_code for _ in range(4)]
-        assert 429 in refused  # the neighbour is over its budget ...
+        refused = [post(s.url + "/answer", OK, headers=bearer(WRONG)) for _ in range(4)]
+        assert refused[0].status_code == 401 and 429 in [
+            r.status_code for r in refused
+        ]  # over its budget ...
+        assert int(refused[-1].headers["retry-after"]) >= 1
+        assert httpx.get(s.url + "/healthz", timeout=10).status_code == 200  # probes stay open
         served = []
         for _ in range(10):  # ... and keeps trying between the tenant's requests
             assert post(s.url + "/answer", OK, headers=bearer(WRONG)).status_code == 429
