@@ -17,7 +17,7 @@ from typing import Any
 from export.runtime.sidecar import DEFAULT_SETTINGS, SIDECAR_FILE, Sidecar, SidecarError
 from train.common.contract import DEFAULTS, INPUT_NAMES, shortest_sequence
 from train.common.contract import OUTPUT_NAMES as OUTPUTS_BY_HEAD
-from train.squad.answerability import Answerability, AnswerabilityError
+from train.squad.answerability import NONE_RULE, Answerability, AnswerabilityError
 
 logger = logging.getLogger("server")
 
@@ -83,10 +83,11 @@ class ModelSpec:
 def decision_rule(a: Answerability) -> str:
     """The model's own rule, as an answer's ``rule`` names it: ``cls`` (sigmoid of the <cls> logit
     against a threshold), a fitted model's ``threshold`` or ``expected_gain``, or ``none`` (a fitted
-    model that did not beat answering none, stored as a threshold of 0: it answers nothing)."""
+    model that did not credibly beat answering none: it answers nothing; older exports stored that
+    as a threshold of 0 with ``beats_no_answer`` false)."""
     if a.report.get("kind") == "cls":
         return "cls"
-    return "none" if a.report.get("beats_no_answer") is False else a.rule
+    return NONE_RULE if a.report.get("beats_no_answer") is False else a.rule
 
 
 def answerability_summary(a: Answerability) -> dict[str, Any]:

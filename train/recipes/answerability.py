@@ -25,7 +25,7 @@ rules' cross-fitting in :mod:`.answerability_crossfit`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -48,9 +48,16 @@ from train.recipes.answerability_models import (
     fit_question_verifier,
     roc_auc,
 )
-from train.recipes.answerability_table import Table, build_table, fittable, fold_groups, group_folds
+from train.recipes.answerability_table import (
+    Table,
+    build_table,
+    fittable,
+    fold_groups,
+    group_folds,
+    table_folds,
+)
 from train.squad import Prediction, SquadExample
-from train.squad.answerability import Answerability
+from train.squad.answerability import NONE_RULE, Answerability
 from train.squad.answerability_features import VERIFIER_LOGIT
 from train.squad.linear import Linear
 
@@ -72,6 +79,10 @@ __all__ = [
     "fit_answerability",
     "fit_auto",
     "fit_calibrated",
+    "fit_table",
+    "nested_gains",
+    "credible_lower_bound",
+    "choose",
     "fit_for",
     "fit_question_verifier",
     "fit_rules",
@@ -80,47 +91,163 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True)
+class Choice:
+    """A feature set's options and one of its rules, with the F1 its cross-validation gave."""
+
+    opts: FitOptions
+    rule: str
+    cv: CrossFit
+    f1: float
+
+
+def choose(t: Table, candidates: Sequence[FitOptions], verifier: Linear | None) -> Choice:
+    """The (feature set, rule) with the highest cross-validated F1 on ``t``; earlier candidates and
+    rules win ties (list the simpler first)."""
+    best: Choice | None = None
+    for opts in candidates:
+        cv = cross_fit(t, opts, verifier)
+        for rule in opts.rules:
+            f1 = float(f1_at(cv.answered[rule], t).mean() * 100)
+            if best is None or f1 > best.f1:
+                best = Choice(opts, rule, cv, f1)
+    assert best is not None
+    return best
+
+
+@dataclass(frozen=True)
+class Nested:
+    """The whole choice judged on groups it never saw: per outer group (article), the gain over
+    answering none of what was chosen and fitted on the other groups."""
+
+    groups: list[str]
+    questions: list[int]
+    gains: list[float]  # F1 points over answering none, per group
+    answered: int
+    grouping: str
+
+    @property
+    def mean_gain(self) -> float:
+        return float(np.average(self.gains, weights=self.questions)) if self.gains else 0.0
+
+    @property
+    def lower_bound(self) -> float:
+        return credible_lower_bound(self.gains, self.questions)
+
+
+def nested_gains(t: Table, candidates: Sequence[FitOptions], verifier: Linear | None) -> Nested:
+    """Outer folds of whole groups; in each, :func:`choose` runs on the other groups alone (the
+    choice among feature sets and rules is part of what is judged), the choice is fitted there, and
+    each held-out group's gain is measured."""
+    held_out, grouping = table_folds(t)
+    groups, _ = fold_groups(t.articles, t.paragraphs)
+    names, sizes, gains, answered = [], [], [], 0
+    for held in held_out:
+        train = t.subset(np.setdiff1d(np.arange(len(t)), held))
+        test = t.subset(held)
+        said = np.zeros(len(test), dtype=bool)
+        if fittable(train):
+            choice = choose(train, candidates, verifier)
+            fitted = fit_rules(train, replace(choice.opts, rules=(choice.rule,)), verifier)[choice.rule]
+            said = answers(fitted, test)
+        answered += int(said.sum())
+        f1 = f1_at(said, test)
+        for g in sorted(set(groups[held].tolist()), key=str):
+            rows = groups[held] == g
+            names.append(str(g))
+            sizes.append(int(rows.sum()))
+            gains.append(float((f1[rows] - test.abstain_f1[rows]).mean() * 100))
+    return Nested(names, sizes, gains, answered, grouping)
+
+
+def credible_lower_bound(gains: Sequence[float], weights: Sequence[float], level: float = 0.95) -> float:
+    """One-sided ``level`` lower bound of the question-weighted mean gain, groups as the unit: the
+    weighted mean minus Student's t (groups - 1 degrees of freedom) times the groups' standard error.
+    Questions of one article move together, so the article is what is sampled; with one group there
+    is no bound (-inf)."""
+    from scipy.stats import t as student
+
+    d, w = np.asarray(gains, dtype=np.float64), np.asarray(weights, dtype=np.float64)
+    m = d.size
+    if m < 2 or w.sum() <= 0:
+        return float("-inf")
+    w = w / w.sum()
+    mean = float(np.dot(w, d))
+    se = float(np.sqrt(m / (m - 1) * np.sum(w**2 * (d - mean) ** 2)))
+    return mean - float(student.ppf(level, m - 1)) * se
+
+
 def fit_answerability(
     examples: Sequence[SquadExample],
     predictions: Mapping[str, Prediction],
-    opts: FitOptions | None = None,
+    opts: FitOptions | Sequence[FitOptions] | None = None,
     verifier: Linear | None = None,
 ) -> Answerability:
     """The final answerability model for these held-out questions, with its cross-validated report.
 
+    ``opts``: one feature set, or several candidates to choose among (the simpler first). The
+    (feature set, rule) with the higher cross-validated F1 is fitted on every question; it is kept
+    only when the guard holds: the gain over answering none of the *whole choice*, judged by nested
+    cross-validation over articles, has a one-sided 95% lower bound above 0 (:func:`nested_gains`,
+    :func:`credible_lower_bound`). Otherwise the stored rule is ``none``: it never answers.
     ``verifier`` (the question verifier, fitted elsewhere) is needed when the features include
-    ``verifier_logit``. The stored rule is the one with the higher cross-validated F1; when it does
-    not beat answering none across the folds, it is a threshold of 0 (never answer).
+    ``verifier_logit``.
     """
-    opts = opts or FitOptions()
-    if VERIFIER_LOGIT in opts.features and verifier is None:
+    candidates = [opts or FitOptions()] if opts is None or isinstance(opts, FitOptions) else list(opts)
+    if any(VERIFIER_LOGIT in o.features for o in candidates) and verifier is None:
         raise ValueError(f"the features include {VERIFIER_LOGIT}: pass the question verifier")
-    t = build_table(examples, predictions, opts.features, verifier)
+    features = tuple(dict.fromkeys(f for o in candidates for f in o.features))
+    return fit_table(build_table(examples, predictions, features, verifier), candidates, verifier)
+
+
+def fit_table(t: Table, candidates: Sequence[FitOptions], verifier: Linear | None) -> Answerability:
+    """:func:`fit_answerability` on a table already built (its columns hold every candidate's features)."""
     if not fittable(t):
         raise ValueError("fitting answerability needs answerable and unanswerable questions in 2+ paragraphs")
-    cv = cross_fit(t, opts, verifier)
+    choice = choose(t, candidates, verifier)
+    nested = nested_gains(t, candidates, verifier)
+    credible = nested.lower_bound > 0
     none_f1 = float(t.abstain_f1.mean() * 100)
-    rule_f1 = {r: float(f1_at(cv.answered[r], t).mean() * 100) for r in opts.rules}
-    best_rule = max(opts.rules, key=lambda r: (rule_f1[r], -opts.rules.index(r)))
-    beats = rule_f1[best_rule] > none_f1
-    per_fold = _per_fold(t, cv, best_rule)
-    final = fit_rules(t, replace(opts, rules=(best_rule,)), verifier)[best_rule]
-    if not beats:
-        final = replace(final, rule="threshold", threshold=0.0)
+    final = fit_rules(t, replace(choice.opts, rules=(choice.rule,)), verifier)[choice.rule]
+    if not credible:
+        final = replace(final, rule=NONE_RULE)
+    rule_f1 = {r: float(f1_at(choice.cv.answered[r], t).mean() * 100) for r in choice.opts.rules}
+    per_fold = _per_fold(t, choice.cv, choice.rule)
     report = {
-        "features": list(opts.features),
-        "fitted_on": {"questions": len(t), "answerable": int(t.answerable.sum()), "grouping": cv.grouping},
-        "cv": _cv_report(t, cv, per_fold, rule_f1, none_f1, best_rule),
-        "chosen_rule": best_rule,
-        "beats_no_answer": beats,
-        "decision": (
-            f"{best_rule} rule (cross-validated F1 {rule_f1[best_rule]:.2f} vs {none_f1:.2f} answering none)"
-            if beats
-            else f"answer nothing: no rule beat answering none across the folds "
-            f"({rule_f1[best_rule]:.2f} vs {none_f1:.2f})"
-        ),
+        "features": list(choice.opts.features),
+        "fitted_on": {
+            "questions": len(t),
+            "answerable": int(t.answerable.sum()),
+            "grouping": choice.cv.grouping,
+            "articles": sorted(set(t.articles.tolist())),
+        },
+        "cv": _cv_report(t, choice.cv, per_fold, rule_f1, none_f1, choice.rule),
+        "chosen_rule": choice.rule,
+        "nested": {
+            "grouping": nested.grouping,
+            "per_group": [
+                {"group": g, "questions": n, "gain": d}
+                for g, n, d in zip(nested.groups, nested.questions, nested.gains, strict=True)
+            ],
+            "mean_gain": nested.mean_gain,
+            "lower_bound": nested.lower_bound if np.isfinite(nested.lower_bound) else None,
+            "answered": nested.answered,
+        },
+        "beats_no_answer": credible,
+        "decision": _decision_text(choice, nested, none_f1, credible),
     }
     return replace(final, report=report)
+
+
+def _decision_text(choice: Choice, nested: Nested, none_f1: float, credible: bool) -> str:
+    bound = f"{nested.lower_bound:+.2f}" if np.isfinite(nested.lower_bound) else "none (one group)"
+    judged = (
+        f"nested cross-validation over {len(nested.groups)} {nested.grouping}s: gain {nested.mean_gain:+.2f} "
+        f"F1, 95% lower bound {bound}"
+    )
+    if credible:
+        return f"{choice.rule} rule, cross-validated F1 {choice.f1:.2f} vs {none_f1:.2f} answering none ({judged})"
+    return f"answer nothing: no rule credibly beat answering none ({judged})"
 
 
 def _per_fold(t: Table, cv: CrossFit, rule: str) -> list[dict[str, Any]]:
@@ -173,22 +300,14 @@ def fit_auto(
     calibration: str = "platt",
     candidates: Sequence[str] = AUTO_CANDIDATES,
 ) -> Answerability:
-    """Each candidate feature set fitted with its own cross-validation; the one with the higher
-    cross-validated F1 is kept (the simpler on a tie), and the report lists them all. With little
-    calibration data the verifier alone usually wins: the model's scores add variance, not signal."""
-    fitted = {
-        name: fit_answerability(examples, predictions, FitOptions(FEATURE_SETS[name], calibration), verifier)
-        for name in candidates
-    }
-    best = max(candidates, key=lambda n: (fitted[n].report["cv"]["f1"], -candidates.index(n)))
-    report = fitted[best].report | {
-        "feature_set": best,
-        "candidates": {
-            n: {"cv_f1": a.report["cv"]["f1"], "cv_roc_auc": a.report["cv"]["roc_auc"]}
-            for n, a in fitted.items()
-        },
-    }
-    return replace(fitted[best], report=report)
+    """The candidate feature sets chosen among inside the cross-validation (:func:`fit_answerability`),
+    the simpler first. With little calibration data the verifier alone usually wins: the model's
+    scores add variance, not signal."""
+    a = fit_answerability(
+        examples, predictions, [FitOptions(FEATURE_SETS[n], calibration) for n in candidates], verifier
+    )
+    chosen = next(n for n in candidates if FEATURE_SETS[n] == tuple(a.report["features"]))
+    return replace(a, report=a.report | {"feature_set": chosen, "candidates": list(candidates)})
 
 
 # `--answerability` of train.finetune and train.calibrate: a feature set, or auto (see fit_auto).

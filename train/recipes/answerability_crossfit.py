@@ -8,17 +8,24 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from train.recipes.answerability_models import FitOptions, answerable_probs, calibrated, fit_span_f1
+from train.recipes.answerability_models import (
+    FitOptions,
+    answerable_probs,
+    as_answerability,
+    fit_calibrated,
+    fit_span_f1,
+    out_of_fold_probs,
+)
 from train.recipes.answerability_table import Table, fittable, table_folds
 from train.squad.answerability import Answerability
 from train.squad.linear import Linear
 
 
-def answers(a: Answerability, t: Table, probs: np.ndarray | None = None) -> np.ndarray:
-    """True where the rule answers (a question without a span is never answered)."""
-    p = answerable_probs(a, t) if probs is None else probs
-    thresholds = np.array([a.no_answer_threshold(r) for r in t.rows(a.features)])
-    return ((1.0 - p) <= thresholds) & t.has_span
+def answers(a: Answerability, t: Table) -> np.ndarray:
+    """True where the rule answers: :meth:`Answerability.decision` on every row, the function the
+    server decides with (a question without a span is never answered)."""
+    rows = t.rows(a.features)
+    return np.array([not a.decision(r, bool(s)).is_impossible for r, s in zip(rows, t.has_span, strict=True)])
 
 
 def f1_at(answered: np.ndarray, t: Table) -> np.ndarray:
@@ -38,29 +45,18 @@ def best_threshold(probs: np.ndarray, t: Table) -> float:
     return float(no_answer[order][int(np.argmax(running))])
 
 
-def _oof_probs(t: Table, opts: FitOptions, verifier: Linear | None) -> np.ndarray:
-    """Calibrated P(answerable) of every row from a model fitted without the row's group."""
-    out = np.full(len(t), float(t.answerable.mean()))
-    held_out, _ = table_folds(t)
-    for held in held_out:
-        train = t.subset(np.setdiff1d(np.arange(len(t)), held))
-        if fittable(train):
-            out[held] = answerable_probs(calibrated(train, opts, verifier), t.subset(held))
-    return out
-
-
 def fit_rules(t: Table, opts: FitOptions, verifier: Linear | None) -> dict[str, Answerability]:
     """Everything fitted on ``t`` alone, under each rule of ``opts``: the threshold chosen on inner
-    out-of-fold probabilities, the span-F1 model on the answerable rows."""
-    a = calibrated(t, opts, verifier)
+    out-of-fold probabilities, the span-F1 model on the answerable rows (out of fold too)."""
+    model = fit_calibrated(t, opts)
+    a = as_answerability(model, opts, verifier)
     out: dict[str, Answerability] = {}
     for rule in opts.rules:
         if rule == "expected_gain":
             out[rule] = replace(a, rule="expected_gain", span_f1=fit_span_f1(t))
         else:
-            out[rule] = replace(
-                a, rule="threshold", threshold=best_threshold(_oof_probs(t, opts, verifier), t)
-            )
+            threshold = best_threshold(out_of_fold_probs(model, t, opts), t)
+            out[rule] = replace(a, rule="threshold", threshold=threshold)
     return out
 
 
@@ -90,5 +86,5 @@ def cross_fit(t: Table, opts: FitOptions, verifier: Linear | None = None) -> Cro
         p = answerable_probs(next(iter(fitted.values())), test)  # one calibrated model under every rule
         probs[held] = p
         for rule, a in fitted.items():
-            answered[rule][held] = answers(a, test, p)
+            answered[rule][held] = answers(a, test)
     return CrossFit(probs, answered, fold_of, grouping)

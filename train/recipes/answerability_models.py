@@ -16,12 +16,13 @@ import numpy as np
 from train.recipes.answerability_table import (
     SPAN_F1_FEATURES,
     Table,
+    fold_groups,
     group_folds,
     question_table,
     table_folds,
 )
 from train.squad import SquadExample
-from train.squad.answerability import RULES, Answerability, SpanF1
+from train.squad.answerability import FITTED_RULES, Answerability, SpanF1
 from train.squad.answerability_features import (
     MODEL_FEATURES,
     QUESTION_FEATURES,
@@ -94,7 +95,7 @@ def fit_question_verifier(examples: Sequence[SquadExample]) -> tuple[Linear, dic
 class FitOptions:
     features: tuple[str, ...] = FEATURE_SETS["verifier"]
     calibration: str = "platt"
-    rules: tuple[str, ...] = RULES
+    rules: tuple[str, ...] = FITTED_RULES
     c: float = 1.0  # inverse L2 strength of the combining model (standardised features)
 
     def __post_init__(self) -> None:
@@ -104,8 +105,18 @@ class FitOptions:
             raise ValueError(f"unknown answerability features {unknown}; choose from {allowed}")
         if self.calibration not in CALIBRATION_METHODS:
             raise ValueError(f"calibration must be one of {CALIBRATION_METHODS}, got {self.calibration!r}")
-        if not self.rules or any(r not in RULES for r in self.rules):
-            raise ValueError(f"rules must be drawn from {RULES}, got {self.rules}")
+        if not self.rules or any(r not in FITTED_RULES for r in self.rules):
+            raise ValueError(f"rules must be drawn from {FITTED_RULES}, got {self.rules}")
+
+
+def _calibration_splits(t: Table) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train, held-out) rows of the inner grouped folds that hold both classes to train on."""
+    inner, _ = table_folds(t)
+    splits = [(np.setdiff1d(np.arange(len(t)), held), held) for held in inner]
+    splits = [(tr, te) for tr, te in splits if 0 < int(t.answerable[tr].sum()) < len(tr)]
+    if not splits:
+        raise ValueError("every calibration fold lacks answerable or unanswerable questions")
+    return splits
 
 
 def fit_calibrated(t: Table, opts: FitOptions):
@@ -113,15 +124,24 @@ def fit_calibrated(t: Table, opts: FitOptions):
     fitted on all of ``t``, its calibration map learnt on the inner (grouped) out-of-fold scores."""
     from sklearn.calibration import CalibratedClassifierCV
 
-    inner, _ = table_folds(t)
-    splits = [(np.setdiff1d(np.arange(len(t)), held), held) for held in inner]
-    splits = [(tr, te) for tr, te in splits if 0 < int(t.answerable[tr].sum()) < len(tr)]
-    if not splits:
-        raise ValueError("every calibration fold lacks answerable or unanswerable questions")
     model = CalibratedClassifierCV(
-        logistic(opts.c), method=_SKLEARN_METHOD[opts.calibration], cv=splits, ensemble=False
+        logistic(opts.c), method=_SKLEARN_METHOD[opts.calibration], cv=_calibration_splits(t), ensemble=False
     )
     return model.fit(t.columns(opts.features), t.answerable.astype(int))
+
+
+def out_of_fold_probs(model, t: Table, opts: FitOptions) -> np.ndarray:
+    """P(answerable) of every row of ``t`` from a logistic model fitted without the row's fold, mapped
+    by ``model``'s calibration: the out-of-fold scores CalibratedClassifierCV learnt its map on. A
+    threshold chosen on them is a threshold on out-of-fold scores (the map is monotone). Rows of a
+    fold that could not be fitted get the base rate."""
+    x, y = t.columns(opts.features), t.answerable.astype(int)
+    calibrator = model.calibrated_classifiers_[0].calibrators[0]
+    out = np.full(len(t), float(y.mean()))
+    for train, held in _calibration_splits(t):
+        scores = logistic(opts.c).fit(x[train], y[train]).decision_function(x[held])
+        out[held] = np.clip(calibrator.predict(scores), 0.0, 1.0)
+    return out
 
 
 def as_answerability(model, opts: FitOptions, verifier: Linear | None) -> Answerability:
@@ -150,18 +170,40 @@ def answerable_probs(a: Answerability, t: Table) -> np.ndarray:
 
 
 def fit_span_f1(t: Table) -> SpanF1:
-    """E[F1 of the best span | span evidence] on the answerable rows: ridge score -> isotonic map."""
+    """E[F1 of the best span | span evidence] on the answerable rows: a ridge score, then an isotonic
+    map learnt on out-of-fold scores (whole articles or paragraphs held out), so that the map is what
+    the score says of questions it was not fitted on. An in-sample map follows the noise: on features
+    that carry no signal it gave some fresh questions g = 0.62."""
     from sklearn.isotonic import IsotonicRegression
+
+    rows = np.flatnonzero(t.answerable & t.has_span)
+    x, y = t.columns(SPAN_F1_FEATURES)[rows], t.answer_f1[rows]
+    if rows.size < 5:
+        return _flat_span_f1(float(y.mean()) if y.size else 0.0)
+    oof = np.full(rows.size, np.nan)
+    groups, _ = fold_groups(t.articles[rows], t.paragraphs[rows])
+    if len(set(groups.tolist())) >= 2:
+        for held in group_folds(groups):
+            fit = np.setdiff1d(np.arange(rows.size), held)
+            if fit.size >= 2:
+                oof[held] = _ridge().fit(x[fit], y[fit]).predict(x[held])
+    known = ~np.isnan(oof)
+    if known.sum() < 5:
+        return _flat_span_f1(float(y.mean()))
+    score = as_linear(_ridge().fit(x, y), SPAN_F1_FEATURES)
+    iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(oof[known], y[known])
+    return SpanF1(score, (tuple(map(float, iso.X_thresholds_)), tuple(map(float, iso.y_thresholds_))))
+
+
+def _ridge():
     from sklearn.linear_model import Ridge
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    rows = t.answerable & t.has_span
-    x, y = t.columns(SPAN_F1_FEATURES)[rows], t.answer_f1[rows]
-    if rows.sum() < 5:
-        flat = Linear(SPAN_F1_FEATURES, (0.0,) * 5, (1.0,) * 5, (0.0,) * 5, 0.0)
-        return SpanF1(flat, ((0.0,), (float(y.mean()) if y.size else 0.0,)))
-    pipeline = make_pipeline(StandardScaler(), Ridge(alpha=1.0)).fit(x, y)
-    score = as_linear(pipeline, SPAN_F1_FEATURES)
-    iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(pipeline.predict(x), y)
-    return SpanF1(score, (tuple(map(float, iso.X_thresholds_)), tuple(map(float, iso.y_thresholds_))))
+    return make_pipeline(StandardScaler(), Ridge(alpha=1.0))
+
+
+def _flat_span_f1(value: float) -> SpanF1:
+    """Too few answerable questions to learn from: every span is expected to score ``value``."""
+    n = len(SPAN_F1_FEATURES)
+    return SpanF1(Linear(SPAN_F1_FEATURES, (0.0,) * n, (1.0,) * n, (0.0,) * n, 0.0), ((0.0,), (value,)))

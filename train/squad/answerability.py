@@ -16,7 +16,12 @@ Platt or isotonic calibration) and decides:
 * ``threshold``: no answer when ``1 - P(answerable) > threshold`` (the SQuAD convention on the
   no-answer probability);
 * ``expected_gain``: answer when ``P(answerable) * E[F1 of the span] > 1 - P(answerable)``: answering
-  pays the span's F1 when the question is answerable and costs 1 when it is not.
+  pays the span's F1 when the question is answerable and costs 1 when it is not;
+* ``none``: never answer, whatever the probabilities (what a fit stores when no rule credibly beat
+  answering none; no calibration can turn it into answers).
+
+:meth:`Answerability.decision` is the one place a question is decided: the server, evaluation and
+the training side's fits all call it.
 
 Everything here is numpy and plain JSON: the numbers are fitted on the training side
 (:mod:`train.recipes.answerability`, scikit-learn) and stored in the checkpoint's metadata and the
@@ -49,7 +54,9 @@ from .answerability_features import (
 from .linear import AnswerabilityError, Linear, parse_curve, parse_number, parse_object
 
 FORMAT = 1
-RULES = ("threshold", "expected_gain")
+FITTED_RULES = ("threshold", "expected_gain")  # the rules a fit chooses between
+NONE_RULE = "none"  # stored when no rule credibly beat answering none: it never answers
+RULES = (*FITTED_RULES, NONE_RULE)
 CALIBRATIONS = ("none", "platt", "isotonic")
 
 
@@ -59,6 +66,16 @@ def sigmoid(x: float) -> float:
         return 1.0 / (1.0 + math.exp(-x))
     z = math.exp(x)
     return z / (1.0 + z)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the rule decided for one question."""
+
+    answerable_prob: float
+    no_answer_prob: float
+    threshold: float  # the threshold on no_answer_prob this question was decided at
+    is_impossible: bool
 
 
 @dataclass(frozen=True)
@@ -124,11 +141,25 @@ class Answerability:
 
     def no_answer_threshold(self, feats: Mapping[str, float]) -> float:
         """The threshold on ``1 - P(answerable)`` this question is decided at: the stored one, or for
-        the expected-gain rule ``g / (1 + g)`` with g the span's expected F1 (answer iff p·g > 1 - p)."""
+        the expected-gain rule ``g / (1 + g)`` with g the span's expected F1 (answer iff p·g > 1 - p);
+        0 for the ``none`` rule (which :meth:`decision` never answers, whatever the probability)."""
+        if self.rule == NONE_RULE:
+            return 0.0
         if self.rule == "expected_gain" and self.span_f1 is not None:
             g = self.span_f1(feats)
             return g / (1.0 + g)
         return self.threshold
+
+    def decision(
+        self, feats: Mapping[str, float], has_span: bool, threshold: float | None = None
+    ) -> Decision:
+        """Decide one question from its features: no answer when ``P(no answer)`` exceeds the
+        question's threshold, when there is no span to answer with, or always under the ``none``
+        rule. ``threshold`` (a caller's own, on the no-answer probability) replaces the stored rule."""
+        p, no_answer = self.probabilities(feats)
+        thr = self.no_answer_threshold(feats) if threshold is None else threshold
+        never = threshold is None and self.rule == NONE_RULE
+        return Decision(p, no_answer, thr, never or no_answer > thr or not has_span)
 
     # -- storing
     def to_dict(self) -> dict[str, Any]:
@@ -206,16 +237,6 @@ def from_metadata(metadata: Mapping[str, Any] | None) -> Answerability:
     return Answerability.cls_only(0.5 if threshold is None else float(threshold))
 
 
-@dataclass(frozen=True)
-class Decision:
-    """What the rule decided for one question."""
-
-    answerable_prob: float
-    no_answer_prob: float
-    threshold: float  # the threshold on no_answer_prob this question was decided at
-    is_impossible: bool
-
-
 def decide(
     answerability: Answerability,
     question: str,
@@ -227,6 +248,4 @@ def decide(
     probability) replaces the stored rule; a question without any valid span is never answered."""
     a = answerability
     feats = all_features(question, context, scores, a.features, a.verifier)
-    p, no_answer = a.probabilities(feats)
-    thr = a.no_answer_threshold(feats) if threshold is None else threshold
-    return Decision(p, no_answer, thr, no_answer > thr or scores.best_log_prob is None)
+    return a.decision(feats, scores.best_log_prob is not None, threshold)
