@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from train.common.cli import run
-from train.experiments.study import Run, main, parse_runs
+from train.experiments.study import Run, main, parse_runs, parse_seeds
 from train.squad import read_squad
 
 TINY = ["--config", "tiny", "--vocab", "1000", "--pretrain-steps", "4", "--pretrain-batch", "2"]
@@ -43,6 +45,14 @@ def test_study_runs_every_stage_and_reports_on_unseen_questions(tmp_path, capsys
     assert configs["finetune-random-match"]["question_match"] and not configs["pretrain"]["question_match"]
     assert not json.loads((out / "finetune-pretrained-synth" / "config.json").read_text())["question_match"]
     assert (out / "study.png").stat().st_size > 5000
+    # intervals resample whole articles (and, beside them, paragraphs); each article's gain is kept
+    evaluated = {ex.title for ex in held}
+    assert "articles were scored: an interval that resamples so few articles is indicative" in report
+    for rows in json.loads((out / "comparison.json").read_text()).values():
+        for row in rows["rows"]:
+            assert row["low"] <= row["diff"] <= row["high"]
+            assert row["paragraph_low"] <= row["diff"] <= row["paragraph_high"]
+            assert set(row["per_article"]) == evaluated
     # a second call reuses every stage
     assert main([*TINY, "--runs", "pretrained+synth,random+match", "--out", str(out)]) == 0
     assert "done in" not in capsys.readouterr().out
@@ -55,6 +65,13 @@ def test_run_names():
     assert runs[1].slug == "pretrained-synth-match"
 
 
+def test_seeds() -> None:
+    assert parse_seeds("0, 1,2") == [0, 1, 2]
+    for bad in ("", "1,1", "a"):
+        with pytest.raises(ValueError, match="--seeds"):
+            parse_seeds(bad)
+
+
 def test_bad_study_arguments(tmp_path, capsys):
     for bad in ("pretrained+magic", "random+synth+synth", "synth"):
         assert run(main, ["--runs", bad, "--out", str(tmp_path)], "study") == 2
@@ -63,3 +80,31 @@ def test_bad_study_arguments(tmp_path, capsys):
     assert "leaves no article" in capsys.readouterr().err
     assert run(main, ["--train-file", str(tmp_path / "nope.json"), "--out", str(tmp_path)], "study") == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_scored_articles_by_title_and_never_the_samples_calibration(tmp_path, sample_dir) -> None:
+    from train.experiments.study import build_parser, prepare_data
+    from train.squad import load_dataset, write_squad
+
+    labelled = {"version": "v2.0", "data": []}
+    for name in ("train", "calibration", "dev"):
+        labelled["data"] += load_dataset(sample_dir / f"{name}.json")["data"]
+    write_squad(labelled, tmp_path / "labelled.json")
+    base = ["--labelled", str(tmp_path / "labelled.json"), "--out", str(tmp_path / "o")]
+    args = build_parser().parse_args(
+        [*base, "--eval-articles", "1973_oil_crisis", "--calibration-articles", "Normans,Imperialism"]
+    )
+    fit, calibration, held, honest = prepare_data(args, tmp_path)
+    titles = [{ex.title for ex in read_squad(p)} for p in (fit, calibration, held)]
+    assert titles == [
+        {"Harvard_University", "Scottish_Parliament"},
+        {"Normans", "Imperialism"},
+        {"1973_oil_crisis"},
+    ]
+    assert honest
+    for bad, message in (
+        ("Imperialism", "sample's calibration articles"),
+        ("Atlantis", "unknown article titles"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            prepare_data(build_parser().parse_args([*base, "--eval-articles", bad]), tmp_path)

@@ -144,17 +144,54 @@ def predict_checkpoint(
     """A loaded fine-tuned checkpoint's predictions (``train.model.checkpoint.load``), with the windows and
     decoding its metadata records, decided by the default rule: the spans and scores that a stored or
     newly fitted answerability model then decides on."""
-    meta = loaded.metadata
-    fkw = {k: meta[k] for k in ("max_seq_len", "doc_stride", "max_query_len") if meta.get(k)}
-    features = featurize(examples, loaded.tokenizer, **fkw)
-    outputs = predict_features(loaded.model, features, batch_size=batch_size, progress=progress)
+    return predict_ensemble([loaded], examples, batch_size, progress)
+
+
+WINDOW_KEYS = ("max_seq_len", "doc_stride", "max_query_len")
+
+
+def average_outputs(members: Sequence[FeatureOutputs]) -> FeatureOutputs:
+    """An ensemble's outputs: the members' start, end and cls logits averaged window by window (the
+    members saw the same windows). The beam head keeps only top-k log-probabilities, which cannot be
+    averaged across models, so it is refused."""
+    if not members:
+        raise ValueError("an ensemble needs at least one member")
+    heads = {m.head for m in members}
+    if len(heads) != 1 or "beam" in heads:
+        raise ValueError(
+            f"an ensemble averages start/end logits: one shallow or deep head, got {sorted(heads)}"
+        )
+    out = FeatureOutputs(head=members[0].head)
+    for i in range(len(members[0].cls_logits)):
+        out.start_logits.append(np.mean([m.start_logits[i] for m in members], axis=0))
+        out.end_logits.append(np.mean([m.end_logits[i] for m in members], axis=0))
+        out.cls_logits.append(float(np.mean([m.cls_logits[i] for m in members])))
+    return out
+
+
+def predict_ensemble(
+    members: Sequence[Any], examples: Sequence[SquadExample], batch_size: int = 32, progress: bool = False
+) -> dict[str, Prediction]:
+    """:func:`predict_checkpoint` for several fine-tuned checkpoints (seeds of one recipe) whose logits
+    are averaged: they must share the tokenizer and the windows, so their windows line up."""
+    first = members[0]
+    meta = first.metadata
+    for m in members[1:]:
+        if m.tokenizer.fingerprint() != first.tokenizer.fingerprint():
+            raise ValueError(f"{m.path}: another tokenizer than {first.path}'s; an ensemble shares one")
+        if any(m.metadata.get(k) != meta.get(k) for k in (*WINDOW_KEYS, "n_best", "max_answer_len")):
+            raise ValueError(f"{m.path}: other windows or decoding than {first.path}'s")
+    fkw = {k: meta[k] for k in WINDOW_KEYS if meta.get(k)}
+    features = featurize(examples, first.tokenizer, **fkw)
+    outputs = [predict_features(m.model, features, batch_size=batch_size, progress=progress) for m in members]
     kw = {k: meta[k] for k in ("n_best", "max_answer_len") if meta.get(k)}
-    return decode_outputs(examples, features, outputs, **kw)
+    merged = outputs[0] if len(outputs) == 1 else average_outputs(outputs)
+    return decode_outputs(examples, features, merged, **kw)
 
 
 @dataclass
 class EvalResult:
-    metrics: dict[str, float]
+    metrics: dict[str, Any]
     predictions: dict[str, Prediction]
 
 

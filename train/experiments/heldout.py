@@ -21,13 +21,13 @@ questions, and the ROC AUC of its P(answerable); a second table gives the ROC AU
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from train.engine.predict import predict_checkpoint, redecide
+from train.engine.predict import predict_ensemble, redecide
 from train.model import checkpoint
 from train.recipes.answerability import (
     FEATURE_SETS,
@@ -39,7 +39,14 @@ from train.recipes.answerability import (
     fit_question_verifier,
     roc_auc,
 )
-from train.squad import Answerability, Prediction, SquadExample, paired_bootstrap, per_question_f1
+from train.squad import (
+    Answerability,
+    Prediction,
+    SquadExample,
+    paired_bootstrap,
+    per_group_means,
+    per_question_f1,
+)
 from train.squad.answerability import from_metadata
 
 
@@ -54,8 +61,18 @@ class HeldOut:
 def predict_file(
     model_dir: str | Path, examples: Sequence[SquadExample], batch_size: int = 32, progress: bool = False
 ) -> HeldOut:
-    predictions = predict_checkpoint(checkpoint.load(model_dir), examples, batch_size, progress)
-    return HeldOut(list(examples), predictions)
+    return predict_files([model_dir], examples, batch_size, progress)
+
+
+def predict_files(
+    model_dirs: Sequence[str | Path],
+    examples: Sequence[SquadExample],
+    batch_size: int = 32,
+    progress: bool = False,
+) -> HeldOut:
+    """One checkpoint's predictions, or an ensemble's (several seeds of one recipe, logits averaged)."""
+    members = [checkpoint.load(d) for d in model_dirs]
+    return HeldOut(list(examples), predict_ensemble(members, examples, batch_size, progress))
 
 
 @dataclass
@@ -68,10 +85,13 @@ class Row:
     no_ans_f1: float | None
     answered: int
     diff: float  # F1 points above answering none
-    low: float
+    low: float  # its 95% interval, articles resampled (the unit that moves together)
     high: float
     roc_auc: float | None
     cv: dict[str, Any] | None = None  # what the fitting's own cross-validation expected
+    paragraph_low: float = 0.0  # the same interval with paragraphs resampled
+    paragraph_high: float = 0.0
+    per_article: dict[str, float] = field(default_factory=dict)  # F1 points above none, per article
 
     def as_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -90,7 +110,10 @@ def score_rule(name: str, rule: Answerability | None, held: HeldOut, cv: dict | 
         probs = np.array([preds[q].answerable_prob for q in qids])
     got = per_question_f1(held.examples, decided)
     a, b = np.array([got[q] for q in qids]), np.array([none[q] for q in qids])
-    diff, low, high = paired_bootstrap(a, b)
+    articles = [ex.title for ex in held.examples]
+    paragraphs = [f"{ex.title}\n{ex.context}" for ex in held.examples]
+    diff, low, high = paired_bootstrap(a, b, groups=articles)
+    _, paragraph_low, paragraph_high = paired_bootstrap(a, b, groups=paragraphs)
     has = np.array([bool(ex.answers) for ex in held.examples])
     return Row(
         name=name,
@@ -103,6 +126,9 @@ def score_rule(name: str, rule: Answerability | None, held: HeldOut, cv: dict | 
         high=100 * high,
         roc_auc=roc_auc(probs, has) if probs is not None else None,
         cv=cv,
+        paragraph_low=100 * paragraph_low,
+        paragraph_high=100 * paragraph_high,
+        per_article={k: 100 * v for k, v in per_group_means(a - b, articles).items()},
     )
 
 
@@ -177,23 +203,51 @@ def compare_rules(
     return Comparison(rows, aucs, span_f1(evaluated), reliability)
 
 
+INDICATIVE_BELOW = 8  # scored articles: with fewer, an interval over articles is only indicative
+
+
 def rows_table(comparisons: Sequence[tuple[str, Comparison]]) -> list[str]:
-    """Markdown: one line per (run, rule)."""
-    head = "| run | rule | F1 | HasAns F1 | NoAns F1 | answered | F1 - none [95% CI] | ROC AUC | CV F1 (calibration) |"
-    lines = [head, "|" + " --- |" * 9]
+    """Markdown: one line per (run, rule), the interval by article and by paragraph."""
+    head = (
+        "| run | rule | F1 | HasAns F1 | NoAns F1 | answered | F1 - none | 95% CI, articles resampled "
+        "| 95% CI, paragraphs resampled | ROC AUC | CV F1 (calibration) |"
+    )
+    lines = [head, "|" + " --- |" * 11]
     for run, c in comparisons:
         for r in c.rows:
-            ci = (
-                "–"
-                if r.roc_auc is None and r.answered == 0
-                else f"{r.diff:+.2f} [{r.low:+.2f}, {r.high:+.2f}]"
-            )
+            flat = r.roc_auc is None and r.answered == 0
+            diff = "–" if flat else f"{r.diff:+.2f}"
+            by_article = "–" if flat else f"[{r.low:+.2f}, {r.high:+.2f}]"
+            by_paragraph = "–" if flat else f"[{r.paragraph_low:+.2f}, {r.paragraph_high:+.2f}]"
             cv = "–" if not r.cv else f"{r.cv['f1']:.2f} vs {r.cv['no_answer_f1']:.2f}"
             lines.append(
                 f"| {run} | {r.name} | {r.f1:.2f} | {_f(r.has_ans_f1)} | {_f(r.no_ans_f1)} | {r.answered} | "
-                f"{ci} | {_f(r.roc_auc, 3)} | {cv} |"
+                f"{diff} | {by_article} | {by_paragraph} | {_f(r.roc_auc, 3)} | {cv} |"
             )
     return lines
+
+
+def per_article_table(comparisons: Sequence[tuple[str, Comparison]]) -> list[str]:
+    """Markdown: each rule's gain over answering none on each scored article (F1 points)."""
+    titles = sorted({t for _, c in comparisons for r in c.rows for t in r.per_article})
+    lines = ["| run | rule | " + " | ".join(titles) + " |", "|" + " --- |" * (len(titles) + 2)]
+    for run, c in comparisons:
+        for r in c.rows:
+            if r.per_article:
+                cells = " | ".join(f"{r.per_article.get(t, float('nan')):+.2f}" for t in titles)
+                lines.append(f"| {run} | {r.name} | {cells} |")
+    return lines
+
+
+def interval_note(articles: int) -> str:
+    """What the intervals can claim with this many scored articles."""
+    if articles < INDICATIVE_BELOW:
+        return (
+            f"Only {articles} articles were scored: an interval that resamples so few articles is indicative, "
+            "not a guarantee (the paragraph interval is narrower and optimistic: paragraphs of one article "
+            "are not independent)."
+        )
+    return f"{articles} articles were scored; intervals resample whole articles (2,000 resamples)."
 
 
 def aucs_table(comparisons: Sequence[tuple[str, Comparison]]) -> list[str]:

@@ -37,7 +37,7 @@ from train.common.sample_data import SAMPLE_DIR as SAMPLE
 from train.engine.optim import OPTIMIZERS
 from train.engine.runlog import read_series
 from train.experiments import synth as synth_cli
-from train.experiments.heldout import compare_rules, plot_reliability, predict_file
+from train.experiments.heldout import compare_rules, plot_reliability, predict_files
 from train.experiments.study_report import (
     comparison_json,
     comparison_section,
@@ -71,14 +71,19 @@ def _data_arguments(g: _ArgumentGroup) -> None:
     g.add_argument("--labelled", help="instead: one SQuAD 2.0 file split by article into train and eval")
     g.add_argument("--finetune-articles", type=int, default=9, help="with --labelled: articles to train on")
     g.add_argument(
+        "--eval-articles",
+        help="with --labelled: comma-separated titles to score, instead of the articles after "
+        "--finetune-articles (never the sample's calibration articles: make demo and the tests fit on them)",
+    )
+    g.add_argument(
         "--calibration-articles",
         "--threshold-articles",
         dest="calibration_articles",
-        type=int,
+        type=article_count_or_titles,
         default=None,
         help="fine-tuning-side articles held out of fine-tuning, where the answerability model (combination, "
-        "calibration, threshold, rule) is fitted by cross-fitting (default 2 with --labelled; 0: on the eval "
-        "file itself, optimistic)",
+        "calibration, threshold, rule) is fitted by cross-fitting: a count (the last ones) or comma-separated "
+        "titles (default 2 with --labelled; 0: on the eval file itself, optimistic)",
     )
     g.add_argument(
         "--calibration-file",
@@ -95,6 +100,12 @@ def _run_arguments(g: _ArgumentGroup) -> None:
         "--runs",
         default="pretrained,random",
         help="comma-separated: pretrained | random, each optionally +synth (e.g. pretrained+synth)",
+    )
+    g.add_argument(
+        "--seeds",
+        default="0",
+        help="comma-separated seeds of every run's synthetic stage and fine-tuning; with several, each seed "
+        "is scored and so is their ensemble (logits averaged)",
     )
     g.add_argument("--config", default="small", help="model preset")
     g.add_argument("--vocab", type=int, default=4000)
@@ -213,11 +224,48 @@ def parse_runs(text: str) -> list[Run]:
     return runs
 
 
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds must be comma-separated integers, got {text!r}") from None
+    if not seeds or len(set(seeds)) < len(seeds):
+        raise ValueError(f"--seeds must name one or more different seeds, got {text!r}")
+    return seeds
+
+
+def article_count_or_titles(text: str) -> int | list[str]:
+    """``--calibration-articles``: a count, or comma-separated titles."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    titles = [t.strip() for t in text.split(",") if t.strip()]
+    if not titles:
+        raise ValueError("--calibration-articles: give a count or comma-separated titles")
+    return titles
+
+
+def _scored_split(args) -> tuple[dict, dict]:
+    """(training side, scored articles) of --labelled: --eval-articles by title, else by count. The
+    sample's calibration articles are never scored: development (make demo, the tests) fitted on them."""
+    if not args.eval_articles:
+        return split_by_article(args.labelled, args.finetune_articles)
+    titles = [t.strip() for t in args.eval_articles.split(",") if t.strip()]
+    held, train = split_by_article(args.labelled, titles)  # ValueError naming an unknown title
+    used = sorted(set(titles) & {a["title"] for a in load_dataset(SAMPLE / "calibration.json")["data"]})
+    if used:
+        raise ValueError(
+            f"--eval-articles: {', '.join(used)} are the sample's calibration articles (make demo and the tests "
+            "fit on them): score other articles"
+        )
+    return train, held
+
+
 def prepare_data(args, out: Path) -> tuple[Path, Path, Path, bool]:
     """Write fit.json (fine-tuning), calibration.json (answerability) and eval.json; returns them and
     whether the calibration articles come from the fine-tuning side."""
     if args.labelled:
-        train, held = split_by_article(args.labelled, args.finetune_articles)
+        train, held = _scored_split(args)
     else:
         for f in (args.train_file, args.eval_file, args.calibration_file or args.train_file):
             if not Path(f).exists():
@@ -231,6 +279,16 @@ def prepare_data(args, out: Path) -> tuple[Path, Path, Path, bool]:
     if args.calibration_articles is None:
         args.calibration_articles = 2
     n_train = len(train["data"])
+    if isinstance(args.calibration_articles, list):
+        calibration, fit = split_by_article(train, args.calibration_articles)
+        missing = sorted(set(args.calibration_articles) - {a["title"] for a in calibration["data"]})
+        if missing:
+            raise ValueError(
+                f"--calibration-articles: not among the training-side articles: {', '.join(missing)}"
+            )
+        if not fit["data"]:
+            raise ValueError("--calibration-articles leaves no article to fine-tune on")
+        return _write_splits(out, fit, calibration, held, True)
     if args.calibration_articles:
         if args.calibration_articles >= n_train:
             raise ValueError(
@@ -274,18 +332,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     comparisons: list = []
     rows = []
     curves: dict[str, list[tuple[int, float]]] = {}
+    seeds = parse_seeds(args.seeds)
     for r in runs:
-        ft = _finetune(study, r, fit)
-        metrics = _evaluate(study, r, ft, held_examples)
-        rows.append((r.name, metrics))
-        curves[r.name] = read_series(ft) if (ft / "metrics.jsonl").exists() else []
-        comparisons.append((r.name, _compare_rules(study, r, ft, fit_examples, held_examples)))
+        members = []
+        for seed in seeds:
+            name = r.name if len(seeds) == 1 else f"{r.name} seed {seed}"
+            ft = _finetune(study, r, fit, seed)
+            members.append(ft)
+            rows.append((name, _evaluate(study, r, ft, held_examples, seed)))
+            curves[name] = read_series(ft) if (ft / "metrics.jsonl").exists() else []
+            comparisons.append((name, _compare_rules(study, name, [ft], fit_examples, held_examples)))
+        if len(members) > 1:
+            name = f"{r.name} ensemble of {len(members)} seeds"
+            comparisons.append((name, _compare_rules(study, name, members, fit_examples, held_examples)))
     baseline = no_answer_baseline(held_examples)
     write_report(
         out, args, rows, baseline, stages.seconds, len(fit_examples), held_examples, honest_threshold
     )
     with open(out / "RESULTS.md", "a") as fh:
-        fh.write("\n".join(comparison_section(comparisons, honest_threshold)) + "\n")
+        articles = len({ex.title for ex in held_examples})
+        fh.write("\n".join(comparison_section(comparisons, honest_threshold, articles)) + "\n")
     (out / "comparison.json").write_text(json.dumps(comparison_json(comparisons), indent=2))
     plot_study(out / "study.png", rows, baseline, curves)
     plot_reliability(out / "reliability.png", comparisons)
@@ -362,7 +428,12 @@ class _Study:
         return argv + ["--eval-every", str(every), "--save-every", str(every)]
 
 
-def _finetune(study: _Study, r: Run, fit: Path) -> Path:
+def _seeded(name: str, seed: int) -> str:
+    """A stage directory's name for a seed (seed 0 keeps the plain name, so earlier studies resume)."""
+    return name if seed == 0 else f"{name}-seed{seed}"
+
+
+def _finetune(study: _Study, r: Run, fit: Path, seed: int = 0) -> Path:
     """The run's fine-tuning (after its synthetic stage, for +synth); returns its checkpoint."""
     args, out = study.args, study.out
     init = (
@@ -375,8 +446,10 @@ def _finetune(study: _Study, r: Run, fit: Path) -> Path:
     if r.plausible:
         init.append("--plausible-spans")
     if r.synth:
-        stage = out / (
-            "synth-stage-" + "-".join([r.base, *(m for m in ("match", "plausible", "hard") if getattr(r, m))])
+        stage = out / _seeded(
+            "synth-stage-"
+            + "-".join([r.base, *(m for m in ("match", "plausible", "hard") if getattr(r, m))]),
+            seed,
         )
         argv_s = study.finetune_argv(
             init,
@@ -387,22 +460,28 @@ def _finetune(study: _Study, r: Run, fit: Path) -> Path:
             args.synth_keep_out_of_window,
             args.synth_steps,
         )
-        argv_s += ["--answerability", "cls"]  # a stage: its successor fits the answerability
+        argv_s += [
+            "--answerability",
+            "cls",
+            "--seed",
+            str(seed),
+        ]  # a stage: its successor fits the answerability
         study.stages.run(
             f"synthetic stage ({stage.name})", stage / "metadata.json", finetune_cli.main, argv_s
         )
         init = ["--init", str(stage), *(["--plausible-spans"] if r.plausible else [])]
-    ft = out / f"finetune-{r.slug}"
+    ft = out / _seeded(f"finetune-{r.slug}", seed)
     argv_f = study.finetune_argv(
         init, fit, ft, args.finetune_steps, args.finetune_lr, args.keep_out_of_window, args.eval_every
     )
+    argv_f += ["--seed", str(seed)]
     study.stages.run(f"fine-tune ({r.name})", ft / "metadata.json", finetune_cli.main, argv_f)
     return ft
 
 
-def _evaluate(study: _Study, r: Run, ft: Path, held_examples) -> dict:
+def _evaluate(study: _Study, r: Run, ft: Path, held_examples, seed: int = 0) -> dict:
     """The run's held-out metrics, with the best span's scores beside them."""
-    ev = study.out / f"eval-{r.slug}"
+    ev = study.out / _seeded(f"eval-{r.slug}", seed)
     study.stages.run(
         f"evaluate ({r.name})",
         ev / "metrics.json",
@@ -414,13 +493,14 @@ def _evaluate(study: _Study, r: Run, ft: Path, held_examples) -> dict:
     return metrics
 
 
-def _compare_rules(study: _Study, r: Run, ft: Path, fit_examples, held_examples):
-    """Every answerability rule fitted on the calibration questions, scored on the evaluated ones."""
-    print(f"[compare answerability rules ({r.name})] starting", flush=True)
-    stored = json.loads((ft / "metadata.json").read_text())
+def _compare_rules(study: _Study, name: str, members: list[Path], fit_examples, held_examples):
+    """Every answerability rule fitted on the calibration questions, scored on the evaluated ones; for
+    an ensemble, on the members' averaged logits (its final rule is fitted here, as fine-tuning would)."""
+    print(f"[compare answerability rules ({name})] starting", flush=True)
+    stored = json.loads((members[0] / "metadata.json").read_text()) if len(members) == 1 else {}
     progress = not study.args.no_progress
-    calibration = predict_file(ft, read_squad(study.thr), progress=progress)
-    evaluated = predict_file(ft, held_examples, progress=progress)
+    calibration = predict_files(members, read_squad(study.thr), progress=progress)
+    evaluated = predict_files(members, held_examples, progress=progress)
     return compare_rules(stored, fit_examples, calibration, evaluated)
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from train.experiments.heldout import aucs_table, rows_table
+from train.experiments.heldout import aucs_table, interval_note, per_article_table, rows_table
 from train.squad import evaluate
 
 
-def comparison_section(comparisons, honest: bool) -> list[str]:
+def comparison_section(comparisons, honest: bool, scored_articles: int) -> list[str]:
     where = (
         "on the calibration articles (held out of fine-tuning), the question verifier on the fine-tuning articles"
         if honest
@@ -23,10 +23,17 @@ def comparison_section(comparisons, honest: bool) -> list[str]:
         "## Answerability rules on the evaluated questions",
         "",
         f"Every rule was fitted {where}, then applied unchanged to the evaluated questions. F1 - none: the "
-        "difference from answering none, with its paired bootstrap 95% interval over questions. CV F1: what "
-        "the rule's own cross-validation over calibration articles expected (against answering none there).",
+        "difference from answering none, with paired bootstrap 95% intervals resampling whole articles (the "
+        "unit whose questions move together) and, beside it, whole paragraphs. CV F1: what the rule's own "
+        "cross-validation over calibration articles expected (against answering none there).",
+        "",
+        interval_note(scored_articles),
         "",
         *rows_table(comparisons),
+        "",
+        "Gain over answering none on each evaluated article (F1 points):",
+        "",
+        *per_article_table(comparisons),
         "",
         "ROC AUC of each score for answerable vs unanswerable evaluated questions (cls and null span: "
         "higher means unanswerable, so negated), and the span F1 (best span, decision switched off):",

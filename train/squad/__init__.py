@@ -47,6 +47,7 @@ from .metrics import (
     find_best_thresh,
     normalize_answer,
     paired_bootstrap,
+    per_group_means,
     per_question_f1,
     raw_scores,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "normalize_answer",
     "pad_batch",
     "paired_bootstrap",
+    "per_group_means",
     "per_question_f1",
     "raw_scores",
     "read_squad",

@@ -23,6 +23,7 @@ import string
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from os import PathLike
+from typing import Any
 
 import numpy as np
 
@@ -203,18 +204,39 @@ def paired_bootstrap(
     a: Sequence[float] | np.ndarray,
     b: Sequence[float] | np.ndarray,
     *,
+    groups: Sequence[Any] | np.ndarray | None = None,
     samples: int = 2000,
     seed: int = 0,
     level: float = 0.95,
 ) -> tuple[float, float, float]:
     """``(mean(a - b), low, high)``: the difference of two systems' per-question scores on the same
-    questions, with a percentile bootstrap interval (questions resampled with replacement, the pair
-    kept together). Scores in [0, 1] give a difference in F1 points when multiplied by 100."""
+    questions, with a percentile bootstrap interval, the pair kept together. Scores in [0, 1] give a
+    difference in F1 points when multiplied by 100.
+
+    ``groups`` (each question's article, or paragraph) makes it a cluster bootstrap: whole groups are
+    resampled, and the mean is over the questions they hold. Questions of one article share its text
+    and its difficulty, so they are not independent draws: resampling questions alone gives intervals
+    too narrow."""
     d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
     if d.ndim != 1 or d.size == 0:
         raise ValueError("paired_bootstrap: two equally long, non-empty score lists are needed")
     rng = np.random.default_rng(seed)
-    means = d[rng.integers(0, d.size, size=(samples, d.size))].mean(axis=1)
+    if groups is None:
+        means = d[rng.integers(0, d.size, size=(samples, d.size))].mean(axis=1)
+    else:
+        labels = np.asarray(groups)
+        if labels.shape != d.shape:
+            raise ValueError("paired_bootstrap: one group per question is needed")
+        _, which = np.unique(labels, return_inverse=True)
+        sums, sizes = np.bincount(which, weights=d), np.bincount(which).astype(np.float64)
+        picks = rng.integers(0, sums.size, size=(samples, sums.size))
+        means = sums[picks].sum(axis=1) / sizes[picks].sum(axis=1)
     tail = (1.0 - level) / 2 * 100
     low, high = np.percentile(means, [tail, 100 - tail])
     return float(d.mean()), float(low), float(high)
+
+
+def per_group_means(values: Sequence[float] | np.ndarray, groups: Sequence[Any]) -> dict[str, float]:
+    """Mean of ``values`` per group (e.g. the gain over answering none per article), by name."""
+    v, labels = np.asarray(values, dtype=np.float64), np.asarray(groups)
+    return {str(g): float(v[labels == g].mean()) for g in sorted(set(labels.tolist()), key=str)}
