@@ -73,6 +73,7 @@ def test_evaluate_applies_the_stored_answerability(
     cmd = [sys.executable, "-m", "train.evaluate", "--checkpoint", str(calibrated), "--data", str(data)]
     r = subprocess.run([*cmd, "--out", str(out), "--no-progress"], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+    assert "warning:" not in r.stderr  # nothing was fitted on these articles
     got = json.loads((out / "decisions.json").read_text())
     assert set(got) == set(want)
     for q, p in want.items():
@@ -89,6 +90,28 @@ def test_evaluate_applies_the_stored_answerability(
     assert r.returncode == 0
     cls = json.loads((tmp_path / "cls" / "decisions.json").read_text())
     assert {v["threshold"] for v in cls.values()} == {0.5}
+    # scored on the articles its decision was fitted on (or it was fine-tuned on): said, not hidden
+    seen = tmp_path / "seen"
+    shutil.copytree(calibrated, seen)
+    meta = json.loads((seen / "metadata.json").read_text())
+    meta["answerability"]["report"] = {"fitted_on": {"articles": ["1973_oil_crisis"]}}
+    meta["fine_tuned_on_articles"] = ["1973_oil_crisis", "Normans"]
+    (seen / "metadata.json").write_text(json.dumps(meta))
+    cmd[cmd.index(str(calibrated))] = str(seen)
+    r = subprocess.run(
+        [*cmd, "--out", str(tmp_path / "seen-eval"), "--no-progress"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
+    assert (
+        len(warnings) == 2 and "fine-tuned on" in warnings[0] and "fit the no-answer decision" in warnings[1]
+    )
+    assert json.loads((tmp_path / "seen-eval" / "metrics.json").read_text())["in_sample"] == [
+        w.removeprefix("warning: ") for w in warnings
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,8 @@ P(answerable), the threshold each question was decided at, the best span), nbest
 metrics.json (exact, f1, HasAns_*, NoAns_*, best_exact/best_f1 and their thresholds). Window sizes
 and the answerability model (verifier, calibration and decision rule, or a plain no-answer
 threshold) default to what the checkpoint's metadata says (set by fine-tuning or `train.calibrate`).
+Articles the checkpoint was fine-tuned on, or whose questions chose its no-answer decision, make the
+scores in-sample: one warning line each on stderr, and ``in_sample`` in metrics.json.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from train.engine.predict import run_evaluation, write_prediction_files
 from train.model import checkpoint
 from train.squad import featurize, read_squad
 from train.squad.answerability import from_metadata as answerability_from_metadata
+from train.squad.provenance import in_sample_warnings
 
 
 def build_parser() -> Parser:
@@ -80,6 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     answerability = answerability_from_metadata(stored)
     examples = read_squad(args.data)
+    warnings = in_sample_warnings(meta, answerability, examples, own_threshold=args.threshold is not None)
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr, flush=True)
     features = featurize(examples, loaded.tokenizer, **fkw)
     model = loaded.model.to(torch.device(args.device))
     result = run_evaluation(
@@ -94,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_answer_len=pick(args.max_answer_len, "max_answer_len", 30),
         progress=not args.no_progress,
     )
+    result.metrics["in_sample"] = warnings
     write_prediction_files(args.out, result)
     print(json.dumps(result.metrics, indent=2))
     return 0

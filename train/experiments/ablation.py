@@ -64,7 +64,8 @@ def build_parser() -> Parser:
     g.add_argument(
         "--calibration-file",
         help="SQuAD 2.0 articles held out of fine-tuning, where each model's answerability is fitted (never "
-        "the scored --dev-file); default: the last article of --train-file, held out of fine-tuning",
+        "the scored --dev-file; 2+ articles, so it is cross-fitted by article); default: the last 2 articles of "
+        "--train-file, held out of fine-tuning",
     )
     g.add_argument("--finetune-steps", type=int, default=300)
     g.add_argument("--finetune-lr", type=float, default=5e-4)
@@ -136,22 +137,36 @@ def finetune_cell(args, cell: Path, seed: int) -> dict:
     }
 
 
+CALIBRATION_ARTICLES = 2  # the fewest that cross-fit by article (one would fall back to paragraphs)
+
+
 def calibration_split(args, out: Path) -> tuple[str, str]:
-    """(fine-tuning file, calibration file): --calibration-file, else the train file's last article."""
+    """(fine-tuning file, calibration file): --calibration-file, else the train file's last two
+    articles, held out of fine-tuning. Either way the calibration holds 2+ articles, so the
+    answerability is cross-fitted by article, never by paragraphs of one article."""
     if args.calibration_file:
         if not Path(args.calibration_file).exists():
             raise FileNotFoundError(f"file not found: {args.calibration_file}")
+        if len(load_dataset(args.calibration_file)["data"]) < CALIBRATION_ARTICLES:
+            raise ValueError(
+                f"{args.calibration_file} has one article: the answerability is cross-fitted by article, "
+                f"so give {CALIBRATION_ARTICLES} or more"
+            )
         return args.train_file, args.calibration_file
     n = len(load_dataset(args.train_file)["data"])
-    if n < 2:
+    if n <= CALIBRATION_ARTICLES:
         raise ValueError(
-            f"{args.train_file} has one article: give --calibration-file (other articles, to fit answerability on)"
+            f"{args.train_file} has {n} article(s), and the answerability is cross-fitted by article on "
+            f"{CALIBRATION_ARTICLES}+ held-out ones: give --calibration-file, or a training file with more articles"
         )
-    fit, calibration = split_by_article(args.train_file, n - 1)
+    fit, calibration = split_by_article(args.train_file, n - CALIBRATION_ARTICLES)
     paths = out / "fit.json", out / "calibration.json"
     write_squad(fit, paths[0])
     write_squad(calibration, paths[1])
-    print(f"answerability is fitted on {paths[1]} (the last article of {args.train_file}, not fine-tuned on)")
+    print(
+        f"answerability is fitted on {paths[1]} (the last {CALIBRATION_ARTICLES} articles of {args.train_file}, "
+        "not fine-tuned on)"
+    )
     return str(paths[0]), str(paths[1])
 
 

@@ -46,6 +46,7 @@ from train.recipes.finetune_setup import (
     resolve_grad_accum,
 )
 from train.squad import Answerability, featurize, pad_batch, read_squad, subsample_out_of_window
+from train.squad.provenance import FINE_TUNED_ON, THRESHOLD_SELECTED_ON, article_titles
 
 
 @dataclass(kw_only=True)
@@ -368,6 +369,8 @@ class FinetuneRecipe(Recipe):
             "recipe": c.recipe,
             "no_answer_threshold": threshold,
             "threshold_selected_on": str(c.dev_file),
+            THRESHOLD_SELECTED_ON: article_titles(self.dev_examples),
+            FINE_TUNED_ON: article_titles(self.train_examples),
             "answerability": answerability.to_dict() if answerability is not None else None,
             "max_seq_len": c.max_seq_len,
             "doc_stride": c.doc_stride,

@@ -32,6 +32,10 @@ _SQUAD_COMMON: dict[str, Any] = {
     "dropout": 0.1,  # run_squad.py dropout and dropatt defaults (one rate in this model)
     "eval_batch_size": 32,  # script --predict_batch_size=32
     "save_every": 1000,  # script --save_steps=1000
+    # run_squad.py decides answerability by the answer class's logit against a threshold searched on
+    # dev (its null_score_diff / best_f1_thresh): our cls rule. A fitted answerability model is ours,
+    # so a recipe leaves it out unless the user asks for it (--answerability auto).
+    "answerability": "cls",
 }
 
 RECIPES: dict[str, dict[str, Any]] = {
