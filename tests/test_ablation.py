@@ -6,25 +6,17 @@ import json
 from pathlib import Path
 
 import pytest
-from paths import SAMPLE_CALIBRATION, SAMPLE_CORPUS, SAMPLE_DEV, SAMPLE_TRAIN
+from paths import SAMPLE_CORPUS, SAMPLE_DEV, SAMPLE_TRAIN
+from sample_cuts import small_calibration, small_dev
 
 from train.common.cli import run
 from train.experiments.ablation import main, parse_config
 
 
-def small_calibration(path: Path, paragraphs: int = 3) -> Path:
-    """The sample's two calibration articles, cut to their first paragraphs (two articles, so the
-    answerability is cross-fitted by article, at a test's cost)."""
-    data = json.loads(SAMPLE_CALIBRATION.read_text())
-    for article in data["data"]:
-        article["paragraphs"] = article["paragraphs"][:paragraphs]
-    path.write_text(json.dumps(data))
-    return path
-
-
 def test_tiny_grid_pretrains_fine_tunes_and_reports(tmp_path):
     out = tmp_path / "abl"
     calibration = small_calibration(tmp_path / "calibration.json")
+    dev = small_dev(tmp_path / "dev.json")
     argv = ["--corpus", str(SAMPLE_CORPUS), "--configs", "relu,mish+aoa", "--seeds", "0,1"]
     argv += ["--preset", "tiny", "--vocab", "1000", "--steps", "6", "--batch-size", "2", "--seq-len", "32"]
     argv += [
@@ -33,7 +25,7 @@ def test_tiny_grid_pretrains_fine_tunes_and_reports(tmp_path):
         "--train-file",
         str(SAMPLE_TRAIN),
         "--dev-file",
-        str(SAMPLE_DEV),
+        str(dev),
         "--calibration-file",
         str(calibration),
     ]
@@ -61,7 +53,7 @@ def test_tiny_grid_pretrains_fine_tunes_and_reports(tmp_path):
         assert low <= r["dev_f1_minus_none"] <= high
         # the answerability was fitted on articles held out of fine-tuning, never on the scored dev file
         meta = json.loads((Path(r["dir"]) / "finetune" / "metadata.json").read_text())
-        assert meta["dev_file"] == str(calibration) != str(SAMPLE_DEV)
+        assert meta["dev_file"] == str(calibration) != str(dev)
         tuned = json.loads((Path(r["dir"]) / "finetune" / "config.json").read_text())
         assert tuned["question_match"] and not config["question_match"]
     # seeds differ, so the runs of one configuration differ

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from sample_cuts import small_calibration, small_dev
 
 from train.common.cli import run
 from train.experiments.study import Run, main, parse_runs, parse_seeds
@@ -17,7 +18,9 @@ TINY += ["--max-seq-len", "96", "--doc-stride", "48", "--eval-every", "3", "--no
 
 def test_study_runs_every_stage_and_reports_on_unseen_questions(tmp_path, capsys):
     out = tmp_path / "study"
-    assert main([*TINY, "--runs", "pretrained+synth,random+match", "--out", str(out)]) == 0
+    tiny = [*TINY, "--calibration-file", str(small_calibration(tmp_path / "calibration-small.json"))]
+    tiny += ["--eval-file", str(small_dev(tmp_path / "dev-small.json"))]
+    assert main([*tiny, "--runs", "pretrained+synth,random+match", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     for stage in (
         "pretrain",
@@ -54,7 +57,7 @@ def test_study_runs_every_stage_and_reports_on_unseen_questions(tmp_path, capsys
             assert row["paragraph_low"] <= row["diff"] <= row["paragraph_high"]
             assert set(row["per_article"]) == evaluated
     # a second call reuses every stage
-    assert main([*TINY, "--runs", "pretrained+synth,random+match", "--out", str(out)]) == 0
+    assert main([*tiny, "--runs", "pretrained+synth,random+match", "--out", str(out)]) == 0
     assert "done in" not in capsys.readouterr().out
 
 
@@ -92,18 +95,18 @@ def test_scored_articles_by_title_and_never_the_samples_calibration(tmp_path, sa
     write_squad(labelled, tmp_path / "labelled.json")
     base = ["--labelled", str(tmp_path / "labelled.json"), "--out", str(tmp_path / "o")]
     args = build_parser().parse_args(
-        [*base, "--eval-articles", "1973_oil_crisis", "--calibration-articles", "Normans,Imperialism"]
+        [*base, "--eval-articles", "1973_oil_crisis", "--calibration-articles", "Normans,Harvard_University"]
     )
     fit, calibration, held, honest = prepare_data(args, tmp_path)
     titles = [{ex.title for ex in read_squad(p)} for p in (fit, calibration, held)]
     assert titles == [
-        {"Harvard_University", "Scottish_Parliament"},
-        {"Normans", "Imperialism"},
+        {"Yuan_dynasty", "Computational_complexity_theory"},
+        {"Normans", "Harvard_University"},
         {"1973_oil_crisis"},
     ]
     assert honest
     for bad, message in (
-        ("Imperialism", "sample's calibration articles"),
+        ("Yuan_dynasty", "sample's calibration articles"),
         ("Atlantis", "unknown article titles"),
     ):
         with pytest.raises(ValueError, match=message):

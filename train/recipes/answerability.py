@@ -225,10 +225,13 @@ def fit_table(t: Table, candidates: Sequence[FitOptions], verifier: Linear | Non
         "chosen_rule": choice.rule,
         "nested": {
             "grouping": nested.grouping,
-            "per_group": [
-                {"group": g, "questions": n, "gain": d}
-                for g, n, d in zip(nested.groups, nested.questions, nested.gains, strict=True)
-            ],
+            "per_group": sorted(
+                (
+                    {"group": g, "questions": n, "gain": d}
+                    for g, n, d in zip(nested.groups, nested.questions, nested.gains, strict=True)
+                ),
+                key=lambda row: str(row["group"]),
+            ),
             "mean_gain": nested.mean_gain,
             "lower_bound": nested.lower_bound if np.isfinite(nested.lower_bound) else None,
             "answered": nested.answered,
