@@ -16,14 +16,20 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from train.common.sample_data import SAMPLE_CALIBRATION, SAMPLE_DIR
+
+if TYPE_CHECKING:
+    from clients import ModelInfo
 
 REPO = Path(__file__).resolve().parent
 SAMPLE = SAMPLE_DIR
 SYNTH_STEPS = 200
 FINETUNE_STEPS = 150
 QA_WINDOW = ["--max-seq-len", "128", "--doc-stride", "64", "--batch-size", "16"]
+# What the closing line points at, where each stage writes it.
+MADE = ("pretrain/loss.png", "finetune/loss.png", "finetune/dev_f1.png", "eval/metrics.json", "onnx/")
 
 
 def banner(text: str) -> None:
@@ -180,7 +186,7 @@ def main() -> int:
         except (RuntimeError, TimeoutError) as exc:
             raise SystemExit(f"demo: the server did not become ready: {exc}") from None
         with XLNetQAClient(server.url, timeout=30.0, retries=5) as client:
-            print(json.dumps(client.model_info().model_dump(), indent=2)[:600])
+            print(describe(client.model_info(), server.url))
             article = json.loads((SAMPLE / "dev.json").read_text())["data"][0]
             paragraph = article["paragraphs"][0]
             answerable = [qa for qa in paragraph["qas"] if qa["answers"]][:6]
@@ -192,8 +198,27 @@ def main() -> int:
     finally:
         server.stop()
     print(f"\n{verdict(out / 'eval', out / 'finetune')}")
-    print(f"Demo finished. Everything it made is in {out}/ (loss.png, dev_f1.png, eval/metrics.json, onnx/).")
+    made = ", ".join(name for name in MADE if (out / name).exists())
+    print(f"Demo finished. Everything it made is in {out}/, among it {made}.")
     return 0
+
+
+def describe(info: ModelInfo, url: str) -> str:
+    """What is served, in whole lines (GET /v1/model has everything)."""
+    providers = ", ".join(info.runtime.get("providers") or [info.backend])
+    a = info.answerability
+    if a and a.get("kind") == "fitted":
+        rule = (
+            f"a fitted {a.get('rule')} rule on {', '.join(a.get('features') or [])} (cross-validated F1 "
+            f"{a.get('cv_f1', float('nan')):.1f} against {a.get('cv_no_answer_f1', float('nan')):.1f} for answering none)"
+        )
+    else:
+        rule = f"sigmoid(cls) against the threshold {info.no_answer_threshold:.3f}"
+    return (
+        f"Serving {info.name} ({info.backend} on {providers}): head {info.head}, {info.precision}, windows of "
+        f"{info.max_seq_len} tokens (stride {info.doc_stride}).\nAnswerability: {rule}.\n"
+        f"The whole description: GET {url}/v1/model"
+    )
 
 
 def said(res) -> str:

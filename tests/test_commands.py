@@ -116,3 +116,35 @@ def test_a_documented_name_behaves_as_the_module_it_names(name: str, tmp_path) -
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert lines[-1].startswith(f"train.{name}: error: "), lines
+
+
+def test_help_shows_every_default_once() -> None:
+    """Options without a help string still show their default (the study's step counts were invisible),
+    an absent default (None) or a switch's False is not printed, and a help text that explains its
+    default is not given a second one."""
+    from train.common.cli import Parser
+
+    p = Parser(prog="p")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--lr", type=float, default=0.0, help="peak rate")
+    p.add_argument("--spm")
+    p.add_argument("--fast", action="store_true")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    text = " ".join(p.format_help().split())
+    assert "--steps STEPS (default: 1000)" in text and "peak rate (default: 0.0)" in text
+    assert "None" not in text and "False" not in text
+    assert text.count("default") == 3, text
+
+
+def test_the_study_shows_its_step_counts() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(
+        [sys.executable, "-m", "train.study", "--help"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    text = " ".join(r.stdout.split())
+    for flag in (
+        "--pretrain-steps PRETRAIN_STEPS",
+        "--synth-steps SYNTH_STEPS",
+        "--finetune-steps FINETUNE_STEPS",
+    ):
+        assert re.search(re.escape(flag) + r" \(default: \d+\)", text), flag

@@ -318,6 +318,31 @@ def test_resume_continues_the_same_run(small_split, spm_dir, tmp_path):
         assert abs(a[step] - b[step]) <= 1e-5, (step, a[step], b[step])
 
 
+def test_progress_bar_and_log_lines_keep_apart(small_split, spm_dir, tmp_path):
+    """As a terminal shows it (stdout and stderr in one stream): the bar shows best_f1 only once there is an
+    evaluation (never the -1.0 placeholder), and every line printed while the bar is open starts a line of
+    its own instead of landing on the bar."""
+    train_file, dev_file = small_split
+    argv = ["--train-file", str(train_file), "--dev-file", str(dev_file), "--config", "tiny"]
+    argv += ["--spm", str(spm_dir), "--steps", "4", "--eval-every", "2", "--out", str(tmp_path / "run")]
+    argv += [a for a in COMMON if a != "--no-progress"] + ["--log-every", "1"]
+    r = subprocess.run(
+        [sys.executable, "-m", "train.finetune", *argv],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout
+    before, evaluated, after = r.stdout.partition("step 2: dev EM")
+    assert evaluated and "best_f1=" not in before and "best_f1=" in after, r.stdout
+    pieces = [p for line in r.stdout.splitlines() for p in line.split("\r")]
+    printed = [p for p in pieces if "step 2: dev EM" in p or "step 4: dev EM" in p or "answerability" in p]
+    assert len(printed) >= 3 and all(p.startswith(("step ", "answerability")) for p in printed), printed
+
+
 def test_cli_errors_are_one_line(tmp_path):
     r = subprocess.run(
         [

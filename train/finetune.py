@@ -201,7 +201,10 @@ def add_evaluation_and_run_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--keep-last", type=int, default=D.keep_last)
     add_run_flags(g)
     g.add_argument(
-        "--stop-after", type=int, default=D.stop_after, help="exit with a checkpoint after N steps (tests)"
+        "--stop-after",
+        type=int,
+        default=D.stop_after,
+        help="exit with a checkpoint after N steps of this invocation, as Ctrl-C would; --resume continues",
     )
     g.add_argument("--no-progress", action="store_true")
 

@@ -126,7 +126,7 @@ def add_run_group_flags(g: argparse._ArgumentGroup) -> None:
         "--stop-after",
         type=int,
         default=D.stop_after,
-        help="exit (with a checkpoint) after this many steps of this invocation; for tests of resume",
+        help="exit (with a checkpoint) after this many steps of this invocation, as Ctrl-C would; --resume continues",
     )
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 

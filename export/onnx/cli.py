@@ -1,6 +1,6 @@
 """Export a QA checkpoint to ONNX, verify it against PyTorch, optimise it, optionally reduce its precision.
 
-    python -m export.onnx --checkpoint runs/ft --out exports/onnx [--opset 17] [--precision fp32|fp16|int8]
+    python -m export.onnx --checkpoint runs/squad --out runs/export-fp32 [--opset 17] [--precision fp32|fp16|int8]
         [--head H] [--no-verify] [--optimize/--no-optimize] [--agreement-data dev.json --agreement-max N]
 
 The command line of `export.onnx.pipeline` (the steps and why they are so are described there): flags ->

@@ -100,7 +100,15 @@ def _static_dims(model: onnx.ModelProto) -> dict[str, list[int | None]]:
     """Value name -> dims (int where known) from onnxruntime's symbolic shape inference."""
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-    inferred = SymbolicShapeInference.infer_shapes(copy.deepcopy(model), auto_merge=True)
+    # It logs a warning for every comparison of symbolic lengths it cannot decide ("Cannot determine if
+    # 512 - sequence < 0"): expected with dynamic axes, and dozens of lines on the exporting user's terminal.
+    infer_log = logging.getLogger(SymbolicShapeInference.__module__)
+    level = infer_log.level
+    infer_log.setLevel(logging.ERROR)
+    try:
+        inferred = SymbolicShapeInference.infer_shapes(copy.deepcopy(model), auto_merge=True)
+    finally:
+        infer_log.setLevel(level)
     dims: dict[str, list[int | None]] = {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input):
         t = vi.type.tensor_type

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from collections.abc import Callable, Sequence
 
@@ -19,11 +20,33 @@ def to_stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in --help, once: argparse's own formatter skips options without a help
+    string (so `--steps` hid its default) and repeats a default the help text already explains."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and action.option_strings and self._shown(action):
+            action = copy.copy(action)
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text.lower() or not self._shown(action):
+            return text
+        return super()._get_help_string(action)
+
+    @staticmethod
+    def _shown(action: argparse.Action) -> bool:
+        """A default worth printing: not absent (None), not a switch's False, not suppressed."""
+        return not any(action.default is absent for absent in (None, False, argparse.SUPPRESS))
+
+
 class Parser(argparse.ArgumentParser):
     """argparse that shows defaults in --help and exits 2 with a one-line message on bad flags."""
 
     def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]

@@ -16,11 +16,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from train.common.contract import DEFAULTS
 from train.engine.loop import LoopPlan, StepReport
@@ -123,6 +125,12 @@ def check_data_files(config: FinetuneConfig) -> None:
             raise FileNotFoundError(f"data file not found: {f}")
 
 
+def say(line: str) -> None:
+    """A line while the training bar is open: tqdm clears and redraws the bar, a plain print lands on it."""
+    tqdm.write(line)
+    sys.stdout.flush()
+
+
 def fit_final_answerability(
     config: FinetuneConfig, train_examples, dev_examples, predictions
 ) -> Answerability | None:
@@ -133,12 +141,9 @@ def fit_final_answerability(
     try:
         a = fit_for(config.answerability, train_examples, dev_examples, predictions, config.calibration)
     except ValueError as exc:  # one paragraph's worth of questions, or a single class: nothing to fit
-        print(f"answerability: not fitted ({exc}); the final model decides by sigmoid(cls_logit)", flush=True)
+        say(f"answerability: not fitted ({exc}); the final model decides by sigmoid(cls_logit)")
         return None
-    print(
-        f"answerability ({config.answerability}, fitted on {config.dev_file}): {a.report['decision']}",
-        flush=True,
-    )
+    say(f"answerability ({config.answerability}, fitted on {config.dev_file}): {a.report['decision']}")
     return a
 
 
@@ -301,7 +306,10 @@ class FinetuneRecipe(Recipe):
                 s_per_step=elapsed / max(1, self.interval.steps),
                 skipped_steps=self.trainer.skipped_total,
             )
-            self.bar.set_postfix(loss=f"{r.loss:.3f}", best_f1=f"{self.best_f1:.1f}")
+            shown = {"loss": f"{r.loss:.3f}"}
+            if self.best_step is not None:  # no evaluation yet: no best_f1 to show
+                shown["best_f1"] = f"{self.best_f1:.1f}"
+            self.bar.set_postfix(shown)
             self.interval.reset()
         self.bar.update(1)
         if self.session.dist.is_main and (r.step % c.eval_every == 0 or last):
