@@ -192,6 +192,25 @@ def test_flags_that_contradict_the_checkpoint_are_one_line(
     assert "has no spiece.model: pass --spm" in line
 
 
+def test_a_base_model_or_our_qa_checkpoint_starts_the_lm(
+    published: Path, qa_checkpoint: Path, tmp_path: Path
+) -> None:
+    """An HF XLNetModel directory (no LM head) gets a zero output bias; a checkpoint of ours with another
+    head gives its backbone; both keep their weights and tokenizer."""
+    base = tmp_path / "base"
+    transformers.XLNetLMHeadModel.from_pretrained(published).transformer.save_pretrained(base)
+    shutil.copy(published / "spiece.model", base)
+    for init, embedding in (
+        (base, checkpoint.load(published).model.transformer.word_embedding.weight),
+        (qa_checkpoint, checkpoint.load(qa_checkpoint).model.transformer.word_embedding.weight),
+    ):
+        config = PretrainConfig(out=str(tmp_path / "run"), init=str(init), mem_len=8, reuse_len=4)
+        model = InitSource.open(config).load_model(config)
+        assert torch.equal(model.transformer.word_embedding.weight, embedding)
+        assert torch.equal(model.lm_loss.bias, torch.zeros_like(model.lm_loss.bias))
+        assert model.training and model.config.mem_len == 8
+
+
 def test_an_untied_lm_head_is_refused(published: Path, tmp_path: Path) -> None:
     hf = transformers.XLNetLMHeadModel.from_pretrained(published, tie_word_embeddings=False)
     with torch.no_grad():
