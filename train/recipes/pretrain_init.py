@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 from train.data.shards import ShardedCorpus
 from train.engine.state import latest_checkpoint
 from train.model import PRESETS, XLNetConfig, XLNetLMHeadModel, checkpoint
+from train.prepare_corpus import load_tokenizer
 from train.tokenizer import XLNetTokenizer
 
 if TYPE_CHECKING:
     from train.recipes.pretrain import PretrainConfig
 
-# Flags that set the model's shape or computation: DIR decides them.
+# The model's dimensions (a --config preset sets all four): DIR decides them, as its activation and AoA.
 SHAPE_FIELDS = ("n_layer", "d_model", "n_head", "d_inner")
 
 
@@ -35,9 +36,15 @@ def given(config: PretrainConfig, name: str) -> bool:
     return getattr(config, name) != getattr(type(config).defaults(), name)
 
 
-def spm_tokenizer(spm: str, lower: bool) -> XLNetTokenizer:
-    path = Path(spm)
-    return XLNetTokenizer.from_dir(path) if path.is_dir() else XLNetTokenizer(path, do_lower_case=lower)
+def run_settings(config: PretrainConfig) -> dict[str, Any]:
+    """What the pretraining run decides over the stored config (None keeps the stored value)."""
+    return {
+        "mem_len": config.mem_len,
+        "reuse_len": config.reuse_len,
+        "bi_data": config.bi_data,
+        "clamp_len": config.clamp_len,
+        "dropout": config.dropout,
+    }
 
 
 @dataclass(frozen=True)
@@ -65,10 +72,10 @@ class InitSource:
         if not (path / "spiece.model").is_file():
             if not config.spm:
                 raise ValueError(f"--init {path} has no spiece.model: pass --spm (the model's tokenizer)")
-            return spm_tokenizer(config.spm, config.lower)
+            return load_tokenizer(config.spm, config.lower)
         own = XLNetTokenizer.from_dir(path)
         if config.spm:
-            other = spm_tokenizer(config.spm, config.lower)
+            other = load_tokenizer(config.spm, config.lower)
             if other.fingerprint() != own.fingerprint():
                 raise ValueError(
                     f"--spm {config.spm} (tokenizer {other.fingerprint()[:12]}) is not the tokenizer of --init "
@@ -101,8 +108,8 @@ class InitSource:
         for name, (flag, value, stored) in wanted.items():
             if value != stored:
                 raise ValueError(
-                    f"{flag} contradicts --init {self.path} ({name} {stored}): the model's shape comes "
-                    "from the checkpoint; drop the flag"
+                    f"{flag} contradicts --init {self.path} ({name} {stored}): the model comes from the "
+                    "checkpoint; drop the flag"
                 )
         if self.tokenizer.vocab_size > mine.vocab_size:
             raise ValueError(
@@ -113,20 +120,10 @@ class InitSource:
             corpus = ShardedCorpus(config.data)
             corpus.require_tokenizer(self.tokenizer.fingerprint(), f"--init {self.path}")
 
-    def run_settings(self, config: PretrainConfig) -> dict[str, Any]:
-        """What the pretraining run decides over the stored config (None keeps the stored value)."""
-        return {
-            "mem_len": config.mem_len,
-            "reuse_len": config.reuse_len,
-            "bi_data": config.bi_data,
-            "clamp_len": config.clamp_len,
-            "dropout": config.dropout,
-        }
-
     def load_model(self, config: PretrainConfig) -> XLNetLMHeadModel:
         """The LM model with DIR's weights (a base model gets a zero output bias; the output layer is
         the word embedding, as HF ties it)."""
-        loaded = checkpoint.load(self.path, kind="lm", config_overrides=self.run_settings(config))
+        loaded = checkpoint.load(self.path, kind="lm", config_overrides=run_settings(config))
         model = loaded.model
         assert isinstance(model, XLNetLMHeadModel)
         return model.train()
