@@ -50,3 +50,25 @@ TINY_PRETRAIN_ARGS = [
     "--warmup",
     "2",
 ]
+
+
+def pad_vocabulary(spm_file: Path, out_file: Path, vocab_size: int) -> Path:
+    """A copy of ``spm_file`` with unused pieces after the 9 special ones, ``vocab_size`` in all: every
+    real piece moves to the top of the id range (ids up to ``vocab_size - 1``), as in a published
+    32,000-piece vocabulary, while encoding picks the same pieces (unused pieces never match)."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    from train.tokenizer.spm_tokenizer import SPECIAL_PIECES
+
+    model = pb.ModelProto()
+    model.ParseFromString(Path(spm_file).read_bytes())
+    pieces = list(model.pieces)
+    del model.pieces[:]
+    model.pieces.extend(pieces[: len(SPECIAL_PIECES)])
+    for i in range(vocab_size - len(pieces)):
+        model.pieces.add(piece=f"<unused{i}>", score=0.0, type=pb.ModelProto.SentencePiece.UNUSED)
+    model.pieces.extend(pieces[len(SPECIAL_PIECES) :])
+    model.trainer_spec.vocab_size = vocab_size
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_bytes(model.SerializeToString())
+    return out_file

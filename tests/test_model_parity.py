@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from paths import SAMPLE_CALIBRATION, SAMPLE_TRAIN
 
+from train.finetune import main as finetune_main
 from train.model import XLNetConfig, XLNetForQuestionAnswering, checkpoint
 
 TOL = 1e-5
@@ -280,33 +282,84 @@ def test_our_save_loads_in_transformers(hf_cls, tmp_path):
     ours_state = ours.state_dict()
     for name, value in hf.state_dict().items():  # every HF tensor is ours, bit for bit
         assert torch.equal(value, ours_state[name]), name
+    same_outputs(ours, hf, kind)
+    again = checkpoint.load(tmp_path / "ckpt")
+    assert again.kind == kind
+
+
+def same_outputs(ours, hf, kind: str) -> float:
+    """Our model and HF's give the same outputs on a padded batch; returns the largest |Δ|."""
     ids, types, mask = inputs()
     with torch.no_grad():
         ref = hf(ids, token_type_ids=types, attention_mask=mask.float())
         got = ours(ids, token_type_ids=types, attention_mask=mask)
     if kind == "lm":
-        close(got.logits, ref.logits, "logits")
+        pairs = [(got.logits, ref.logits, "logits")]
     elif kind == "qa:simple":
-        close(got.start_logits, ref.start_logits, "start")
-        close(got.end_logits, ref.end_logits, "end")
+        pairs = [(got.start_logits, ref.start_logits, "start"), (got.end_logits, ref.end_logits, "end")]
     elif kind == "qa:beam":
-        close(got.cls_logits, ref.cls_logits, "cls")
         # HF's beam head returns softmax probabilities under the name *_log_probs, and flattens the
         # end beams end-major ([k2, k1]); ours returns log-probabilities flattened start-major
         # ([k1, k2]), as the original XLNet's TF head does.
-        k1, k2 = config.start_n_top, config.end_n_top
-        close(got.start_top_log_probs.exp(), ref.start_top_log_probs, "start_top_log_probs")
-        assert torch.equal(got.start_top_index, ref.start_top_index)
+        k1, k2 = ours.config.start_n_top, ours.config.end_n_top
 
         def start_major(x: torch.Tensor) -> torch.Tensor:
             return x.reshape(-1, k2, k1).transpose(1, 2).reshape(-1, k1 * k2)
 
-        close(got.end_top_log_probs.exp(), start_major(ref.end_top_log_probs), "end_top_log_probs")
+        assert torch.equal(got.start_top_index, ref.start_top_index)
         assert torch.equal(got.end_top_index, start_major(ref.end_top_index))
+        pairs = [
+            (got.cls_logits, ref.cls_logits, "cls"),
+            (got.start_top_log_probs.exp(), ref.start_top_log_probs, "start_top_log_probs"),
+            (got.end_top_log_probs.exp(), start_major(ref.end_top_log_probs), "end_top_log_probs"),
+        ]
     else:
-        close(got.last_hidden_state, ref.last_hidden_state, "h")
-    again = checkpoint.load(tmp_path / "ckpt")
-    assert again.kind == kind
+        pairs = [(got.last_hidden_state, ref.last_hidden_state, "h")]
+    for a, b, what in pairs:
+        close(a, b, what)
+    return max((a - b).abs().max().item() for a, b, _ in pairs)
+
+
+@pytest.mark.parametrize(
+    ("hf_cls", "head"),
+    [
+        (transformers.XLNetForQuestionAnsweringSimple, "simple"),
+        (transformers.XLNetForQuestionAnswering, "beam"),
+    ],
+)
+def test_fine_tuning_round_trips_through_transformers(hf_cls, head, xlnet_tok, tmp_path):
+    """An HF QA directory loads in ours with HF's outputs; `python -m train.finetune --init` of it moves
+    the weights, and what it writes loads in the same HF class with our outputs."""
+    published = tmp_path / "hf"
+    hf, ours = hf_roundtrip(hf_cls, hf_config(vocab_size=xlnet_tok.vocab_size), published)
+    xlnet_tok.save(published)
+    assert ours.head == head
+    there = same_outputs(ours, hf, f"qa:{head}")
+    out = tmp_path / "ft"
+    windows = ["--max-seq-len", "64", "--doc-stride", "32", "--max-query-len", "16", "--batch-size", "4"]
+    run = ["--steps", "2", "--lr", "1e-3", "--warmup", "0", "--answerability", "cls"]
+    data = [
+        "--train-file",
+        str(SAMPLE_TRAIN),
+        "--dev-file",
+        str(SAMPLE_CALIBRATION),
+        "--max-dev-examples",
+        "8",
+    ]
+    argv = ["--init", str(published), "--head", head, *data, *windows, *run, "--out", str(out)]
+    assert finetune_main(argv) == 0
+    tuned = checkpoint.load(out)
+    assert tuned.kind == f"qa:{head}"
+    start = ours.state_dict()
+    unmoved = [k for k, v in tuned.model.state_dict().items() if torch.equal(v, start[k])]
+    # mask_emb feeds the query stream, which QA never reads; a bias added to every position's logit
+    # before a softmax over positions gets no gradient
+    assert [k for k in unmoved if k.startswith("transformer.")] == ["transformer.mask_emb"], unmoved
+    assert all(k.endswith(".bias") for k in unmoved if not k.startswith("transformer.")), unmoved
+    back, info = hf_cls.from_pretrained(out, output_loading_info=True)
+    assert not any(info.values()), info  # every weight found, none re-initialised
+    back_again = same_outputs(tuned.model.eval(), back.eval(), f"qa:{head}")
+    print(f"{head}: max |Δ| HF -> ours {there:.2e}, fine-tuned ours -> HF {back_again:.2e}")
 
 
 def test_legacy_hf_directory_with_pytorch_model_bin(tmp_path):

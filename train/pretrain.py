@@ -1,9 +1,10 @@
 """`python -m train.pretrain`: XLNet permutation language modelling with two-stream attention.
 
 Thin CLI over :class:`train.recipes.pretrain.PretrainRecipe`: the flags become a
-:class:`~train.recipes.pretrain.PretrainConfig` (tokenizer given or trained on the corpus, data streams
-with span targets and permutation masks, the LM model with Transformer-XL memory carried from batch to
-batch, the original's Adam, clipping and warmup/decay, gradient accumulation, atomic resumable
+:class:`~train.recipes.pretrain.PretrainConfig` (a random model of a preset, its tokenizer given or
+trained on the corpus, or with ``--init`` a published model and its tokenizer to continue from; data
+streams with span targets and permutation masks, the LM model with Transformer-XL memory carried from
+batch to batch, the original's Adam, clipping and warmup/decay, gradient accumulation, atomic resumable
 checkpoints, metrics.jsonl + loss PNG, and DistributedDataParallel under torchrun).
 """
 
@@ -76,6 +77,11 @@ def add_data_flags(g: argparse._ArgumentGroup) -> None:
 
 
 def add_model_flags(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--init",
+        help="continue pretraining this model: a HuggingFace XLNetLMHeadModel/XLNetModel directory or our "
+        "checkpoint; its shape and spiece.model are used (flags that contradict them are refused)",
+    )
     g.add_argument("--config", default=D.config, choices=sorted(PRESETS), help="model size preset")
     g.add_argument("--n-layer", type=int)
     g.add_argument("--d-model", type=int)

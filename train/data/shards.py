@@ -206,6 +206,16 @@ class ShardedCorpus:
     def tokenizer_fingerprint(self) -> str:
         return str(self.manifest["tokenizer"]["sha256"])
 
+    def require_tokenizer(self, fingerprint: str, source: str) -> None:
+        """Refuse to feed these ids to a model of another tokenizer (the same id is another piece there);
+        the error names both fingerprints and where the model's tokenizer comes from."""
+        if fingerprint != self.tokenizer_fingerprint:
+            raise CorpusError(
+                f"{self.directory}: its token ids come from another tokenizer ({self.tokenizer_fingerprint[:12]}) "
+                f"than {source}'s ({fingerprint[:12]}): prepare the corpus again with that tokenizer "
+                "(python -m train.prepare_corpus --spm ...)"
+            )
+
     def unigram_counts(self) -> np.ndarray:
         """How often each id occurs in the whole corpus (summed from the shards' counts files)."""
         total = np.zeros(int(self.manifest["tokenizer"]["vocab_size"]), np.int64)

@@ -145,6 +145,41 @@ def _check_tied_biases(state: dict[str, torch.Tensor], config: XLNetConfig) -> X
     return config
 
 
+def _read_config_json(path: Path) -> dict[str, Any]:
+    """config.json of a checkpoint directory that is complete (not mid-save)."""
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a directory (expected config.json + model weights)")
+    if (path / STAGING / "m").is_dir():
+        raise CheckpointError(
+            f"{path}: a save into it was interrupted, so its files may come from two saves; resume the run "
+            f"(--resume finishes the save) or call train.model.checkpoint.finish_interrupted_save({str(path)!r})"
+        )
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise CheckpointError(f"{path}: no config.json; is this an XLNet checkpoint directory?")
+    try:
+        return json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{cfg_file}: invalid JSON ({exc})") from exc
+
+
+def read_config(path: str | os.PathLike) -> XLNetConfig:
+    """The model config of a checkpoint (ours or HF) without reading its weights: cheap checks first."""
+    return XLNetConfig.from_hf_dict(_read_config_json(Path(path)))
+
+
+def _check_tied_lm_head(state: dict[str, torch.Tensor], path: Path) -> None:
+    """Our LM head is the word embedding (HF ties lm_loss.weight to it, the original shares one
+    lookup table); a file whose lm_loss.weight holds other values cannot be loaded without loss."""
+    head = state.get("lm_loss.weight")
+    embedding = state.get("transformer.word_embedding.weight")
+    if head is not None and embedding is not None and not torch.equal(head, embedding):
+        raise CheckpointError(
+            f"{path}: lm_loss.weight differs from transformer.word_embedding.weight (an untied LM head, "
+            "tie_word_embeddings false); this model ties them as HF's XLNetLMHeadModel does by default"
+        )
+
+
 def load(
     path: str | os.PathLike,
     *,
@@ -160,25 +195,13 @@ def load(
     fine-tuning); `strict` then applies to the backbone only.
     """
     path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: not a directory (expected config.json + model weights)")
-    if (path / STAGING / "m").is_dir():
-        raise CheckpointError(
-            f"{path}: a save into it was interrupted, so its files may come from two saves; resume the run "
-            f"(--resume finishes the save) or call train.model.checkpoint.finish_interrupted_save({str(path)!r})"
-        )
-    cfg_file = path / "config.json"
-    if not cfg_file.exists():
-        raise CheckpointError(f"{path}: no config.json; is this an XLNet checkpoint directory?")
-    try:
-        config_json = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{cfg_file}: invalid JSON ({exc})") from exc
+    config_json = _read_config_json(path)
     config = XLNetConfig.from_hf_dict(config_json)
     stored_match = config.question_match
     if config_overrides:
         config = config.replace(**config_overrides)
     state = _read_weights(path)
+    _check_tied_lm_head(state, path)
     config = _check_tied_biases(state, config)
     src_kind = _infer_kind(state, config_json)
     dst_kind = kind or (f"qa:{head}" if head else src_kind)

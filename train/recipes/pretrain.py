@@ -3,10 +3,10 @@
 :class:`PretrainConfig` holds every setting (one field per ``python -m train.pretrain`` flag, with its
 default); :class:`PretrainRecipe` runs it in stages: ``setup`` (run directory, tokenizer given or
 trained on the corpus, data streams with span targets and permutation masks from ``train.data``, the
-LM model, the original's Adam and warmup/decay, a resumed checkpoint), ``train`` (the engine's loop,
-Transformer-XL memory carried from batch to batch), ``save_checkpoint`` (atomic and resumable, each
-rank's data position and memory) and ``cleanup`` (the final model, the process group). The training
-state lives on the recipe.
+LM model, random or ``--init`` (``train.recipes.pretrain_init``), the original's Adam and
+warmup/decay, a resumed checkpoint), ``train`` (the engine's loop, Transformer-XL memory carried from
+batch to batch), ``save_checkpoint`` (atomic and resumable, each rank's data position and memory)
+and ``cleanup`` (the final model, the process group). The training state lives on the recipe.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from train.engine.runtime import Dist, autocast, seed_everything, to_tensors
 from train.engine.session import Resumed, RunConfig, Session
 from train.model import XLNetConfig, XLNetLMHeadModel, checkpoint
 from train.prepare_corpus import prepare_directory
+from train.recipes.pretrain_init import InitSource
 from train.tokenizer import XLNetTokenizer, train_spm
 
 
@@ -54,6 +55,7 @@ class PretrainConfig(RunConfig):
     max_gram: int = 5
     bi_data: bool = False
     # model
+    init: str | None = None
     config: str = "small"
     n_layer: int | None = None
     d_model: int | None = None
@@ -122,15 +124,24 @@ def check_corpus(config: PretrainConfig) -> None:
             raise FileNotFoundError(f"corpus file not found: {f}")
 
 
+def check_inputs(config: PretrainConfig) -> None:
+    """The corpus and, with --init, the checkpoint against the flags: before the run is recorded."""
+    check_corpus(config)
+    if config.init:
+        InitSource.open(config)
+
+
 def unigram_entropy(counts: np.ndarray) -> float:
     """Entropy (nats/token) of the corpus' unigram distribution: the loss of a model that ignores context."""
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
 
 
-def open_corpus(config: PretrainConfig, tokenizer: XLNetTokenizer, out: Path, d: Dist) -> ShardedCorpus:
+def open_corpus(
+    config: PretrainConfig, tokenizer: XLNetTokenizer, out: Path, d: Dist, source: str = "this run"
+) -> ShardedCorpus:
     """``--data`` as it is, or ``--corpus`` prepared into ``out/data`` by the main rank (kept for resumes);
-    either way, ids of another tokenizer are refused."""
+    either way, ids of another tokenizer than ``source``'s are refused."""
     if config.data:
         corpus = ShardedCorpus(config.data)
     else:
@@ -139,11 +150,7 @@ def open_corpus(config: PretrainConfig, tokenizer: XLNetTokenizer, out: Path, d:
         if d.enabled:
             dist.barrier()
         corpus = ShardedCorpus(out / "data")
-    if corpus.tokenizer_fingerprint != tokenizer.fingerprint():
-        raise ValueError(
-            f"{corpus.directory}: its token ids come from another tokenizer ({corpus.tokenizer_fingerprint[:12]}, "
-            f"this one is {tokenizer.fingerprint()[:12]}): prepare the corpus again with this --spm"
-        )
+    corpus.require_tokenizer(tokenizer.fingerprint(), source)
     return corpus
 
 
@@ -220,6 +227,7 @@ class PretrainRecipe(Recipe):
     baseline: float  # unigram entropy of the corpus, nats/token
     model: XLNetLMHeadModel
     mems: list[torch.Tensor] | None  # Transformer-XL memory carried to the next batch
+    init: InitSource | None  # --init: the model the run starts from
 
     def __init__(self, config: PretrainConfig) -> None:
         self.config = config
@@ -228,16 +236,23 @@ class PretrainRecipe(Recipe):
 
     def setup(self) -> None:
         """Open the run (checked before it is recorded), data, model, optimiser; resume if asked."""
-        self.session, self.config = Session.open(self.command, self.config, validate=check_corpus)
+        self.session, self.config = Session.open(self.command, self.config, validate=check_inputs)
         c, d = self.config, self.session.dist
-        self.tokenizer = resolve_tokenizer(c, self.session.out, d)
-        corpus = open_corpus(c, self.tokenizer, self.session.out, d)
+        self.init = InitSource.open(c) if c.init else None
+        if self.init:
+            self.tokenizer, source = self.init.tokenizer, f"--init {self.init.path}"
+        else:
+            self.tokenizer, source = resolve_tokenizer(c, self.session.out, d), "this run"
+        corpus = open_corpus(c, self.tokenizer, self.session.out, d, source)
         self.data = PretrainBatches(
             corpus, self.tokenizer.word_start_table, data_config(c), rank=d.rank, world_size=d.world_size
         )
         self.baseline = unigram_entropy(corpus.unigram_counts())
         seed_everything(c.seed)  # identical initial weights on every rank
-        self.model = XLNetLMHeadModel(model_config(c, self.tokenizer.vocab_size)).to(d.device)
+        if self.init:
+            self.model = self.init.load_model(c).to(d.device)
+        else:
+            self.model = XLNetLMHeadModel(model_config(c, self.tokenizer.vocab_size)).to(d.device)
         self.optimizer = make_optimizer(
             self.model, lr=c.lr, weight_decay=c.weight_decay, optimizer=c.optimizer, eps=c.adam_eps
         )
@@ -278,8 +293,9 @@ class PretrainRecipe(Recipe):
         if not self.session.dist.is_main:
             return
         n_params = sum(p.numel() for p in self.model.parameters())
+        what = f"from {self.init.path}" if self.init else self.config.config
         print(
-            f"Pretraining {self.config.config} ({n_params / 1e6:.2f}M params, vocab "
+            f"Pretraining {what} ({n_params / 1e6:.2f}M params, vocab "
             f"{self.model.config.vocab_size}) on {self.data.num_tokens:,} tokens, {len(self.data)} batches/pass, "
             f"world {self.session.dist.world_size}; unigram-entropy baseline {self.baseline:.3f} nats/token",
             flush=True,
