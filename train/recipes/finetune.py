@@ -97,6 +97,7 @@ class FinetuneConfig(RunConfig):
     clip: float = 1.0
     clip_each_micro_batch: bool = False
     precision: str = "fp32"
+    activation_checkpointing: bool = False
     seed: int = 42
     # evaluation and run
     keep_best: bool = False
@@ -169,6 +170,7 @@ class FinetuneRecipe(Recipe):
         seed_everything(c.seed)
         self.tokenizer, self.model, self.init_meta = load_tokenizer_and_model(c, self.session.out)
         self.model.to(d.device)
+        self.model.transformer.activation_checkpointing = c.activation_checkpointing
         self.trainable = freeze(self.model, c.freeze_layers, c.freeze_embeddings)
         self.setup_data()
         self.setup_optimizer()

@@ -76,6 +76,7 @@ class PretrainConfig(RunConfig):
     adam_eps: float = 1e-6
     clip: float = 1.0
     precision: str = "fp32"
+    activation_checkpointing: bool = False
     seed: int = 42
     # run
     log_every: int = 10
@@ -238,6 +239,7 @@ class PretrainRecipe(Recipe):
         self.baseline = unigram_entropy(corpus.unigram_counts())
         seed_everything(c.seed)  # identical initial weights on every rank
         self.model = XLNetLMHeadModel(model_config(c, self.tokenizer.vocab_size)).to(d.device)
+        self.model.transformer.activation_checkpointing = c.activation_checkpointing
         self.optimizer = make_optimizer(
             self.model, lr=c.lr, weight_decay=c.weight_decay, optimizer=c.optimizer, eps=c.adam_eps
         )
