@@ -230,3 +230,38 @@ def test_corpus_memory_bench_prepares_and_trains_on_both_corpora(tmp_path: Path,
         "| corpus | MB | tokens | prepare MB/s/worker | peak RSS MB |" in table
         and "large - small peak RSS" in table
     )
+
+
+def test_memory_bench_counts_each_lever_exactly(capsys) -> None:
+    """Tiny shapes under fake tensors: the printed parts add up as they must (Adam: two fp32 moments
+    per gradient), each lever cuts what it should, and the peak holds what is alive at once."""
+    from bench.memory import main as memory_bench
+
+    # (windows long enough that activations outweigh autocast's bf16 copies of the weights)
+    argv = ["--presets", "tiny", "--stages", "finetune,pretrain", "--batch", "4", "--seq", "128"]
+    assert memory_bench([*argv, "--unit", "MiB", "--freeze-fraction", "0.5"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| xlnet-tiny")]
+    rows = {}
+    for line in lines:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        weights, grads, optimizer, activations, parts, peak = map(float, cells[4:10])
+        rows[cells[1], cells[2]] = (float(cells[3]), weights, grads, optimizer, activations, peak)
+        assert (
+            abs(optimizer - 2 * grads) <= 0.02
+            and abs(weights + grads + optimizer + activations - parts) <= 0.03
+        )
+        assert peak >= weights + optimizer + activations - 0.02 and peak >= weights + grads + optimizer - 0.02
+    assert len(rows) == 11
+    act = {key: r[4] for key, r in rows.items()}
+    for stage in ("finetune", "pretrain"):
+        base = act[stage, "fp32 (baseline)"]
+        assert act[stage, "activation checkpointing"] < base and act[stage, "bf16 autocast"] < base
+    frozen = act["finetune", "freeze 1/2 layers + embedding"]
+    assert (
+        frozen < act["finetune", "freeze 1/2 layers (embedding trained)"] < act["finetune", "fp32 (baseline)"]
+    )
+    trained = rows["finetune", "freeze 1/2 layers + embedding"][0]
+    assert trained < rows["finetune", "fp32 (baseline)"][0]
+    with pytest.raises(SystemExit):
+        memory_bench(["--stages", "serve"])
+    assert "--stages takes finetune and/or pretrain" in capsys.readouterr().err

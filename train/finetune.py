@@ -163,6 +163,12 @@ def add_optimisation_flags(g: argparse._ArgumentGroup) -> None:
         help="clip each micro-batch's (and rank's) gradient before summing, as the original per TPU core",
     )
     g.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=D.precision)
+    g.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="keep each layer's inputs only and recompute the layer in backward: far less activation "
+        "memory for one more forward pass per step, same gradients",
+    )
     g.add_argument("--device", default=D.device)
     g.add_argument("--seed", type=int, default=D.seed)
     g.add_argument("--threads", type=int, default=D.threads)

@@ -115,6 +115,12 @@ def add_optimisation_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--adam-eps", type=float, default=D.adam_eps)
     g.add_argument("--clip", type=float, default=D.clip, help="global gradient-norm clip")
     g.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=D.precision)
+    g.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="keep each layer's inputs only and recompute the layer in backward: far less activation "
+        "memory for one more forward pass per step, same gradients",
+    )
     g.add_argument("--device", default=D.device, help="auto, cpu or cuda")
     g.add_argument("--seed", type=int, default=D.seed)
     g.add_argument(

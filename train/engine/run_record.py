@@ -47,6 +47,7 @@ MAY_CHANGE = frozenset(
         "keep_last",
         "eval_every",
         "eval_batch_size",
+        "activation_checkpointing",
     }
 )
 # What a training run writes into its directory (what --overwrite removes): checkpoints, the record,

@@ -9,6 +9,7 @@ from typing import cast
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 from train.common.contract import NUM_SEGMENT_IDS
 from train.model.attention import POSITION_CHUNKS, additive_mask, chunk_bounds, masked_fill_value
@@ -67,6 +68,8 @@ class XLNetModel(nn.Module):
             self.tie_relative_biases()
         self.position_cache_len: int | None = None
         self.fused_inference = False
+        # Memory for time: keep each layer's inputs only and run its forward again in backward.
+        self.activation_checkpointing = False
 
     @torch.no_grad()
     def cache_positions(self, max_len: int = 512, fused: bool = False) -> None:
@@ -176,6 +179,24 @@ class XLNetModel(nn.Module):
         new = cur if prev is None else torch.cat([prev, cur], dim=0)
         return new[-cast(int, self.config.mem_len) :].detach()  # only called when keeps_memory
 
+    def _run_layer(
+        self, layer: nn.Module, h: torch.Tensor, g: torch.Tensor | None, *rest: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One layer, both streams; checkpointed when asked and autograd would record it.
+
+        A checkpointed layer keeps only its inputs for backward and runs its forward again there.
+        torch restores the RNG state before that recomputation (preserve_rng_state), so dropout draws
+        the same masks and the gradients are the ones without checkpointing. A layer that records
+        nothing (frozen, and nothing below it trains) is run plainly: there is nothing to save.
+        """
+        if self.activation_checkpointing and torch.is_grad_enabled():
+            inputs = [t for t in (h, g, *rest) if t is not None]
+            params = layer.parameters()
+            if any(t.requires_grad for t in inputs) or any(p.requires_grad for p in params):
+                out = checkpoint(layer, h, g, *rest, use_reentrant=False, preserve_rng_state=True)
+                return cast("tuple[torch.Tensor, torch.Tensor | None]", out)
+        return layer(h, g, *rest)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -248,7 +269,7 @@ class XLNetModel(nn.Module):
             if output_hidden_states:
                 hidden.append(h)
             mem_b = prev.transpose(0, 1).to(h.dtype) if prev is not None else None
-            h, g = layer(h, g, mask_h, mask_g, pos_emb, seg_diff, mem=mem_b, target_mapping=target_mapping)
+            h, g = self._run_layer(layer, h, g, mask_h, mask_g, pos_emb, seg_diff, mem_b, target_mapping)
         if output_hidden_states:
             hidden.append(h)
         return XLNetModelOutput(

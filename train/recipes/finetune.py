@@ -46,6 +46,7 @@ from train.recipes.finetune_setup import (
     load_tokenizer_and_model,
     micro_batch_size,
     resolve_grad_accum,
+    trained_through_frozen,
 )
 from train.squad import Answerability, featurize, pad_batch, read_squad, subsample_out_of_window
 from train.squad.provenance import FINE_TUNED_ON, THRESHOLD_SELECTED_ON, article_titles
@@ -98,6 +99,7 @@ class FinetuneConfig(RunConfig):
     clip: float = 1.0
     clip_each_micro_batch: bool = False
     precision: str = "fp32"
+    activation_checkpointing: bool = False
     seed: int = 42
     # evaluation and run
     keep_best: bool = False
@@ -173,6 +175,7 @@ class FinetuneRecipe(Recipe):
         seed_everything(c.seed)
         self.tokenizer, self.model, self.init_meta = load_tokenizer_and_model(c, self.session.out)
         self.model.to(d.device)
+        self.model.transformer.activation_checkpointing = c.activation_checkpointing
         self.trainable = freeze(self.model, c.freeze_layers, c.freeze_embeddings)
         self.setup_data()
         self.setup_optimizer()
@@ -269,6 +272,14 @@ class FinetuneRecipe(Recipe):
             f"layer decay {c.layer_decay:g} on {c.layer_decay_on}",
             flush=True,
         )
+        trained = trained_through_frozen(self.model, c.freeze_layers)
+        if trained:
+            hint = " (--freeze-embeddings stops that)" if "word_embedding.weight" in trained else ""
+            print(
+                f"note: the {c.freeze_layers} frozen layers still keep activations for backward: gradients "
+                f"pass through them to {', '.join(trained)}{hint}",
+                flush=True,
+            )
 
     def loop_plan(self) -> LoopPlan:
         return LoopPlan(self.step, self.total_steps, self.config.save_every, self.config.stop_after)

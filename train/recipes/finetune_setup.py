@@ -86,6 +86,22 @@ def freeze(model: XLNetForQuestionAnswering, n_layers: int, embeddings: bool) ->
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+def trained_through_frozen(model: XLNetForQuestionAnswering, n_layers: int) -> list[str]:
+    """Trainable parameters below or inside the frozen bottom layers (the word embedding, the
+    question-match vector, tied attention biases).
+
+    While there is one, backward passes through the frozen layers, so they keep the activations
+    that passing needs; with none, autograd records nothing in them and they keep none.
+    """
+    if n_layers == 0:
+        return []
+    t = model.transformer
+    below = [("word_embedding.weight", t.word_embedding.weight), ("match_emb", t.match_emb)]
+    names = [name for name, p in below if p is not None and p.requires_grad]
+    frozen = t.layer[:n_layers].named_parameters(prefix="layer")
+    return names + [name for name, p in frozen if p.requires_grad]
+
+
 class FeatureBatches:
     """Shuffled epochs over training features, resumable (epoch, position, RNG state)."""
 

@@ -78,6 +78,7 @@ class PretrainConfig(RunConfig):
     adam_eps: float = 1e-6
     clip: float = 1.0
     precision: str = "fp32"
+    activation_checkpointing: bool = False
     seed: int = 42
     # run
     log_every: int = 10
@@ -253,6 +254,7 @@ class PretrainRecipe(Recipe):
             self.model = self.init.load_model(c).to(d.device)
         else:
             self.model = XLNetLMHeadModel(model_config(c, self.tokenizer.vocab_size)).to(d.device)
+        self.model.transformer.activation_checkpointing = c.activation_checkpointing
         self.optimizer = make_optimizer(
             self.model, lr=c.lr, weight_decay=c.weight_decay, optimizer=c.optimizer, eps=c.adam_eps
         )
