@@ -121,7 +121,9 @@ class CudaGraphCapture(Capture):
 
 class CompiledCapture(Capture):
     """``torch.compile(model, mode="reduce-overhead")``: torch records the CUDA graphs itself; its outputs
-    are overwritten by its next replay, so they are copied into this slot's own."""
+    are overwritten by its next replay, so they are copied into this slot's own. torch keeps its recorded
+    graphs per thread, so in the server (warm-up in one thread, batches in the inference thread) a
+    bucket's first batch records again: a comparison path, where ``CudaGraphCapture`` is the served one."""
 
     name = "compile"
 
