@@ -56,29 +56,42 @@ format: venv
 # A separate venv with onnxruntime-gpu only (never the CPU wheel, which would shadow its providers), in
 # two parts, because TensorRT's PyPI packages are stubs that download the real wheels from NVIDIA's own
 # index at install time:
-#   make gpu-venv           onnxruntime-gpu + the NVIDIA CUDA 12 / cuDNN 9 runtime wheels (all on PyPI),
+#   make gpu-venv           onnxruntime-gpu + the NVIDIA CUDA / cuDNN 9 runtime wheels (all on PyPI),
 #                           then the stack report: which providers really load here;
 #   make gpu-venv-tensorrt  adds TensorRT 10.14 to it (needs $(NVIDIA_INDEX)).
-# On a GPU machine `pip install torch==...` is the CUDA build, which the exporter may use; serving
-# (onnx GPU providers, TensorRT) does not need torch.
+# The stack is the one this machine's NVIDIA driver runs (python -m export.gpu_versions --driver):
+# `gpu` (CUDA 13, driver >= 580) or `gpu-cu12` (CUDA 12, driver >= 525.60.13); GPU_EXTRA=gpu-cu12 picks
+# one. torch==$(TORCH_VERSION) from PyPI is the CUDA 13 build (its NVIDIA wheels are the ones onnxruntime-gpu
+# loads), so the CUDA 12 stack takes torch from PyTorch's own index: TORCH_INDEX=https://download.pytorch.org/whl/cu12x.
+# Serving (onnx GPU providers, TensorRT) does not need torch; the exporter and the torch backend do.
 GPU_VENV ?= .venv-gpu
 GPU_PY := $(GPU_VENV)/bin/python
+GPU_EXTRA ?=
+TORCH_INDEX ?=
+GPU_VERSIONS = $(PYTHON) -m export.gpu_versions $(if $(GPU_EXTRA),--extra $(GPU_EXTRA))
 NVIDIA_INDEX ?= https://pypi.nvidia.com
 PYPI_INDEX ?= $(or $(PIP_INDEX_URL),https://pypi.org/simple/)
 GPU_TEST_FILES = $$(grep -l "mark.gpu" tests/test_*.py)
 
 $(GPU_VENV)/.installed: pyproject.toml export/gpu_versions.py
-	$(PYTHON) -m export.gpu_versions --index $(PYPI_INDEX)
-	$(PYTHON) -m venv $(GPU_VENV)
-	$(GPU_PY) -m pip install --quiet --upgrade pip
-	$(GPU_PY) -m pip install --quiet torch==$(TORCH_VERSION)
-	$(GPU_PY) -m pip install --quiet -e ".[gpu-dev]"
+	$(GPU_VERSIONS) --index $(PYPI_INDEX)
+	@extra=$$($(GPU_VERSIONS) --print extra) || exit 1; \
+	if [ "$$extra" != gpu ] && [ -z "$(TORCH_INDEX)" ]; then \
+		echo "make gpu-venv: the $$extra stack needs a torch built for its CUDA (PyPI's torch is CUDA 13): TORCH_INDEX=https://download.pytorch.org/whl/cu12x" >&2; \
+		exit 1; \
+	fi; \
+	set -ex; \
+	$(PYTHON) -m venv $(GPU_VENV); \
+	$(GPU_PY) -m pip install --quiet --upgrade pip; \
+	$(GPU_PY) -m pip install --quiet torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); \
+	$(GPU_PY) -m pip install --quiet -e ".[$$extra,export-core,client,test-tools]"
 	$(GPU_PY) -m export.stack_report
 	touch $@
 
 $(GPU_VENV)/.tensorrt: $(GPU_VENV)/.installed
-	$(PYTHON) -m export.gpu_versions --tensorrt --index $(NVIDIA_INDEX)
-	$(GPU_PY) -m pip install --quiet -e ".[gpu-dev,tensorrt]"
+	$(GPU_VERSIONS) --tensorrt --index $(NVIDIA_INDEX)
+	@extra=$$($(GPU_VERSIONS) --print extra) && trt=$$($(GPU_VERSIONS) --print tensorrt-extra) || exit 1; \
+	set -x; $(GPU_PY) -m pip install --quiet -e ".[$$extra,export-core,client,test-tools,$$trt]"
 	$(GPU_PY) -m export.stack_report --require-gpu
 	touch $@
 
@@ -93,10 +106,10 @@ gpu-venv-tensorrt: $(GPU_VENV)/.tensorrt
 gpu-test:
 	@py=$(GPU_PY); mode=1; \
 	if ! $(MAKE) --no-print-directory gpu-venv-tensorrt; then \
-		$(PYTHON) -m export.gpu_versions --tensorrt --index $(NVIDIA_INDEX) && exit 1; \
+		$(GPU_VERSIONS) --tensorrt --index $(NVIDIA_INDEX) && exit 1; \
 		mode=device; \
 		if ! $(MAKE) --no-print-directory gpu-venv; then \
-			$(PYTHON) -m export.gpu_versions --index $(PYPI_INDEX) && exit 1; \
+			$(GPU_VERSIONS) --index $(PYPI_INDEX) && exit 1; \
 			py=$(PYTHON); \
 		fi; \
 		echo "make gpu-test: the GPU venv is incomplete: running the GPU tests with $$py (a CUDA device is required; tests needing packages it lacks are skipped, naming them)" >&2; \
@@ -108,16 +121,17 @@ gpu-test:
 gpu-check:
 	@py=$(GPU_PY); \
 	if ! $(MAKE) --no-print-directory gpu-venv-tensorrt; then \
-		$(PYTHON) -m export.gpu_versions --tensorrt --index $(NVIDIA_INDEX) && exit 1; \
+		$(GPU_VERSIONS) --tensorrt --index $(NVIDIA_INDEX) && exit 1; \
 		if ! $(MAKE) --no-print-directory gpu-venv; then \
-			$(PYTHON) -m export.gpu_versions --index $(PYPI_INDEX) && exit 1; \
+			$(GPU_VERSIONS) --index $(PYPI_INDEX) && exit 1; \
 			py=$(PYTHON); \
 		fi; \
 	fi; \
 	$$py -m bench.gpu_smoke
 
 # onnxruntime-gpu without the NVIDIA libraries, beside the CPU venv: the "CUDA libraries missing" case
-# the server must refuse (tests/test_provider_fallback.py runs servers in it). CPU machines and CI.
+# the server must refuse (tests/test_provider_fallback.py runs servers in it). CPU machines and CI: the
+# default stack's onnxruntime-gpu (on a GPU machine, the one its driver runs), with no [cuda,cudnn] extra.
 ORT_GPU_VENV ?= .venv-ortgpu
 $(ORT_GPU_VENV)/.installed: pyproject.toml export/gpu_versions.py
 	$(PYTHON) -m venv $(ORT_GPU_VENV)

@@ -33,11 +33,13 @@ from typing import Any
 import httpx
 
 from bench.common import markdown_table, percentile
+from export.runtime.gpu import installed_stack
 from export.stack_report import collect, problems
 from server.process import ServerProcess
 from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_DEV
 
 PROG = "python -m bench.gpu_smoke"
+TENSORRT = installed_stack(None).tensorrt_package  # tensorrt-cu13 or tensorrt-cu12, as onnxruntime-gpu
 # pip name -> module that proves it is importable here
 PACKAGES = {
     "torch": "torch",
@@ -47,7 +49,7 @@ PACKAGES = {
     "uvicorn": "uvicorn",
     "pydantic-settings": "pydantic_settings",
     "prometheus-client": "prometheus_client",
-    "tensorrt-cu12": "tensorrt",
+    TENSORRT: "tensorrt",
     "cuda-bindings": "cuda.bindings",
 }
 SERVE = ("fastapi", "uvicorn", "pydantic-settings", "prometheus-client")
@@ -75,7 +77,7 @@ def device(runtime: dict[str, Any]) -> str:
 
 SERVERS = {
     "trt backend": ServerRun(
-        ("--backend", "trt"), "trt", device, "cuda", (*SERVE, "tensorrt-cu12", "cuda-bindings")
+        ("--backend", "trt"), "trt", device, "cuda", (*SERVE, TENSORRT, "cuda-bindings")
     ),
     "onnx + CUDA provider": ServerRun(
         ("--backend", "onnx", "--providers", "cuda"),
@@ -89,7 +91,7 @@ SERVERS = {
         "onnx",
         first_provider,
         "TensorrtExecutionProvider",
-        (*SERVE, "onnxruntime-gpu", "tensorrt-cu12"),
+        (*SERVE, "onnxruntime-gpu", TENSORRT),
     ),
     "torch on CUDA": ServerRun(
         ("--backend", "torch", "--torch-device", "cuda"), "checkpoint", device, "cuda", (*SERVE, "torch")
@@ -256,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     checkpoint = args.checkpoint or stages.run("checkpoint", ("torch",), lambda: make_checkpoint(work))
     made = [] if args.checkpoint else ["checkpoint"]
     onnx_dir = stages.run("onnx export", EXPORT, lambda: make_export(work, checkpoint), made)
-    trt_needs = ("onnx", "tensorrt-cu12", "cuda-bindings")
+    trt_needs = ("onnx", TENSORRT, "cuda-bindings")
     engine = stages.run("trt build", trt_needs, lambda: build_engine(onnx_dir, work), ["onnx export"])
     models = {
         "onnx": (onnx_dir, ["onnx export"]),

@@ -2,10 +2,13 @@
 
 (a) HF transformers eager (the reference), (b) HF's model through `torch.onnx.export` + onnxruntime,
 (c) our torch backend (`QAInference`, eager), (d) our ONNX fp32, (e) our ONNX int8, (f) TensorRT when
-present. Batch 1 and 8, sequence 128 and 384 (xlnet-base shape by default, random weights), warm-up
-then >= 20 runs, p50/p90, GFLOP/s and every figure as a ratio to (a) from the same run. Threads are
-pinned (torch.set_num_threads, ORT intra_op_num_threads). `--realistic` adds the shared dev questions
-at their true lengths (one window each, no padding to max), answered one by one.
+present; on a GPU (`--device cuda`) also (g) ours in fp16 and bf16 weights, eager and replayed as one
+recorded CUDA graph (the server's `--torch-cuda-graphs` runner), and (h) our fp32 and fp16 exports on
+onnxruntime's CUDA provider (`bench.gpu_paths`). Batch 1 and 8, sequence 128 and 384 (xlnet-base shape
+by default, random weights), warm-up then >= 20 runs, p50/p90, GFLOP/s and every figure as a ratio to
+(a) from the same run. Threads are pinned (torch.set_num_threads, ORT intra_op_num_threads).
+`--realistic` adds the shared dev questions at their true lengths (one window each, no padding to max),
+answered one by one. `--json FILE` writes the rows and the paths skipped, with why.
 
 HF's graph does not survive dynamic shapes (its exported constants are shape-specialised: wrong
 numbers at any other length), so (b) is exported once per measured shape; ours is exported once.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import sys
 import tempfile
 import warnings
@@ -26,6 +30,7 @@ import torch
 import transformers
 
 from bench.common import machine_line, markdown_table, pct, time_runs, xlnet_forward_flops
+from bench.gpu_paths import Skipped, cast_model, eager_runner, graph_runner, ort_cuda_runner
 from export.onnx.pipeline import OnnxExportOptions, VerificationFailed, export_onnx
 from export.runtime.sessions import session
 from train.common.cli import to_stderr
@@ -106,12 +111,18 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="1x128,1x384,8x128,8x384", help="BxT list")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--skip", default="", help="comma-separated paths to skip: a,b,c,d,e,f")
+    ap.add_argument("--skip", default="", help="comma-separated paths to skip: a,b,c,d,e,f,g,h")
+    ap.add_argument(
+        "--paths",
+        help="comma-separated paths to run (default: a-f on the CPU; a, c, g, h on CUDA, where the CPU "
+        "onnxruntime paths are not what a GPU run compares); g on the CPU is a dry run of its code path",
+    )
+    ap.add_argument("--json", type=Path, help="also write the rows and the skipped paths here")
     ap.add_argument(
         "--device",
         default="cpu",
-        help="cpu, or cuda[:N]: the torch paths (a) and (c) on that GPU, in fp32 and under bf16 autocast "
-        "(the CPU onnxruntime paths are skipped there)",
+        help="cpu, or cuda[:N]: the torch paths (a) and (c) on that GPU, in fp32 and under bf16 autocast, "
+        "(g) and (h) (the CPU onnxruntime paths are skipped there)",
     )
     ap.add_argument(
         "--realistic", type=int, default=0, help="also time N dev questions at their true window lengths"
@@ -145,10 +156,16 @@ def main(argv=None) -> int:
         ap.error(problem)
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
-    skip = set(args.skip.split(","))
+    default_paths = "a,c,g,h" if device.type == "cuda" else "a,b,c,d,e,f"
+    wanted = {p.strip() for p in (args.paths or default_paths).split(",") if p.strip()}
+    if unknown := wanted - set("abcdefgh"):
+        ap.error(f"--paths: unknown path(s) {','.join(sorted(unknown))}; use letters a-h")
+    skip = set("abcdefgh") - wanted | set(args.skip.split(","))
     if device.type == "cuda":
-        skip |= {"b", "d", "e", "f"}  # onnxruntime on the CPU: not what a GPU run compares
-        print("on CUDA: paths (b), (d), (e), (f) skipped; (a) and (c) in fp32 and bf16 autocast")
+        print(
+            "on CUDA: the CPU onnxruntime paths (b), (d), (e), (f) are not run; (a) and (c) in fp32 and bf16 autocast"
+        )
+    skipped: dict[str, str] = {}
     config = XLNetConfig.preset(args.config, vocab_size=args.vocab, dropout=0.0)
     torch.manual_seed(0)
     ours = XLNetForQuestionAnswering(config, head="simple").eval()
@@ -195,10 +212,33 @@ def main(argv=None) -> int:
             runners["(a) HF eager, bf16 autocast"] = torch_runner(HFWrapper(hf), torch.bfloat16)
         if "c" not in skip:
             runners["(c) ours torch eager, bf16 autocast"] = torch_runner(inference, torch.bfloat16)
+    if "g" not in skip:
+        for dtype in ("fp16", "bf16"):
+            cast = cast_model(inference, dtype)
+            runners[f"(g) ours {dtype} eager"] = eager_runner(cast, device)
+            graph = "CUDA graph" if device.type == "cuda" else "bucketed, eager replay (CPU dry run)"
+            runners[f"(g) ours {dtype} {graph}"] = graph_runner(cast, device)
+    exports: dict[str, Path | None] = {}
+
+    def exported(precision: str) -> Path | None:
+        if precision not in exports:
+            exports[precision] = export_ours(tmp / "ckpt", tmp / f"onnx-{precision}", precision)
+        return exports[precision]
+
+    for precision in ("fp32", "fp16") if "h" not in skip else ():
+        name = f"(h) ours ONNX {precision} on onnxruntime CUDA"
+        path = exported(precision)
+        try:
+            if path is None:
+                raise Skipped(f"our {precision} export does not verify")
+            runners[name] = ort_cuda_runner(path.parent, device.index or 0)
+        except Skipped as exc:
+            skipped[name] = str(exc)
+            print(f"{name}: skipped: {exc}")
     for key, precision in (("d", "fp32"), ("e", "int8")):
         if key in skip:
             continue
-        path = export_ours(tmp / "ckpt", tmp / f"onnx-{precision}", precision)
+        path = exported(precision)
         if path is None:
             print(f"({key}) ours ONNX {precision}: does not verify, skipped")
             continue
@@ -229,6 +269,7 @@ def main(argv=None) -> int:
             speedup = ref_p50 / p50 if ref_p50 else float("nan")
             rows.append([name, f"{b}x{t}", p50 * 1e3, p90 * 1e3, flops / p50 / 1e9, speedup])
             print(f"  {name} {b}x{t}: p50 {p50 * 1e3:.1f} ms", flush=True)
+    header = ["path", "BxT", "p50 ms", "p90 ms", "GFLOP/s", "speed-up vs (a)"]
     print(f"\nMachine: {machine_line(args.threads)}")
     if device.type == "cuda":
         print(
@@ -238,7 +279,17 @@ def main(argv=None) -> int:
         f"Model: {args.config} preset (d_model {config.d_model}, {config.n_layer} layers), random weights, "
         f"{xlnet_forward_flops(1, 384, config.d_model, config.d_inner, config.n_layer) / 1e9:.0f} GFLOP at 1x384\n"
     )
-    print(markdown_table(["path", "BxT", "p50 ms", "p90 ms", "GFLOP/s", "speed-up vs (a)"], rows))
+    print(markdown_table(header, rows))
+    if args.json:
+        record = {
+            "machine": machine_line(args.threads),
+            "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "model": {"preset": args.config, "d_model": config.d_model, "n_layer": config.n_layer},
+            "rows": [dict(zip(header, row, strict=True)) for row in rows],
+            "skipped": skipped,
+        }
+        args.json.write_text(json.dumps(record, indent=2))
     if args.realistic:
         from bench.realistic import realistic_table
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -65,16 +66,20 @@ def seconds_each(answer: Callable[[str, str], object], pairs: Sequence[tuple[str
     return seconds
 
 
-def bare_latencies(model: str, backend: str, threads: int, pairs: Sequence[tuple[str, str]]) -> list[float]:
-    """Seconds per question through the server's own functions, in process, one window per call."""
+def bare_latencies(
+    model: str, backend: str, threads: int, pairs: Sequence[tuple[str, str]], server_args: str = ""
+) -> list[float]:
+    """Seconds per question through the server's own functions, in process, one window per call (the
+    backend as ``--server-args`` configure it, e.g. the torch backend on CUDA with graphs)."""
+    from server.__main__ import load_settings
     from server.backends import create_backend
     from server.model_spec import resolve_spec
-    from server.settings import ServerSettings
     from train.squad import decode_head_outputs, featurize_one, pad_batch
     from train.tokenizer import XLNetTokenizer
 
     spec = resolve_spec(model, backend)
-    settings = ServerSettings(model=Path(model), backend=backend, threads=threads)
+    flags = ["--model", model, "--backend", backend, "--threads", str(threads), *shlex.split(server_args)]
+    settings = load_settings(flags)
     engine = create_backend(spec, settings)
     tokenizer = XLNetTokenizer.from_dir(spec.tokenizer_dir)
     engine.warmup((max(16, spec.min_engine_seq_len or 0), spec.max_seq_len), (1,))
@@ -182,7 +187,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.questions < 1:
         p.error("--questions must be >= 1")
     check_load_arguments(p, args)
+    check_server_args(p, args)
     return args
+
+
+def check_server_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--server-args`` must be flags ``python -m server`` takes, with values its settings accept."""
+    from pydantic import ValidationError
+
+    from server.__main__ import build_parser, load_settings
+
+    flags = shlex.split(args.server_args)
+    _, unknown = build_parser().parse_known_args(flags)
+    if unknown:
+        p.error(f"--server-args: not flags of python -m server: {' '.join(unknown)}")
+    try:
+        load_settings(["--model", args.model, "--backend", args.backend, *flags])
+    except ValidationError as exc:
+        p.error(
+            "--server-args: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -201,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
     bare: list[float] = []
     if not args.skip_overhead:
         print(f"bare backend: {len(asked)} questions ...", file=sys.stderr, flush=True)
-        bare = bare_latencies(args.model, args.backend, args.threads, asked)
+        bare = bare_latencies(args.model, args.backend, args.threads, asked, args.server_args)
 
     def measure_overhead(mode: str, server: ServerProcess) -> None:
         nonlocal over
@@ -217,7 +241,8 @@ def run(args: argparse.Namespace) -> int:
         run_modes(only_overhead, pairs, "bench-serve-overhead", measure_overhead)
 
     print(
-        f"# bench.serve: {args.backend} backend, {args.threads} backend thread(s), {os.cpu_count()} CPU(s)\n"
+        f"# bench.serve: {args.backend} backend {args.server_args}, {args.threads} backend thread(s), "
+        f"{os.cpu_count()} CPU(s)\n"
     )
     if over is not None:
         print(

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -163,6 +164,12 @@ def add_load_arguments(p: argparse.ArgumentParser, clients: str) -> None:
     p.add_argument("--max-batch-delay-ms", type=float, default=2.0)
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     p.add_argument("--log-dir", type=Path, default=Path("/tmp"), help="where the servers' logs go")
+    p.add_argument(
+        "--server-args",
+        default="",
+        help="more `python -m server` flags for every server started, one string "
+        "(--server-args='--torch-device cuda --torch-dtype fp16 --torch-cuda-graphs')",
+    )
 
 
 def check_load_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -189,7 +196,8 @@ def server_flags(args: argparse.Namespace, mode: str) -> tuple[str, ...]:
         "--max-batch-delay-ms",
         str(args.max_batch_delay_ms),
     )
-    return (*(MODES[mode] or batched), "--threads", str(args.threads), "--max-queue", "1024")
+    extra = shlex.split(getattr(args, "server_args", "") or "")
+    return (*(MODES[mode] or batched), "--threads", str(args.threads), "--max-queue", "1024", *extra)
 
 
 def run_modes(

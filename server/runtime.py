@@ -24,7 +24,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from server.backends import Backend, BackendUnavailable
+from server.backends import Backend, BackendUnavailable, batch_limit
 from server.batching import BatcherClosed, BatchStats, MicroBatcher
 from server.errors import ApiError
 from server.metrics import Metrics
@@ -61,7 +61,7 @@ class Runtime:
         self.pipeline: QAPipeline | None = None
         self.batcher: MicroBatcher | None = None
         self._loader: asyncio.Task | None = None
-        self.max_batch_size = min(settings.max_batch_size, spec.max_batch_size or settings.max_batch_size)
+        self.max_batch_size = batch_limit(spec, settings)
         self.name = settings.model_name or spec.name
 
         self._shutdown_started: float | None = None

@@ -65,6 +65,21 @@ class ServerSettings(BaseSettings):
         pattern=r"^(cpu|cuda(:[0-9]+)?)$",
         description="--backend torch: where the model runs, cpu or cuda[:N] (a torch that cannot is a refusal)",
     )
+    torch_dtype: Literal["fp32", "fp16", "bf16"] = Field(
+        "fp32", description="--backend torch: the weights' and activations' precision (fp16/bf16: a GPU's)"
+    )
+    torch_cuda_graphs: bool = Field(
+        False,
+        description="--backend torch on CUDA: record one CUDA graph per (batch, length) bucket of the batches "
+        "the server forms (batch sizes: powers of two up to --max-batch-size; lengths: multiples of "
+        "--pad-multiple-of, else 64, up to max_seq_len) at warm-up, and replay it instead of launching "
+        "kernels one by one (GPU memory: one pool for all buckets)",
+    )
+    torch_compile: bool = Field(
+        False,
+        description="--backend torch on CUDA: like --torch-cuda-graphs, with torch.compile(mode='reduce-overhead') "
+        "recording the graphs (compiles every bucket at warm-up: minutes)",
+    )
     trt_cache_dir: Path | None = Field(
         None,
         description="onnxruntime TensorRT provider: directory for its engine and timing caches (without it, "
@@ -198,6 +213,13 @@ class ServerSettings(BaseSettings):
         """A request larger than the queue could never be admitted: refuse that configuration."""
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ValueError("ssl_certfile and ssl_keyfile go together: give both or neither")
+        if self.torch_cuda_graphs and self.torch_compile:
+            raise ValueError("torch_cuda_graphs and torch_compile both record graphs: choose one")
+        if self.torch_graphs != "off" and not self.torch_device.startswith("cuda"):
+            raise ValueError(
+                f"torch_{self.torch_graphs.replace('-', '_')} records CUDA graphs: it needs torch_device "
+                f"cuda[:N], not {self.torch_device!r}"
+            )
         if self.max_request_windows > self.max_queue:
             raise ValueError(
                 f"max_request_windows ({self.max_request_windows}) must be <= max_queue ({self.max_queue}), "
@@ -217,6 +239,11 @@ class ServerSettings(BaseSettings):
             self.max_batch_items * (self.max_context_chars + self.max_question_chars),
         )
         return chars * JSON_BYTES_PER_CHAR + self.max_batch_items * ITEM_OVERHEAD_BYTES + 1024
+
+    @property
+    def torch_graphs(self) -> str:
+        """How the torch backend records graphs: "off", "cuda-graphs" or "compile"."""
+        return "cuda-graphs" if self.torch_cuda_graphs else "compile" if self.torch_compile else "off"
 
     @property
     def connection_limit(self) -> int:

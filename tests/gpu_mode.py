@@ -15,7 +15,7 @@ from typing import NoReturn
 
 import pytest
 
-from export.runtime.gpu import cuda_device_problem, gpu_stack_problem
+from export.runtime.gpu import cuda_device_problem, gpu_stack_problem, installed_stack
 
 REQUIRE_ENV = "XLNETQA_REQUIRE_GPU"
 MISSING = "missing package"
@@ -74,7 +74,7 @@ def require_torch_cuda() -> None:
 
 def require_tensorrt() -> None:
     require_cuda_device()
-    require_package("tensorrt", "tensorrt-cu12")
+    require_package("tensorrt", installed_stack(None).tensorrt_package)
     require_package("cuda.bindings", "cuda-bindings")
     problem = gpu_stack_problem()
     if problem:

@@ -80,6 +80,9 @@ def test_serve_targets_report_values_verdicts_and_the_closed_loop_floor() -> Non
         (["--clients", "a,b"], "comma-separated integers"),
         (["--modes", "sometimes"], "unknown mode"),
         (["--questions", "2"], "no export.json"),
+        (["--server-args", "--torch-dtype fp8"], "--server-args: torch_dtype: "),
+        (["--server-args=--torch-cuda-graphs"], "needs torch_device cuda[:N]"),
+        (["--server-args", "--no-such-flag 1"], "not flags of python -m server: --no-such-flag 1"),
     ],
 )
 def test_bench_serve_rejects_bad_arguments(argv, message, tmp_path: Path, capsys) -> None:

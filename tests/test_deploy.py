@@ -174,8 +174,10 @@ def test_dockerfile_structure(kind: str) -> None:
     assert entry == [["python", "-m", "server"]]
 
     runs = " ".join(a for k, a in builder["ins"] if k == "RUN")
-    extra = "serve" if kind == "cpu" else "gpu,tensorrt"
+    extra = "serve" if kind == "cpu" else "${GPU_EXTRAS}"
     assert f'pip install ".[{extra}]"' in runs
+    if kind == "gpu":  # the default stack's extras (CUDA 13); a build argument picks the CUDA 12 ones
+        assert ("ARG", "GPU_EXTRAS=gpu,tensorrt") in builder["ins"]
     # The build fails when torch got in: `import torch` must be expected to fail.
     assert re.search(r'if python -c "import torch".*then .*exit 1', runs), "no build-time torch check"
     installs = " ".join(re.findall(r"pip install ([^&|;]+)", runs))

@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from bench.gpu_smoke import SERVERS, Stages, device, first_provider, missing
+from bench.gpu_smoke import SERVERS, TENSORRT, Stages, device, first_provider, missing
 
 
 def test_missing_packages_are_named_and_inherited() -> None:
@@ -15,13 +15,13 @@ def test_missing_packages_are_named_and_inherited() -> None:
         pytest.skip("tensorrt is installed here")
     stages = Stages()
     assert stages.run("torch", ("torch",), lambda: "built") == "built"
-    assert stages.run("engine", ("tensorrt-cu12",), lambda: pytest.fail("must not run")) is None
+    assert stages.run("engine", (TENSORRT,), lambda: pytest.fail("must not run")) is None
     assert stages.run("server", ("fastapi",), lambda: pytest.fail("must not run"), ["engine"]) is None
-    assert stages.results["engine"] == {"missing": ["tensorrt-cu12"]}
-    assert stages.results["server"] == {"missing": ["tensorrt-cu12"]}  # fastapi is here; the engine is not
+    assert stages.results["engine"] == {"missing": [TENSORRT]}
+    assert stages.results["server"] == {"missing": [TENSORRT]}  # fastapi is here; the engine is not
     assert stages.exit_code() == 3
     table = stages.table()
-    assert "NOT RUN" in table and "missing packages: tensorrt-cu12" in table
+    assert "NOT RUN" in table and f"missing packages: {TENSORRT}" in table
 
 
 def test_a_failure_fails_the_run_and_what_depends_on_it() -> None:

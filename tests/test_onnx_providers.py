@@ -94,40 +94,107 @@ def _resolve(extra: str, extras: dict[str, list[str]]) -> set[str]:
 
 
 def test_no_extra_installs_both_onnxruntime_wheels_and_gpu_pins_agree() -> None:
-    from export.gpu_versions import CUDA_BINDINGS_REQUIREMENT, ONNXRUNTIME_GPU_WHEEL, TENSORRT_WHEEL
+    from export.gpu_versions import CUDA12, CUDA13, STACKS, TENSORRT_VERSION
 
     extras = _extras()
     for extra in extras:
         names = _resolve(extra, extras)
         assert not {"onnxruntime", "onnxruntime-gpu"} <= names, extra
-    gpu = _resolve("gpu", extras)
-    # the onnxruntime-gpu part installs from PyPI alone; TensorRT (NVIDIA's index) is its own extra
-    assert {"onnxruntime-gpu", "cuda-bindings"} <= gpu and not {"torch", "tensorrt-cu12"} & gpu
-    assert _resolve("tensorrt", extras) == {"tensorrt-cu12"}
+    assert {s.cuda_major: s.extra for s in STACKS} == {13: "gpu", 12: "gpu-cu12"}
+    for stack in STACKS:
+        gpu = _resolve(stack.extra, extras)
+        # the onnxruntime-gpu part installs from PyPI alone; TensorRT (NVIDIA's index) is its own extra
+        assert {"onnxruntime-gpu", "cuda-bindings"} <= gpu and not {"torch", stack.tensorrt_package} & gpu
+        assert _resolve(stack.tensorrt_extra, extras) == {stack.tensorrt_package}
+        assert stack.onnxruntime_gpu_wheel in extras[stack.extra]  # one home: export/gpu_versions.py
+        assert stack.cuda_bindings in extras[stack.extra]
+        assert extras[stack.tensorrt_extra] == [stack.tensorrt_wheel]
+        assert stack.tensorrt_wheel_version.startswith(TENSORRT_VERSION)  # one engine format for both
+    assert CUDA13.onnxruntime_gpu.startswith("1.31.") and CUDA12.onnxruntime_gpu == "1.24.4"
     assert "onnxruntime-gpu" in _resolve("gpu-dev", extras) and "pytest" in _resolve("gpu-dev", extras)
-    assert ONNXRUNTIME_GPU_WHEEL in extras["gpu"]  # one home: export/gpu_versions.py
-    assert CUDA_BINDINGS_REQUIREMENT in extras["gpu"] and extras["tensorrt"] == [TENSORRT_WHEEL]
 
 
-def test_gpu_wheels_name_the_pythons_and_platforms_they_exist_for() -> None:
-    """pip only says "no matching distribution"; `make gpu-venv` asks this first."""
-    from export.gpu_versions import python_problem
+@pytest.mark.parametrize(
+    ("driver", "extra"),
+    [
+        ("595.45.04", "gpu"),
+        ("580.65.06", "gpu"),
+        ("580", "gpu"),
+        ("575.57.08", "gpu-cu12"),
+        ("535.104.05", "gpu-cu12"),
+        ("525.60.13", "gpu-cu12"),
+        ("525.60.11", None),
+        ("470.82.01", None),
+    ],
+)
+def test_a_driver_version_names_the_extra_it_runs(driver: str, extra: str | None) -> None:
+    """Driver -> the newest CUDA major it runs -> the extra; one line from the command, exit 1 for none."""
+    from export.gpu_versions import stack_for_driver
 
-    assert python_problem((3, 12), "Linux", "x86_64", tensorrt=True) is None
-    assert python_problem((3, 14), "Linux", "x86_64") is None  # onnxruntime-gpu alone
-    too_new = python_problem((3, 14), "Linux", "x86_64", tensorrt=True)
-    assert too_new is not None and "CPython 3.11-3.13" in too_new and "tensorrt-cu12 3.8-3.13" in too_new
-    too_old = python_problem((3, 10), "Linux", "x86_64")
-    assert too_old is not None and "Python 3.10" in too_old and "make gpu-venv PYTHON=python3.12" in too_old
-    arm = python_problem((3, 12), "Linux", "aarch64")
-    assert arm is not None and "only for Linux x86_64 and Windows AMD64" in arm
+    stack = stack_for_driver(driver)
+    assert (stack.extra if stack else None) == extra
     proc = subprocess.run(
-        [sys.executable, "-m", "export.gpu_versions", "--print", "onnxruntime-gpu"],
+        [sys.executable, "-m", "export.gpu_versions", "--driver", driver],
         cwd=REPO,
         capture_output=True,
         text=True,
     )
-    assert proc.returncode == 0 and f"onnxruntime-gpu[cuda,cudnn]=={proc.stdout.strip()}" in _extras()["gpu"]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1 and proc.stderr == "" and lines[0].startswith(f"NVIDIA driver {driver} ")
+    if extra is None:
+        assert proc.returncode == 1 and "upgrade the driver" in lines[0] and ">= 525.60.13" in lines[0]
+    else:
+        assert proc.returncode == 0 and f"pip install '.[{extra}]'" in lines[0]
+    if extra == "gpu-cu12":
+        assert "the gpu extra, CUDA 13, needs a driver that supports CUDA 13.x (>= 580 on Linux)" in lines[0]
+
+
+def test_the_driver_question_without_a_driver_or_with_nonsense_is_one_line() -> None:
+    from export.runtime.gpu import nvidia_driver_version
+
+    if nvidia_driver_version() is not None:
+        pytest.skip("this machine has an NVIDIA driver")
+    cmd = [sys.executable, "-m", "export.gpu_versions", "--driver"]
+    none = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    assert none.returncode == 1 and none.stderr.startswith("error: no NVIDIA driver here")
+    bad = subprocess.run([*cmd, "latest"], cwd=REPO, capture_output=True, text=True)
+    assert (
+        bad.returncode == 2
+        and bad.stderr.strip() == "error: --driver 'latest': not a driver version like 580.65.06"
+    )
+    extra = subprocess.run(
+        [sys.executable, "-m", "export.gpu_versions", "--print", "extra"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert extra.stdout.strip() == "gpu"  # no driver here: the default stack
+
+
+def test_gpu_wheels_name_the_pythons_and_platforms_they_exist_for() -> None:
+    """pip only says "no matching distribution"; `make gpu-venv` asks this first."""
+    from export.gpu_versions import CUDA12, python_problem
+
+    assert python_problem((3, 12), "Linux", "x86_64", tensorrt=True) is None
+    assert python_problem((3, 14), "Linux", "x86_64") is None  # onnxruntime-gpu alone
+    too_new = python_problem((3, 14), "Linux", "x86_64", tensorrt=True)
+    assert too_new is not None and "CPython 3.11-3.13" in too_new and "tensorrt-cu13 3.8-3.13" in too_new
+    too_new_12 = python_problem((3, 14), "Linux", "x86_64", tensorrt=True, stack=CUDA12)
+    assert too_new_12 is not None and "tensorrt-cu12 3.8-3.13" in too_new_12
+    too_old = python_problem((3, 10), "Linux", "x86_64")
+    assert too_old is not None and "Python 3.10" in too_old and "make gpu-venv PYTHON=python3.12" in too_old
+    arm = python_problem((3, 12), "Linux", "aarch64")
+    assert arm is not None and "only for Linux x86_64 and Windows AMD64" in arm
+    for extra in ("gpu", "gpu-cu12"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "export.gpu_versions", "--print", "onnxruntime-gpu", "--extra", extra],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
+        assert (
+            proc.returncode == 0 and f"onnxruntime-gpu[cuda,cudnn]=={proc.stdout.strip()}" in _extras()[extra]
+        )
 
 
 def test_an_unreachable_tensorrt_index_is_one_line(tmp_path: Path) -> None:
@@ -173,14 +240,14 @@ def test_stack_report_runs_and_fails_when_a_gpu_is_required() -> None:
 
 
 def test_stack_report_names_a_wheel_clash_once() -> None:
-    from export.stack_report import problems
+    from export.stack_report import pinned, problems
 
     report = {
         "onnxruntime_wheels": {"onnxruntime": "1.31.1", "onnxruntime-gpu": "1.24.4"},
         "providers": [CPU],
         "cuda_devices": 1,
         "tensorrt": "10.14.1.48",
-        "pinned": {"onnxruntime-gpu": "1.24.4", "tensorrt": "10.14.1.48"},
+        "pinned": pinned(),
     }
     for require_gpu in (False, True):
         found = problems(report, require_gpu)
@@ -191,6 +258,31 @@ def test_stack_report_names_a_wheel_clash_once() -> None:
         "providers": [TENSORRT, CUDA, CPU],
     }
     assert problems(clean, require_gpu=True) == []
+    unpinned = problems({**clean, "onnxruntime_wheels": {"onnxruntime-gpu": "1.30.0"}}, require_gpu=True)
+    assert unpinned == ["onnxruntime-gpu 1.30.0 is not a pinned version: 1.31.1 (gpu), 1.24.4 (gpu-cu12)"]
+
+
+def test_stack_report_names_a_driver_too_old_for_the_onnxruntime_gpu_build() -> None:
+    """The CUDA 13 wheel on a 550 driver: one problem naming the extra that driver runs, GPU required
+    or not; the same wheel on a 580 driver, or the CUDA 12 wheel on the 550 one, is fine."""
+    from export.stack_report import pinned, problems
+
+    report = {
+        "onnxruntime_wheels": {"onnxruntime-gpu": "1.31.1"},
+        "onnxruntime_cuda": "13.0",
+        "driver": "550.54.15",
+        "providers": [TENSORRT, CUDA, CPU],
+        "cuda_devices": 1,
+        "tensorrt": "10.14.1.48",
+        "pinned": pinned(),
+    }
+    for require_gpu in (False, True):
+        (line,) = problems(report, require_gpu)
+        assert line.startswith("onnxruntime-gpu 1.31.1 is built for CUDA 13.0, but NVIDIA driver 550.54.15 ")
+        assert "pip install '.[gpu-cu12]'" in line
+    assert problems({**report, "driver": "580.95.05"}, require_gpu=True) == []
+    cuda12 = {**report, "onnxruntime_wheels": {"onnxruntime-gpu": "1.24.4"}, "onnxruntime_cuda": "12.8"}
+    assert problems(cuda12, require_gpu=True) == []
 
 
 # ---- provider choice, options and graph -----------------------------------------------------------
@@ -367,3 +459,22 @@ def test_gpu_smoke_script_says_what_is_missing_in_one_line() -> None:
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith("python -m bench.gpu_smoke: error: the GPU stack is incomplete: ")
     assert "no CUDA GPU is visible" in lines[0] and report["pinned"]["tensorrt"]
+
+
+def test_nvidia_library_directories_are_found_on_every_site_directory(tmp_path: Path) -> None:
+    """onnxruntime.preload_dlls() looks only beside onnxruntime; the wheels a torch install brought may
+    sit in another site directory (CUDA 13: nvidia/cu13/lib; CUDA 12: one directory per component)."""
+    from export.runtime.probe import nvidia_library_dirs
+
+    torch_site, ort_site = tmp_path / "torch-site", tmp_path / "ort-target"
+    for lib in ("nvidia/cu13/lib", "nvidia/cudnn/lib", "nvidia/cublas/lib", "nvidia/cuda_runtime/lib"):
+        (torch_site / lib).mkdir(parents=True)
+    ort_site.mkdir()
+    paths = [str(ort_site), str(torch_site), str(torch_site)]
+    assert nvidia_library_dirs(13, paths) == [torch_site / "nvidia/cu13/lib", torch_site / "nvidia/cudnn/lib"]
+    assert nvidia_library_dirs(12, paths) == [
+        torch_site / "nvidia/cublas/lib",
+        torch_site / "nvidia/cuda_runtime/lib",
+        torch_site / "nvidia/cudnn/lib",
+    ]
+    assert nvidia_library_dirs(13, [str(ort_site)]) == []

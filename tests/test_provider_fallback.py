@@ -155,14 +155,23 @@ def _run_in(python: str, *args: str, timeout: float = 60) -> subprocess.Complete
     )
 
 
+@functools.cache
+def ort_gpu_cuda_major() -> int:
+    """The CUDA major version the venv's onnxruntime-gpu is built for (12 or 13: the stack it pins)."""
+    code = "from onnxruntime.capi.build_and_package_info import cuda_version; print(cuda_version)"
+    return int(_run_in(ort_gpu_python(), "-c", code).stdout.strip().split(".")[0])
+
+
 @pytest.mark.parametrize(
     ("name", "missing"),
-    [("cuda", "libcublasLt.so.12"), (CUDA, "libcublasLt.so.12"), ("tensorrt", "libcublas.so.12")],
+    [("cuda", "libcublasLt.so.{}"), (CUDA, "libcublasLt.so.{}"), ("tensorrt", "libcublas.so.{}")],
 )
 def test_gpu_wheel_without_its_libraries_refuses_to_start(onnx_export: Path, name: str, missing: str) -> None:
     """The day-one failure: onnxruntime-gpu installed, CUDA libraries (or GPU) missing. onnxruntime would
-    run the model on the CPU and the server say ready; instead: exit 2 within seconds, one line."""
+    run the model on the CPU and the server say ready; instead: exit 2 within seconds, one line naming
+    the first library of its CUDA version that is missing."""
     python = ort_gpu_python()
+    missing = missing.format(ort_gpu_cuda_major())
     started = time.monotonic()
     proc = _run_in(python, "-m", "server", "--model", str(onnx_export), "--providers", name, "--port", "1")
     elapsed = time.monotonic() - started

@@ -15,7 +15,13 @@ import pytest
 from paths import REPO
 from trt_stand_in import StandInCudart, fake_nvidia_smi, fake_trt_export
 
-from export.gpu_versions import TENSORRT_VERSION, TENSORRT_WHEEL, tensorrt_release, tensorrt_version_problem
+from export.gpu_versions import (
+    CUDA13,
+    TENSORRT_VERSION,
+    TENSORRT_WHEEL,
+    tensorrt_release,
+    tensorrt_version_problem,
+)
 from export.onnx.verify import compare
 from export.runtime import gpu
 from export.runtime.sidecar import Sidecar
@@ -40,7 +46,8 @@ def test_stack_check_order(monkeypatch):
 
 def test_a_driver_too_old_for_the_runtime_is_not_reported_as_no_gpu(monkeypatch, tmp_path, stand_in_stack):
     """cudaErrorInsufficientDriver names the installed driver (nvidia-smi, else the kernel module) and the
-    CUDA version it supports, the runtime's CUDA version and the driver the pinned CUDA 12 stack needs."""
+    CUDA version it supports, the runtime's CUDA version, the driver its stack (the CUDA 12 one here)
+    needs, and which extra the driver runs, if any."""
     from server.backends import BackendUnavailable, preflight
     from server.settings import ServerSettings
 
@@ -52,9 +59,9 @@ def test_a_driver_too_old_for_the_runtime_is_not_reported_as_no_gpu(monkeypatch,
     problem = gpu.cuda_device_problem()
     assert problem == (
         "the installed NVIDIA driver 470.82.01 (supports CUDA up to 11.4) is too old "
-        "(cudaErrorInsufficientDriver (35)): the CUDA runtime here is 12.9, and the pinned GPU stack "
-        f"(onnxruntime-gpu 1.24.4, TensorRT {TENSORRT_VERSION}) is built for CUDA 12, which needs a driver "
-        "that supports CUDA 12.x (>= 525.60.13 on Linux); upgrade the driver"
+        "(cudaErrorInsufficientDriver (35)): the CUDA runtime here is 12.9, and the gpu-cu12 extra "
+        f"(onnxruntime-gpu 1.24.4, TensorRT {TENSORRT_VERSION}, CUDA 12) needs a driver that supports "
+        "CUDA 12.x (>= 525.60.13 on Linux); upgrade the driver"
     )
     assert gpu.cuda_device_count() == 0 and gpu.gpu_stack_problem().startswith(problem)
     with pytest.raises(BackendUnavailable) as exc:
@@ -76,6 +83,24 @@ def test_a_driver_too_old_for_the_runtime_is_not_reported_as_no_gpu(monkeypatch,
     problem = gpu.cuda_device_problem()
     assert problem.startswith("the CUDA runtime finds no NVIDIA driver (cudaErrorInsufficientDriver (35)): ")
     assert "needs a driver that supports CUDA 12.x (>= 525.60.13 on Linux); install one" in problem
+
+
+def test_a_cuda_12_driver_under_the_cuda_13_stack_is_told_the_extra_it_runs(
+    monkeypatch, tmp_path, stand_in_stack
+):
+    """The CUDA 13 runtime (cuda-bindings 13) on a 550 driver: the fix named is the gpu-cu12 extra."""
+    stand_in_stack(count_error="cudaErrorInsufficientDriver", driver_version=12040, runtime_version=13000)
+    monkeypatch.setenv("PATH", str(fake_nvidia_smi(tmp_path / "bin", "550.54.15")))
+    assert gpu.cuda_device_problem() == (
+        "the installed NVIDIA driver 550.54.15 (supports CUDA up to 12.4) is too old "
+        "(cudaErrorInsufficientDriver (35)): the CUDA runtime here is 13.0, and the gpu extra "
+        f"(onnxruntime-gpu {CUDA13.onnxruntime_gpu}, TensorRT {TENSORRT_VERSION}, CUDA 13) needs a driver "
+        "that supports CUDA 13.x (>= 580 on Linux); this driver runs the gpu-cu12 extra (onnxruntime-gpu "
+        f"1.24.4, TensorRT {TENSORRT_VERSION}, CUDA 12): pip install '.[gpu-cu12]' instead, or upgrade the driver"
+    )
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no driver version: its CUDA version decides
+    monkeypatch.setattr(gpu, "PROC_DRIVER_VERSION", tmp_path / "absent")
+    assert "this driver runs the gpu-cu12 extra" in gpu.cuda_device_problem()
 
 
 def test_no_device_and_other_runtime_errors_say_which(monkeypatch, stand_in_stack):
@@ -314,5 +339,8 @@ def test_a_failing_cuda_call_names_itself(tmp_path, stand_in_stack):
 
 def test_without_cuda_bindings_the_runner_says_how_to_install_them(monkeypatch):
     monkeypatch.setattr(cuda_runtime, "import_cudart", lambda: None)
-    with pytest.raises(cuda_runtime.CudaError, match=r"cuda-bindings>=12.8,<13.*pip install"):
+    with pytest.raises(
+        cuda_runtime.CudaError,
+        match=r"cuda-bindings>=13,<14 with the gpu extra, cuda-bindings>=12.8,<13 with the gpu-cu12.*pip install",
+    ):
         cuda_runtime.CudaDevice(0)

@@ -11,6 +11,7 @@ without a GPU, and the fix is a driver upgrade, not another machine. Torch-free.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import re
 import shutil
@@ -19,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from export.gpu_versions import (
-    CUDA_DRIVER_MINIMUM,
-    ONNXRUNTIME_GPU_VERSION,
-    STACK_CUDA_MAJOR,
-    TENSORRT_VERSION,
+    DEFAULT_STACK,
+    GpuStack,
+    stack_for_cuda,
+    stack_for_driver,
+    stack_for_onnxruntime,
 )
 
 INSTALL_HINT = 'pip install ".[gpu,tensorrt]" on a machine with an NVIDIA GPU (or: make gpu-venv-tensorrt)'
@@ -32,7 +34,6 @@ NO_DEVICE = "no CUDA GPU is visible"
 # cudaError_t codes cudaGetDeviceCount answers with when it finds no usable device.
 CUDA_ERROR_INSUFFICIENT_DRIVER = 35  # the driver is older than the CUDA runtime (or absent)
 CUDA_ERROR_NO_DEVICE = 100  # the driver lists no device (none, or CUDA_VISIBLE_DEVICES hides them)
-NEEDED_DRIVER = f"a driver that supports CUDA {STACK_CUDA_MAJOR}.x (>= {CUDA_DRIVER_MINIMUM} on Linux)"
 
 
 def import_cudart() -> Any | None:
@@ -177,22 +178,40 @@ def cuda_device_problem() -> str | None:
     )
 
 
+def installed_stack(runtime_cuda: str | None) -> GpuStack:
+    """The pinned stack this environment holds: the CUDA runtime's major version (cuda-bindings 12 or 13),
+    else the installed onnxruntime-gpu's pin, else the default stack."""
+    major = int(runtime_cuda.split(".")[0]) if runtime_cuda else None
+    try:
+        ort_gpu: str | None = importlib.metadata.version("onnxruntime-gpu")
+    except importlib.metadata.PackageNotFoundError:
+        ort_gpu = None
+    return stack_for_cuda(major) or stack_for_onnxruntime(ort_gpu) or DEFAULT_STACK
+
+
 def _driver_too_old(cudart: Any, error: str) -> str:
-    """cudaErrorInsufficientDriver: the driver installed, and the CUDA version the runtime and wheels need."""
+    """cudaErrorInsufficientDriver: the driver installed, the CUDA version the runtime and the installed
+    stack need, and which extra the driver does run."""
     driver_cuda = _cuda_version(cudart, "cudaDriverGetVersion")  # the newest CUDA the driver supports
     runtime_cuda = _cuda_version(cudart, "cudaRuntimeGetVersion")
     driver = nvidia_driver_version()
+    stack = installed_stack(runtime_cuda)
     needed = (
-        f"the CUDA runtime here is {runtime_cuda or '(version unknown)'}, and the pinned GPU stack "
-        f"(onnxruntime-gpu {ONNXRUNTIME_GPU_VERSION}, TensorRT {TENSORRT_VERSION}) is built for CUDA "
-        f"{STACK_CUDA_MAJOR}, which needs {NEEDED_DRIVER}"
+        f"the CUDA runtime here is {runtime_cuda or '(version unknown)'}, and {stack.describe()} needs "
+        f"{stack.needed_driver}"
     )
     if driver is None and driver_cuda is None:
         return f"the CUDA runtime finds no NVIDIA driver ({error}): {needed}; install one"
     installed = "NVIDIA driver" + (f" {driver}" if driver else "")
     if driver_cuda:
         installed += f" (supports CUDA up to {driver_cuda})"
-    return f"the installed {installed} is too old ({error}): {needed}; upgrade the driver"
+    # the stack this driver runs: by its version, else by the newest CUDA version it supports
+    runs = stack_for_driver(driver) if driver else stack_for_cuda(int(str(driver_cuda).split(".")[0]))
+    if runs is not None and runs != stack:
+        advice = f"this driver runs {runs.describe()}: pip install '.[{runs.extra}]' instead, or upgrade the driver"
+    else:
+        advice = "upgrade the driver"
+    return f"the installed {installed} is too old ({error}): {needed}; {advice}"
 
 
 def gpu_stack_problem() -> str | None:

@@ -6,7 +6,9 @@ session runs on the CPU, 20-100x slower, with one warning in onnxruntime's log. 
 
 - loads the NVIDIA libraries a pip install brings before any GPU session (:func:`preload_gpu_libraries`:
   ``onnxruntime.preload_dlls()`` for the CUDA/cuDNN wheels, ``tensorrt_libs`` for TensorRT), because the
-  loader path of a running process cannot be changed and these wheels are not on it;
+  loader path of a running process cannot be changed and these wheels are not on it. onnxruntime looks
+  only beside itself; where it lives elsewhere (``pip install --target``, ``PYTHONPATH``) than the wheels
+  (brought by torch, say), the other ``nvidia/`` directories on ``sys.path`` are handed to it too;
 - opens a real tiny session per provider and reads back what it got (:func:`probe`);
 - names the most likely cause when the first provider asked for is not the first one running
   (:func:`why_inactive`, :func:`fallback_problem`).
@@ -20,13 +22,15 @@ import contextlib
 import ctypes
 import importlib.util
 import io
-from collections.abc import Sequence
+import site
+import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from export.gpu_versions import ONNXRUNTIME_GPU_VERSION, TENSORRT_VERSION
-from export.runtime.gpu import cuda_device_count, cuda_device_problem
+from export.gpu_versions import TENSORRT_VERSION, GpuStack, stack_for_cuda
+from export.runtime.gpu import cuda_device_count, cuda_device_problem, installed_stack
 from export.runtime.providers import (
     CUDA,
     GPU_PROVIDERS,
@@ -45,20 +49,57 @@ PROVIDER_LIBRARIES = {
 # The TensorRT libraries the provider opens by name; the tensorrt-cu12-libs wheel keeps them in
 # ``tensorrt_libs/``, which is not on the loader path.
 TENSORRT_LIBRARIES = ("libnvinfer.so", "libnvinfer_plugin.so", "libnvonnxparser.so")
-LIBRARY_HINTS = {
-    CUDA: (
-        f"onnxruntime-gpu {ONNXRUNTIME_GPU_VERSION} needs the CUDA 12 and cuDNN 9 libraries: "
-        f"pip install 'onnxruntime-gpu[cuda,cudnn]=={ONNXRUNTIME_GPU_VERSION}' (make gpu-venv), or install "
-        "CUDA 12 + cuDNN 9 system-wide and put them on LD_LIBRARY_PATH"
-    ),
-    TENSORRT: (
-        f"the TensorRT provider needs TensorRT {TENSORRT_VERSION} (libnvinfer.so.10) and the CUDA 12 "
-        "libraries: make gpu-venv-tensorrt, or put TensorRT's lib directory on LD_LIBRARY_PATH"
-    ),
-}
+# Where NVIDIA's pip wheels put their libraries under a site directory: CUDA 13 gathers the toolkit's
+# libraries in nvidia/cu13/lib, CUDA 12 has one directory per component; cuDNN keeps nvidia/cudnn/lib.
+CUDA12_COMPONENTS = ("cublas", "cuda_runtime", "cuda_nvrtc", "curand", "cufft")
+DRIVER_LIBRARY = "libcuda.so.1"  # installed with the NVIDIA driver, never by a wheel
 UNKNOWN = "onnxruntime could not create it here"
 ORT_DEFAULT_LOG_SEVERITY = 2  # onnxruntime's default logger: warnings and up
 ORT_QUIET = 4  # fatal only: the probe reports the reason itself, in one line
+
+
+def onnxruntime_stack() -> GpuStack:
+    """The pinned stack of the installed onnxruntime: the CUDA version it was built for
+    (``onnxruntime.capi.build_and_package_info.cuda_version``), else its version's pin, else the default."""
+    try:
+        from onnxruntime.capi import build_and_package_info as info
+    except ImportError:
+        return installed_stack(None)
+    major = str(getattr(info, "cuda_version", "") or "").split(".")[0]
+    return stack_for_cuda(int(major) if major.isdigit() else None) or installed_stack(None)
+
+
+def library_hint(provider: str) -> str:
+    """What installs the libraries ``provider`` of the installed onnxruntime-gpu needs."""
+    stack = onnxruntime_stack()
+    cuda = stack.cuda_major
+    if provider == TENSORRT:
+        return (
+            f"the TensorRT provider needs TensorRT {TENSORRT_VERSION} ({stack.tensorrt_package}, libnvinfer.so.10) "
+            f"and the CUDA {cuda} libraries: make gpu-venv-tensorrt, or put TensorRT's lib directory on "
+            "LD_LIBRARY_PATH"
+        )
+    return (
+        f"this onnxruntime-gpu is built for CUDA {cuda} and needs the CUDA {cuda} and cuDNN 9 libraries: "
+        f"pip install '.[{stack.extra}]' (make gpu-venv), or install CUDA {cuda} + cuDNN 9 system-wide and "
+        "put them on LD_LIBRARY_PATH"
+    )
+
+
+def nvidia_library_dirs(cuda_major: int, paths: Iterable[str] | None = None) -> list[Path]:
+    """The directories of NVIDIA's CUDA ``cuda_major`` and cuDNN wheels under the site directories in
+    ``paths`` (default: ``sys.path`` and the site-packages of this interpreter), in that order."""
+    if paths is None:
+        paths = [*sys.path, *site.getsitepackages(), site.getusersitepackages()]
+    names = [f"cu{cuda_major}"] if cuda_major >= 13 else list(CUDA12_COMPONENTS)
+    found: list[Path] = []
+    for entry in dict.fromkeys(paths):
+        base = Path(entry or ".") / "nvidia"
+        for name in [*names, "cudnn"]:
+            lib = base / name / "lib"
+            if lib.is_dir() and lib.resolve() not in {f.resolve() for f in found}:
+                found.append(lib)
+    return found
 
 
 @dataclass
@@ -119,16 +160,33 @@ def preload_gpu_libraries(providers: Sequence[str]) -> list[str]:
     if TENSORRT in providers:
         problems += preload_tensorrt_libraries()
     if hasattr(ort, "preload_dlls"):  # onnxruntime 1.21+
-        try:
-            _, printed = _quietly(ort.preload_dlls)
-        except Exception as exc:  # noqa: BLE001 - a preload problem is reported, the session decides
-            printed = f"Failed to preload: {exc}"
-        problems += [line.strip() for line in printed.splitlines() if line.startswith("Failed to load")]
+        problems += _preload_cuda_wheels(ort)
     return problems
 
 
+def _preload_failures(ort: Any, **kwargs: Any) -> list[str]:
+    """``onnxruntime.preload_dlls(**kwargs)``: the libraries it could not load, one line each."""
+    try:
+        _, printed = _quietly(ort.preload_dlls, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - a preload problem is reported, the session decides
+        printed = f"Failed to preload: {exc}"
+    return [line.strip() for line in printed.splitlines() if line.startswith("Failed to")]
+
+
+def _preload_cuda_wheels(ort: Any) -> list[str]:
+    """onnxruntime's own search (the site directory it is installed in, then the loader path); where
+    that misses libraries, each other NVIDIA wheel directory on sys.path in turn, then what is still
+    missing by name (a library already loaded from a directory is found by its soname)."""
+    failed = _preload_failures(ort)
+    if not failed:
+        return []
+    for directory in nvidia_library_dirs(onnxruntime_stack().cuda_major):
+        _preload_failures(ort, directory=str(directory))
+    return _preload_failures(ort)
+
+
 def provider_library_problem(provider: str) -> str | None:
-    """The first library onnxruntime's provider library cannot find (``libcublasLt.so.12: cannot open
+    """The first library onnxruntime's provider library cannot find (``libcublasLt.so.13: cannot open
     shared object file``), by loading it as onnxruntime would; None when it loads."""
     import onnxruntime
 
@@ -195,12 +253,18 @@ def why_inactive(provider: str, device_id: int = 0) -> str:
     if wheel:
         return wheel
     missing = provider_library_problem(provider)
+    if missing and DRIVER_LIBRARY in missing:
+        stack = onnxruntime_stack()
+        return (
+            f"{missing}; {DRIVER_LIBRARY} comes with the NVIDIA driver, and none is installed here "
+            f"(this onnxruntime-gpu needs {stack.needed_driver})"
+        )
     if missing:
-        return f"{missing}; {LIBRARY_HINTS[provider]}"
+        return f"{missing}; {library_hint(provider)}"
     if provider == TENSORRT:
         trt_missing = _tensorrt_library_problem()
         if trt_missing:
-            return f"{trt_missing}; {LIBRARY_HINTS[TENSORRT]}"
+            return f"{trt_missing}; {library_hint(TENSORRT)}"
     device = cuda_device_problem() if provider in GPU_PROVIDERS else None
     if device:  # no GPU, or a driver too old for the CUDA runtime (and which)
         return device

@@ -35,11 +35,13 @@ def session(
     level: str = "all",
     optimized_path: str | os.PathLike | None = None,
     providers: Sequence[ProviderEntry] = ("CPUExecutionProvider",),
+    profile_prefix: str | os.PathLike | None = None,
 ) -> ort.InferenceSession:
     """A session on `path` as every part of the product runs one (exporter, verification, benchmarks,
     the server): explicit threads, sequential execution, the rewrites that hurt on CPU switched off;
     with `optimized_path`, onnxruntime also writes the graph it optimised there. `providers` are names or
-    (name, options) pairs (`export.runtime.providers.choose_providers`)."""
+    (name, options) pairs (`export.runtime.providers.choose_providers`). With `profile_prefix`,
+    onnxruntime's profiler records every node's time (`end_profiling()` writes the JSON)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or default_threads()
     options.inter_op_num_threads = inter_op_threads
@@ -48,6 +50,9 @@ def session(
     options.log_severity_level = 3  # errors only: the fp16 graph's inserted-cast warnings are expected
     if optimized_path is not None:
         options.optimized_model_filepath = str(optimized_path)
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile_prefix)
     return ort.InferenceSession(
         str(Path(path)),
         options,

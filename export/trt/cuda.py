@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from export.gpu_versions import CUDA_BINDINGS_REQUIREMENT
+from export.gpu_versions import STACKS
 from export.runtime.gpu import INSTALL_HINT, error_string, import_cudart
 
 
@@ -26,8 +26,9 @@ def load_cudart() -> Any:
     cudart = import_cudart()
     if cudart is None:
         raise CudaError(
-            f"the TensorRT runner needs NVIDIA's CUDA runtime bindings ({CUDA_BINDINGS_REQUIREMENT}), which "
-            f"are not installed: {INSTALL_HINT}"
+            "the TensorRT runner needs NVIDIA's CUDA runtime bindings ("
+            + ", ".join(f"{s.cuda_bindings} with the {s.extra} extra" for s in STACKS)
+            + f"), which are not installed: {INSTALL_HINT}"
         )
     return cudart
 

@@ -12,6 +12,7 @@ __all__ = [
     "BACKENDS",
     "Backend",
     "BackendUnavailable",
+    "batch_limit",
     "check_spec",
     "create_backend",
     "dummy_batch",
@@ -50,6 +51,11 @@ def preflight(settings: ServerSettings) -> None:
         _check_available()
 
 
+def batch_limit(spec: ModelSpec, settings: ServerSettings) -> int:
+    """The most windows in one backend call: the setting, within what the model (an engine) accepts."""
+    return min(settings.max_batch_size, spec.max_batch_size or settings.max_batch_size)
+
+
 def create_backend(spec: ModelSpec, settings: ServerSettings) -> Backend:
     """Build the backend named by ``settings.backend`` for ``spec`` (slow: loads the model)."""
     if settings.backend == "onnx":
@@ -61,9 +67,24 @@ def create_backend(spec: ModelSpec, settings: ServerSettings) -> Backend:
 
         return TrtBackend(spec, settings.device_id)
     if settings.backend == "torch":
+        from server.backends.buckets import BucketGrid
         from server.backends.torch import TorchBackend
 
-        return TorchBackend(spec, settings.threads, settings.inter_op_threads, settings.torch_device)
+        grid = BucketGrid.for_server(
+            batch_limit(spec, settings),
+            spec.max_seq_len,
+            settings.pad_multiple_of,
+            spec.min_engine_seq_len or 1,
+        )
+        return TorchBackend(
+            spec,
+            settings.threads,
+            settings.inter_op_threads,
+            settings.torch_device,
+            dtype=settings.torch_dtype,
+            graphs=settings.torch_graphs,
+            grid=grid,
+        )
     raise BackendUnavailable(f"unknown backend {settings.backend!r}; choose one of {BACKENDS}")
 
 

@@ -38,6 +38,7 @@ OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     "beam": ("start_top_log_probs", "start_top_index", "end_top_log_probs", "end_top_index", "cls_logits"),
 }
 INDEX_OUTPUTS = ("start_top_index", "end_top_index")  # token positions: compared by equality, int64
+TOKEN_OUTPUTS = ("start_logits", "end_logits")  # one value per token, [B, T]; every other output is [B, ...]
 
 
 def shortest_sequence(head: str, start_n_top: int, end_n_top: int) -> int:

@@ -1,0 +1,94 @@
+"""The GPU paths of ``bench.latency``: ours with recorded graphs (g) and our export on onnxruntime's CUDA
+provider (h). Each returns a ``make(feeds) -> run`` as the other paths do, or raises :class:`Skipped`
+with the reason (printed and kept in the JSON).
+
+(g) uses the server's own bucketed runner (``server.backends.torch_graphs``) with one bucket of exactly
+the measured shape, and times the replay alone (inputs already in its static buffers, outputs left on
+the device, then a synchronize), as (a) and (c) time their kernels; "eager" beside it is the same cast
+model without a graph, so the graph's own gain is the ratio of the two. On a CPU the capture is the
+eager "replay" stand-in: a dry run of the code path, not a measurement of graphs.
+(h) is the server's ONNX backend asked for the CUDA provider (the portable graph, strict: a session
+that falls back to the CPU is a skip), timed through ``Backend.run`` (numpy in and out, as served).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from server.backends.buckets import Bucket, BucketGrid
+from server.backends.torch_graphs import DTYPES, BucketedRunner, Capture, CudaGraphCapture, EagerReplay, fill
+from train.common.contract import INPUT_NAMES
+
+Feeds = dict[str, np.ndarray]
+Make = Callable[[Feeds], Callable[[], object]]
+
+
+class Skipped(RuntimeError):
+    """This path cannot run here; the message says why."""
+
+
+def cast_model(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
+    """A copy of ``model`` in ``dtype`` (the original stays fp32 for the other paths)."""
+    return copy.deepcopy(model).to(DTYPES[dtype]).eval()
+
+
+def eager_runner(model: torch.nn.Module, device: torch.device) -> Make:
+    """``model`` on device tensors, synchronized: the eager baseline of a cast model."""
+
+    def make(feeds: Feeds) -> Callable[[], object]:
+        tensors = [torch.from_numpy(feeds[n]).to(device) for n in INPUT_NAMES]
+
+        def run() -> object:
+            with torch.inference_mode():
+                out = model(*tensors)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return out
+
+        return run
+
+    return make
+
+
+def graph_runner(model: torch.nn.Module, device: torch.device) -> Make:
+    """One bucket of the measured shape, captured (a CUDA graph on CUDA, the eager stand-in elsewhere),
+    its inputs filled once; the run is the replay."""
+
+    def make(feeds: Feeds) -> Callable[[], object]:
+        rows, length = feeds["input_ids"].shape
+        capture: Capture = CudaGraphCapture(device) if device.type == "cuda" else EagerReplay()
+        names = getattr(model, "names", ())
+        runner = BucketedRunner(model, INPUT_NAMES, names, BucketGrid((rows,), (length,)), device, capture)
+        runner.prepare()
+        slot = runner.slots[Bucket(rows, length)]
+        fill(slot.inputs, feeds)
+
+        def run() -> object:
+            slot.replay()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return slot.outputs
+
+        return run
+
+    return make
+
+
+def ort_cuda_runner(export_dir: Path, device_id: int = 0) -> Make:
+    """Our export served by the server's ONNX backend on the CUDA provider; Skipped if it does not run."""
+    from export.runtime.providers import CUDA
+    from server.backends import BackendUnavailable
+    from server.backends.onnx import OnnxBackend
+    from server.model_spec import resolve_spec
+
+    spec = resolve_spec(export_dir, "onnx")
+    try:
+        backend = OnnxBackend(spec, providers=[CUDA], device_id=device_id, max_batch_size=64)
+    except BackendUnavailable as exc:
+        raise Skipped(str(exc)) from None
+    return lambda feeds: lambda: backend.run(feeds)

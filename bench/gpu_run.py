@@ -1,0 +1,269 @@
+"""``python -m bench.gpu_run``: the whole GPU measurement in as few calls on a lent GPU machine as it can.
+
+The lent machine reaches no package index and takes at most ~64 MiB per call, and the onnxruntime-gpu
+wheel alone is ~256 MB; its image has torch (CUDA 13), transformers, onnx and the NVIDIA CUDA 13
+wheels, but not onnxruntime-gpu nor the server's fastapi / uvicorn / pydantic. So, on this side:
+
+    python -m bench.gpu_run pack .gpu-parts            # download the missing wheels, tar, split into parts
+    python -m bench.gpu_run plan .gpu-parts            # the calls: what each carries, runs, may take
+
+and each planned call carries one part and runs stages while the parts arrive (a warm machine keeps
+them between calls): the torch measurements first (they need nothing carried), then ``install`` (join
+the parts, pip install into ``.gpu-target``), the onnxruntime-CUDA measurements, ``make gpu-test`` and
+``make gpu-check``. Every stage writes ``STAGE.json`` and ``STAGE.log`` under ``--out``; ``report``
+merges the directories of all calls into ``summary.json`` and ``summary.md`` (for BENCHMARKS.md).
+
+    python -m bench.gpu_run split FILE OUTDIR [--part-mib 60]     python -m bench.gpu_run join PARTS_DIR FILE
+    python -m bench.gpu_run install PARTS_DIR TARGET              python -m bench.gpu_run parts PARTS_DIR
+    python -m bench.gpu_run stages STAGE... --out DIR [--device cpu --preset tiny --shapes 1x16 ...]
+    python -m bench.gpu_run report DIR... --out DIR
+
+``--device cpu --preset tiny`` runs the same stages on a CPU on tiny shapes (a dry run of the code
+paths; the GPU-only configurations report why they did not run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.wheel_parts import (
+    MANIFEST_SUFFIX,
+    PartsError,
+    find_manifest,
+    join,
+    load_manifest,
+    split,
+    wheelhouse,
+)
+
+PROG = "python -m bench.gpu_run"
+MIB = 1 << 20
+# The most one call carries is 64 MiB with the working tree (~3.5 MB tracked): parts of 60 MiB.
+PART_MIB = 60
+PARTS_DIR = ".gpu-parts"
+WORK_DIR = ".gpu-work"
+TARGET_DIR = ".gpu-target"
+OUT = "$OUT/gpu-run"
+# What the lent machines' image lacks for these stages (the device tool's KINDS.md lists what it has:
+# torch 2.11 for CUDA 13, transformers, onnx, onnxscript, sentencepiece, httpx, prometheus-client,
+# pytest; CPython 3.12), pinned to the versions the CPU venv serves and tests with.
+SERVER_WHEELS = (
+    "fastapi==0.165.0",
+    "starlette==1.10.0",
+    "uvicorn==0.54.0",
+    "pydantic==2.14.4",
+    "pydantic-core==2.50.5",
+    "pydantic-settings==2.16.3",
+    "python-dotenv==1.2.4",
+    "annotated-types==0.8.0",
+    "typing-inspection==0.4.5",
+)
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+)
+STAGES_BEFORE_INSTALL = (("probe", "latency-torch"), ("serve-torch",))
+STAGES_AFTER_INSTALL = (("install", "latency-ort", "serve-ort"), ("gpu-test", "gpu-check", "report"))
+
+
+@dataclass(frozen=True)
+class Run:
+    """One call on the lent machine: the paths it carries, its command, its time limit."""
+
+    carry: tuple[str, ...]
+    command: str
+    timeout_s: int
+
+
+def stages_command(stages: Sequence[str], python: str = "python3") -> str:
+    return f"PYTHONUNBUFFERED=1 {python} -m bench.gpu_run stages {' '.join(stages)} --out {OUT}"
+
+
+def plan_runs(parts_dir: str, manifest: dict[str, Any], python: str = "python3") -> list[Run]:
+    """The calls: call k carries part k (with the manifest) and runs the stages that need nothing
+    carried meanwhile; the call that brings the last part installs and runs the onnxruntime stages;
+    one more runs the GPU tests, the smoke check and the report."""
+    names = [p["file"] for p in manifest["parts"]]
+    carried = f"{parts_dir}/{manifest['file']}{MANIFEST_SUFFIX}"
+    before = list(STAGES_BEFORE_INSTALL)
+    runs = []
+    for k, name in enumerate(names):
+        stages: list[str] = []
+        if k == len(names) - 1:  # everything not run yet, then what needs the carried wheels
+            stages = [s for group in before for s in group] + list(STAGES_AFTER_INSTALL[0])
+        elif before:
+            stages = list(before.pop(0))
+        command = stages_command(stages, python) if stages else f"{python} -m bench.gpu_run parts {parts_dir}"
+        measured = [s for s in stages if s not in ("probe", "install")]
+        runs.append(Run((carried, f"{parts_dir}/{name}"), command, min(600, 120 + 240 * len(measured))))
+    runs.append(Run((), stages_command(STAGES_AFTER_INSTALL[1], python), 600))
+    return runs
+
+
+def pack(out_dir: Path, python_version: str, part_mib: int, wheels_dir: Path | None) -> Path:
+    """Download the wheels the lent machine lacks (onnxruntime-gpu for the default stack, the server's
+    packages) for its Python, tar them and split the tar into ``out_dir``; returns the manifest."""
+    from export.gpu_versions import DEFAULT_STACK
+
+    wanted = [f"onnxruntime-gpu=={DEFAULT_STACK.onnxruntime_gpu}", *SERVER_WHEELS]
+    with tempfile.TemporaryDirectory(prefix="gpu-wheels-") as tmp:
+        where = wheels_dir or Path(tmp)
+        if wheels_dir is None:
+            cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
+            cmd += ["--python-version", python_version, "--implementation", "cp", "-d", str(where)]
+            cmd += [arg for p in PLATFORMS for arg in ("--platform", p)]
+            proc = subprocess.run([*cmd, *wanted], capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+                raise PartsError(f"pip download failed: {last}")
+        wheels = sorted(where.glob("*.whl"))
+        tag = f"cp{python_version.replace('.', '')}"
+        tarball = wheelhouse(wheels, Path(tmp) / f"gpu-wheels-{tag}.tar")
+        return split(tarball, out_dir, part_mib * MIB)
+
+
+def facts() -> dict[str, Any]:
+    """This machine, as the report's first line and probe.json say it."""
+    import importlib.metadata
+
+    from export.stack_report import collect
+
+    found: dict[str, Any] = {"python": platform.python_version(), "machine": platform.machine()}
+    names = ("torch", "onnxruntime", "onnxruntime-gpu", "transformers", "fastapi", "uvicorn", "pydantic")
+    for name in names:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    try:
+        import torch
+
+        found["torch_cuda"] = torch.version.cuda
+        found["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        found["torch_cuda"] = found["gpu"] = None
+    found["stack"] = collect()
+    driver = found["stack"].get("driver")
+    found["summary"] = (
+        f"{found['gpu'] or 'no GPU'}, driver {driver or 'none'}, Python {found['python']}, torch {found['torch']} "
+        f"(CUDA {found['torch_cuda']}), onnxruntime-gpu {found['onnxruntime-gpu']}, transformers {found['transformers']}"
+    )
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("split", help="cut FILE into parts + manifest in OUTDIR")
+    s.add_argument("file", type=Path)
+    s.add_argument("out_dir", type=Path)
+    s.add_argument("--part-mib", type=int, default=PART_MIB)
+    s = sub.add_parser("join", help="join the parts in PARTS_DIR into FILE (checked)")
+    s.add_argument("parts_dir", type=Path)
+    s.add_argument("file", type=Path)
+    s = sub.add_parser("install", help="join PARTS_DIR and pip install its wheels into TARGET")
+    s.add_argument("parts_dir", type=Path)
+    s.add_argument("target", type=Path)
+    s = sub.add_parser("parts", help="which parts are here")
+    s.add_argument("parts_dir", type=Path)
+    s = sub.add_parser("pack", help="download, tar and split the wheels the lent machine lacks")
+    s.add_argument("out_dir", type=Path)
+    s.add_argument("--python", default="3.12", help="the lent machine's CPython version")
+    s.add_argument("--part-mib", type=int, default=PART_MIB)
+    s.add_argument("--wheels", type=Path, help="take the wheels from this directory instead of downloading")
+    s = sub.add_parser("plan", help="print the calls on the lent machine")
+    s.add_argument("parts_dir", type=Path)
+    s.add_argument("--python", default="python3")
+    s.add_argument("--json", action="store_true")
+    s = sub.add_parser("stages", help="run stages, writing STAGE.json and STAGE.log into --out")
+    from bench.gpu_stages import STAGES
+
+    s.add_argument("stages", nargs="+", choices=[*STAGES, "report"])
+    s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--work", type=Path, default=Path(WORK_DIR))
+    s.add_argument("--target", type=Path, default=Path(TARGET_DIR))
+    s.add_argument("--parts", type=Path, default=Path(PARTS_DIR))
+    s.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    s.add_argument(
+        "--preset", default="base", help="model shape (random weights): base, or tiny for a dry run"
+    )
+    s.add_argument("--shapes", default="1x384,8x384,32x384")
+    s.add_argument("--runs", type=int, default=20)
+    s.add_argument("--warmup", type=int, default=3)
+    s.add_argument("--clients", default="1,16")
+    s.add_argument("--seconds", type=float, default=5.0)
+    s.add_argument("--max-batch-size", type=int, default=16)
+    s = sub.add_parser("report", help="merge the STAGE.json of DIRs into summary.json and summary.md")
+    s.add_argument("dirs", type=Path, nargs="+")
+    s.add_argument("--out", type=Path, required=True)
+    s = sub.add_parser("facts", help="this machine's facts as JSON")
+    s.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    try:
+        return run(args)
+    except (PartsError, OSError) as exc:
+        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "split":
+        manifest = split(args.file, args.out_dir, args.part_mib * MIB)
+        print(f"{len(load_manifest(manifest)['parts'])} parts and {manifest}")
+    elif args.command == "join":
+        print(join(find_manifest(args.parts_dir), args.file))
+    elif args.command == "install":
+        from bench.wheel_parts import install
+
+        for wheel in install(args.parts_dir, args.target):
+            print(f"installed {wheel} into {args.target}")
+    elif args.command == "parts":
+        from bench.gpu_stages import parts_status
+
+        print(parts_status(args.parts_dir))
+    elif args.command == "pack":
+        manifest = pack(args.out_dir, args.python, args.part_mib, args.wheels)
+        print(
+            f"{len(load_manifest(manifest)['parts'])} parts and {manifest}; next: {PROG} plan {args.out_dir}"
+        )
+    elif args.command == "plan":
+        runs = plan_runs(str(args.parts_dir), load_manifest(find_manifest(args.parts_dir)), args.python)
+        if args.json:
+            print(json.dumps([asdict(r) for r in runs], indent=2))
+        for k, r in enumerate(runs if not args.json else [], 1):
+            print(f"call {k}: carry {list(r.carry) or 'nothing'}; timeout_s {r.timeout_s}\n  {r.command}")
+    elif args.command == "stages":
+        from bench.gpu_stages import StageContext, run_stages
+
+        names = {"out", "work", "target", "parts", "device", "preset", "shapes", "runs", "warmup", "clients"}
+        ctx = StageContext(**{k: v for k, v in vars(args).items() if k in names}, seconds=args.seconds)
+        ctx.max_batch_size = args.max_batch_size
+        for path in run_stages(ctx, args.stages):
+            print(f"wrote {path}")
+    elif args.command == "report":
+        from bench.gpu_stages import write_report
+
+        for path in write_report(args.dirs, args.out):
+            print(f"wrote {path}")
+    elif args.command == "facts":
+        found = facts()
+        text = json.dumps(found, indent=2, default=str)
+        if args.json:
+            args.json.write_text(text)
+        print(found["summary"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""The torch backend's low-latency path: one static shape per bucket, replayed instead of re-launched.
+
+Eager torch launches every kernel of every layer from Python on each call; at batch 1 on a GPU that
+launch cost, not the maths, is the latency. A CUDA graph records one call's kernels once and replays
+them with a single launch, but only on the tensors it was recorded with: so each bucket of
+:mod:`server.backends.buckets` owns static input buffers, a batch is copied into its bucket's buffers
+(padding the rest exactly as ``train.squad.pad_batch`` pads), the graph is replayed, and the outputs
+are cut back to the batch's rows and tokens. Padding rows and columns cannot change the real ones
+(attention masks them; rows never mix), and the outputs of one call are read before the next replay.
+
+How a bucket is made is a :class:`Capture`:
+
+- :class:`CudaGraphCapture`: ``torch.cuda.CUDAGraph``, after warm-up runs on a side stream (cuBLAS
+  handles and workspaces are created outside the graph), every graph in one memory pool, largest
+  bucket first so the smaller ones reuse its memory;
+- :class:`CompiledCapture`: ``torch.compile(mode="reduce-overhead")`` (inductor kernels, recorded as
+  CUDA graphs by torch itself), on the same static buffers, so it compiles once per bucket;
+- :class:`EagerReplay`: no recording: "replay" runs the model eagerly on the static buffers. The
+  bucketing, buffer and padding logic is the same, which is how it is tested on a CPU.
+
+A batch larger than every bucket runs eagerly (logged once). One lock serializes runs: the buffers and
+the graphs' memory are shared, and a GPU runs one graph at a time anyway.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from server.backends.buckets import Bucket, BucketGrid
+from train.common.contract import CLS_ID, PAD_ID, SEG_ID_CLS, SEG_ID_PAD, TOKEN_OUTPUTS
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+WARMUP_RUNS = 3  # before a capture: lazy cuBLAS/cuDNN set-up must not happen inside the graph
+# What pad_batch writes past a window's tokens, per input.
+PAD_VALUES = {"input_ids": PAD_ID, "attention_mask": 0, "token_type_ids": SEG_ID_PAD}
+# A padding row is a one-token window, "<cls>": every row then has a key to attend to.
+ROW_PAD_FIRST = {"input_ids": CLS_ID, "attention_mask": 1, "token_type_ids": SEG_ID_CLS}
+
+Model = Callable[..., Sequence[torch.Tensor]]
+
+
+@dataclass
+class StaticSlot:
+    """One bucket's static inputs (in the model's argument order), its outputs and how to refresh them."""
+
+    bucket: Bucket
+    inputs: dict[str, torch.Tensor]
+    outputs: tuple[torch.Tensor, ...]
+    replay: Callable[[], None]
+
+
+class Capture(abc.ABC):
+    """Makes a bucket's outputs a function of its static inputs, refreshed by ``replay()``."""
+
+    name = "capture"
+
+    @abc.abstractmethod
+    def __call__(
+        self, model: Model, inputs: Sequence[torch.Tensor]
+    ) -> tuple[tuple[torch.Tensor, ...], Callable[[], None]]:
+        """``(static outputs, replay)`` for ``model`` on ``inputs`` (already filled with a valid batch)."""
+
+
+class EagerReplay(Capture):
+    """No recording: each replay runs the model on the static inputs and copies into static outputs."""
+
+    name = "eager"
+
+    def __call__(
+        self, model: Model, inputs: Sequence[torch.Tensor]
+    ) -> tuple[tuple[torch.Tensor, ...], Callable[[], None]]:
+        with torch.inference_mode():
+            outputs = tuple(o.clone() for o in model(*inputs))
+
+        def replay() -> None:
+            with torch.inference_mode():
+                for static, fresh in zip(outputs, model(*inputs), strict=True):
+                    static.copy_(fresh)
+
+        return outputs, replay
+
+
+class CudaGraphCapture(Capture):
+    """``torch.cuda.CUDAGraph`` per bucket, all in one memory pool."""
+
+    name = "cuda-graphs"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: list[torch.cuda.CUDAGraph] = []  # kept alive with their slots
+
+    def __call__(
+        self, model: Model, inputs: Sequence[torch.Tensor]
+    ) -> tuple[tuple[torch.Tensor, ...], Callable[[], None]]:
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.inference_mode():
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_RUNS):
+                    model(*inputs)
+            current.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = tuple(model(*inputs))
+        self.graphs.append(graph)
+        return outputs, graph.replay
+
+
+class CompiledCapture(Capture):
+    """``torch.compile(model, mode="reduce-overhead")``: torch records the CUDA graphs itself; its outputs
+    are overwritten by its next replay, so they are copied into this slot's own. torch keeps its recorded
+    graphs per thread, so in the server (warm-up in one thread, batches in the inference thread) a
+    bucket's first batch records again: a comparison path, where ``CudaGraphCapture`` is the served one."""
+
+    name = "compile"
+
+    def __init__(self, model: nn.Module) -> None:
+        self.compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
+
+    def __call__(
+        self, model: Model, inputs: Sequence[torch.Tensor]
+    ) -> tuple[tuple[torch.Tensor, ...], Callable[[], None]]:
+        with torch.inference_mode():
+            for _ in range(WARMUP_RUNS):  # compile, warm up, record
+                torch.compiler.cudagraph_mark_step_begin()
+                fresh = self.compiled(*inputs)
+            outputs = tuple(o.clone() for o in fresh)
+
+        def replay() -> None:
+            with torch.inference_mode():
+                torch.compiler.cudagraph_mark_step_begin()
+                for static, new in zip(outputs, self.compiled(*inputs), strict=True):
+                    static.copy_(new)
+
+        return outputs, replay
+
+
+class BucketedRunner:
+    """Runs padded numpy batches through per-bucket static buffers (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: Model,
+        input_names: Sequence[str],
+        output_names: Sequence[str],
+        grid: BucketGrid,
+        device: torch.device,
+        capture: Capture,
+    ) -> None:
+        self.model = model
+        self.input_names = tuple(input_names)
+        self.output_names = tuple(output_names)
+        self.grid = grid
+        self.device = device
+        self.capture = capture
+        self.slots: dict[Bucket, StaticSlot] = {}
+        self.eager_calls = 0
+        self._lock = threading.Lock()
+        self._told_eager = False
+
+    def prepare(self, buckets: Sequence[Bucket] | None = None) -> None:
+        """Capture ``buckets`` (default: all, largest first) now rather than at their first batch."""
+        with self._lock:
+            for bucket in buckets if buckets is not None else self.grid.buckets():
+                self._slot(bucket)
+
+    def run(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows, length = batch[self.input_names[0]].shape
+        bucket = self.grid.choose(rows, length)
+        if bucket is None:
+            return self._eager(batch)
+        with self._lock:
+            slot = self._slot(bucket)
+            fill(slot.inputs, batch)
+            slot.replay()
+            return {
+                name: cut(name, value, rows, length)
+                for name, value in zip(self.output_names, slot.outputs, strict=True)
+            }
+
+    def describe(self) -> dict[str, Any]:
+        largest = self.grid.largest
+        return {
+            "capture": self.capture.name,
+            "buckets": len(self.grid.batch_sizes) * len(self.grid.lengths),
+            "captured": len(self.slots),
+            "largest_bucket": f"{largest.batch}x{largest.length}",
+            "eager_calls": self.eager_calls,
+        }
+
+    def _slot(self, bucket: Bucket) -> StaticSlot:
+        """The bucket's slot, captured on first use (the caller holds the lock)."""
+        slot = self.slots.get(bucket)
+        if slot is None:
+            inputs = {
+                name: torch.empty((bucket.batch, bucket.length), dtype=torch.int64, device=self.device)
+                for name in self.input_names
+            }
+            fill(inputs, None)  # all padding rows: a valid batch to record with
+            outputs, replay = self.capture(self.model, list(inputs.values()))
+            slot = self.slots[bucket] = StaticSlot(bucket, inputs, outputs, replay)
+            logger.debug("torch %s: bucket %dx%d ready", self.capture.name, bucket.batch, bucket.length)
+        return slot
+
+    def _eager(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows, length = batch[self.input_names[0]].shape
+        if not self._told_eager:
+            self._told_eager = True
+            largest = self.grid.largest
+            logger.warning(
+                "torch %s: a batch of %dx%d is beyond every bucket (up to %dx%d): such batches run eagerly "
+                "(logged once)",
+                self.capture.name,
+                rows,
+                length,
+                largest.batch,
+                largest.length,
+            )
+        self.eager_calls += 1
+        args = [
+            torch.from_numpy(np.ascontiguousarray(batch[n], dtype=np.int64)).to(self.device)
+            for n in self.input_names
+        ]
+        with torch.inference_mode():
+            values = self.model(*args)
+        return {name: to_numpy(v) for name, v in zip(self.output_names, values, strict=True)}
+
+
+def fill(inputs: Mapping[str, torch.Tensor], batch: Mapping[str, np.ndarray] | None) -> None:
+    """Copy ``batch`` into the top-left of the static ``inputs``; the columns past its tokens get
+    pad_batch's padding, the rows past its rows become one-token ``<cls>`` windows (``None``: every row)."""
+    for name, static in inputs.items():
+        rows, length = (0, 0) if batch is None else batch[name].shape
+        if batch is not None:
+            static[:rows, :length].copy_(torch.from_numpy(np.ascontiguousarray(batch[name], dtype=np.int64)))
+            static[:rows, length:].fill_(PAD_VALUES[name])
+        static[rows:].fill_(PAD_VALUES[name])
+        static[rows:, 0].fill_(ROW_PAD_FIRST[name])
+
+
+def cut(name: str, value: torch.Tensor, rows: int, length: int) -> np.ndarray:
+    """A bucket's output cut back to the batch: its rows, and its tokens for per-token outputs."""
+    return to_numpy(value[:rows, :length] if name in TOKEN_OUTPUTS else value[:rows])
+
+
+def to_numpy(value: torch.Tensor) -> np.ndarray:
+    """Host copy; half-precision floats come back as float32 (what the decoder and the other backends use)."""
+    return value.float().cpu().numpy() if value.is_floating_point() else value.cpu().numpy()

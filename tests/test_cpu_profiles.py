@@ -1,0 +1,91 @@
+"""The CPU's own yardsticks on tiny sizes: bench.gemm_peak (fp32 MatMul, int8 MatMulInteger, torch
+matmul, with the CPU's flags) and bench.op_profile (onnxruntime's profile of an export, by op type and
+group, warm-up runs left out)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import gemm_peak, op_profile
+
+
+def test_gemm_peak_reports_each_path_with_the_cpus_flags(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "gemm.json"
+    assert (
+        gemm_peak.main(
+            [
+                "--shapes",
+                "8x16x8,16x32x24",
+                "--runs",
+                "2",
+                "--warmup",
+                "1",
+                "--threads",
+                "1",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert "flags:" in text and "1 thread(s)" in text
+    for path in gemm_peak.PATHS:
+        assert f"| {path} | 16x32x24 |" in text
+    data = json.loads(out.read_text())
+    assert len(data["rows"]) == 6 and all(r["G_per_s"] > 0 for r in data["rows"])
+    assert set(data["peak"]) == set(gemm_peak.PATHS)
+
+
+@pytest.mark.parametrize("bad", ["8x8", "8x0x8", "axbxc"])
+def test_gemm_peak_refuses_a_shape_that_is_not_one(bad: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        gemm_peak.main(["--shapes", bad])
+    assert exc.value.code == 2 and "--shapes: a shape is MxKxN" in capsys.readouterr().err
+
+
+def test_profile_aggregation_leaves_out_the_warmup_runs() -> None:
+    def node(ts: int, dur: int, op: str, name: str) -> dict:
+        return {"cat": "Node", "name": f"{name}_kernel_time", "ts": ts, "dur": dur, "args": {"op_name": op}}
+
+    events = [
+        {"cat": "Session", "name": "model_run", "ts": 0, "dur": 100},  # warm-up
+        node(10, 90, "MatMulInteger", "warm"),
+        {"cat": "Session", "name": "model_run", "ts": 200, "dur": 50},
+        node(205, 30, "MatMulInteger", "mm"),
+        node(240, 10, "Gather", "g"),
+        {"cat": "Node", "name": "mm_fence_before", "ts": 206, "dur": 5, "args": {"op_name": "MatMulInteger"}},
+        {"cat": "Session", "name": "model_run", "ts": 300, "dur": 50},
+        node(305, 30, "MatMulInteger", "mm"),
+        node(340, 10, "Gather", "g"),
+    ]
+    nodes, wall_ms = op_profile.measured_nodes(events, runs=2)
+    assert len(nodes) == 4 and wall_ms == 0.05
+    result = op_profile.aggregate(nodes, runs=2, top=5)
+    assert result["node_ms_per_run"] == pytest.approx(0.04)
+    assert result["groups"]["int8 compute"]["share"] == pytest.approx(0.75)
+    assert result["groups"]["shape plumbing"]["share"] == pytest.approx(0.25)
+    assert [(r["op"], r["nodes"]) for r in result["ops"]] == [("MatMulInteger", 1), ("Gather", 1)]
+    assert result["slowest_nodes"][0] == {"node": "mm", "op": "MatMulInteger", "ms": pytest.approx(0.03)}
+
+
+def test_op_profile_of_a_tiny_int8_export(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "profile.json"
+    args = ["--preset", "tiny", "--precision", "int8", "--shape", "1x32", "--runs", "2", "--warmup", "1"]
+    assert op_profile.main([*args, "--threads", "1", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "(int8) at 1x32, 1 thread(s)" in text and "| shape plumbing |" in text
+    result = json.loads(out.read_text())
+    ops = {r["op"] for r in result["ops"]}
+    assert ops & op_profile.INT8 and ops & op_profile.PLUMBING
+    assert sum(g["share"] for g in result["groups"].values()) == pytest.approx(1.0)
+    assert 0 < result["node_ms_per_run"] <= result["wall_ms_per_run"] * 1.5
+
+
+def test_op_profile_refuses_a_directory_that_is_no_export(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        op_profile.main(["--model", str(tmp_path)])
+    assert exc.value.code == 2 and "not an export directory" in capsys.readouterr().err
