@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from export.runtime.sidecar import DEFAULT_SETTINGS, SIDECAR_FILE, Sidecar, SidecarError
-from train.common.contract import DEFAULTS, INPUT_NAMES, shortest_sequence
+from train.common.contract import DEFAULTS, END_N_TOP, INPUT_NAMES, START_N_TOP, shortest_sequence
 from train.common.contract import OUTPUT_NAMES as OUTPUTS_BY_HEAD
 from train.squad.answerability import NONE_RULE, Answerability, AnswerabilityError
 
@@ -44,8 +44,8 @@ class ModelSpec:
     max_query_len: int = DEFAULTS.max_query_len
     max_answer_len: int = DEFAULTS.max_answer_len
     no_answer_threshold: float = DEFAULTS.no_answer_threshold
-    start_n_top: int = 5
-    end_n_top: int = 5
+    start_n_top: int = START_N_TOP
+    end_n_top: int = END_N_TOP
     max_batch_size: int | None = None  # a TensorRT engine's optimisation-profile limits (None: any)
     max_engine_seq_len: int | None = None
     min_engine_seq_len: int | None = None  # shorter batches are padded up to it
@@ -103,6 +103,7 @@ def answerability_summary(a: Answerability) -> dict[str, Any]:
         "cv_f1": cv.get("f1"),
         "cv_no_answer_f1": cv.get("no_answer_f1"),
         "cv_roc_auc": cv.get("roc_auc"),
+        "decision": a.report.get("decision"),  # one line: the rule and why (or why it answers nothing)
     }
 
 
@@ -149,8 +150,8 @@ def _lengths(data: dict[str, Any], where: Path) -> dict[str, Any]:
         "doc_stride": _int(data, "doc_stride", int(DEFAULT_SETTINGS["doc_stride"]), where),
         "max_query_len": _int(data, "max_query_len", int(DEFAULT_SETTINGS["max_query_len"]), where),
         "max_answer_len": _int(data, "max_answer_len", int(DEFAULT_SETTINGS["max_answer_len"]), where),
-        "start_n_top": _int(data, "start_n_top", 5, where),
-        "end_n_top": _int(data, "end_n_top", 5, where),
+        "start_n_top": _int(data, "start_n_top", START_N_TOP, where),
+        "end_n_top": _int(data, "end_n_top", END_N_TOP, where),
         "no_answer_threshold": _threshold(data, where),
     }
     if out["max_seq_len"] < out["max_query_len"] + 4:

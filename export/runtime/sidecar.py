@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from train.common.contract import DEFAULTS, INPUT_NAMES, OUTPUT_NAMES
+from train.common.contract import DEFAULTS, END_N_TOP, INPUT_NAMES, OUTPUT_NAMES, START_N_TOP
 from train.common.digests import sha256_file
 from train.squad.answerability import Answerability, AnswerabilityError, from_metadata
 
@@ -76,8 +76,8 @@ class Sidecar:
     max_query_len: int = DEFAULTS.max_query_len
     max_answer_len: int = DEFAULTS.max_answer_len
     no_answer_threshold: float = DEFAULTS.no_answer_threshold
-    start_n_top: int = 5
-    end_n_top: int = 5
+    start_n_top: int = START_N_TOP
+    end_n_top: int = END_N_TOP
     source_checkpoint: str = ""
     source_checkpoint_sha256: str = ""
     created: str = ""

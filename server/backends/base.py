@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from server.model_spec import ModelSpec
+from train.common.contract import CLS_ID, SEG_ID_CLS, SEG_ID_QUESTION, SEP_ID
 
 
 class BackendUnavailable(RuntimeError):
@@ -59,11 +60,11 @@ def dummy_batch(batch_size: int, length: int) -> dict[str, np.ndarray]:
     ids = np.full((batch_size, length), 9, dtype=np.int64)
     types = np.zeros((batch_size, length), dtype=np.int64)
     half = length // 2
-    ids[:, half - 1] = 4  # <sep>
-    types[:, half:] = 1
-    ids[:, -2] = 4
-    ids[:, -1] = 3  # <cls>
-    types[:, -1] = 2
+    ids[:, half - 1] = SEP_ID
+    types[:, half:] = SEG_ID_QUESTION
+    ids[:, -2] = SEP_ID
+    ids[:, -1] = CLS_ID
+    types[:, -1] = SEG_ID_CLS
     return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": types}
 
 

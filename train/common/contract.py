@@ -30,6 +30,9 @@ SEG_ID_PAD = 3
 NUM_SEGMENT_IDS = 4
 
 HEADS = ("simple", "shallow", "deep", "beam")
+# The beam head keeps this many starts, then ends per start (the original's start_n_top / end_n_top).
+START_N_TOP = 5
+END_N_TOP = 5
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     "simple": ("start_logits", "end_logits"),

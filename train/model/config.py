@@ -10,8 +10,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from train.common.contract import END_N_TOP, START_N_TOP
+
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "mish")
-HEADS = ("simple", "shallow", "deep", "beam")
 # What the beam head's answerability classifier reads besides `<cls>` while training:
 # "softmax_start" = the start-probability-weighted state, in training as at inference (the original
 # XLNet, function_builder.get_qa_outputs); "gold_start" = the state at the labelled start (HF).
@@ -53,8 +54,8 @@ class XLNetConfig:
     bi_data: bool = False
     clamp_len: int = -1
     same_length: bool = False
-    start_n_top: int = 5
-    end_n_top: int = 5
+    start_n_top: int = START_N_TOP
+    end_n_top: int = END_N_TOP
     pad_token_id: int = 5
     bos_token_id: int = 1
     eos_token_id: int = 2

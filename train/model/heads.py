@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from train.common.contract import SEG_ID_CLS
-from train.model.config import HEADS, XLNetConfig
+from train.common.contract import HEADS, SEG_ID_CLS
+from train.model.config import XLNetConfig
 from train.model.layers import activation
 from train.model.xlnet import XLNetModel, init_weights
 
