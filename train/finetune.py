@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from train.common.cli import Parser, run
 from train.engine.optim import DECAYS, LAYER_DECAY_MODES, OPTIMIZERS
 from train.engine.run_record import add_run_flags, explicit_flags
+from train.engine.step import PRECISIONS
 from train.model import ACTIVATIONS, HEADS, PRESETS
 from train.model.config import ANSWER_CLASS_INPUTS
 from train.recipes.answerability import ANSWERABILITY_CHOICES, CALIBRATION_METHODS
@@ -162,7 +163,7 @@ def add_optimisation_flags(g: argparse._ArgumentGroup) -> None:
         action="store_true",
         help="clip each micro-batch's (and rank's) gradient before summing, as the original per TPU core",
     )
-    g.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=D.precision)
+    g.add_argument("--precision", choices=PRECISIONS, default=D.precision)
     g.add_argument(
         "--activation-checkpointing",
         action="store_true",

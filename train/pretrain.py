@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from train.common.cli import Parser, run
 from train.engine.optim import DECAYS, OPTIMIZERS
 from train.engine.run_record import add_run_flags, explicit_flags
+from train.engine.step import PRECISIONS
 from train.model import ACTIVATIONS, PRESETS
 from train.recipes.pretrain import PretrainConfig, PretrainRecipe
 
@@ -114,7 +115,7 @@ def add_optimisation_flags(g: argparse._ArgumentGroup) -> None:
     )
     g.add_argument("--adam-eps", type=float, default=D.adam_eps)
     g.add_argument("--clip", type=float, default=D.clip, help="global gradient-norm clip")
-    g.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=D.precision)
+    g.add_argument("--precision", choices=PRECISIONS, default=D.precision)
     g.add_argument(
         "--activation-checkpointing",
         action="store_true",
