@@ -17,9 +17,9 @@ import sys
 from collections.abc import Sequence
 
 from train.common.cli import Parser, run
+from train.engine.flags import add_step_compute_flags
 from train.engine.optim import DECAYS, LAYER_DECAY_MODES, OPTIMIZERS
 from train.engine.run_record import add_run_flags, explicit_flags
-from train.engine.step import PRECISIONS
 from train.model import ACTIVATIONS, HEADS, PRESETS
 from train.model.config import ANSWER_CLASS_INPUTS
 from train.recipes.answerability import ANSWERABILITY_CHOICES, CALIBRATION_METHODS
@@ -163,13 +163,7 @@ def add_optimisation_flags(g: argparse._ArgumentGroup) -> None:
         action="store_true",
         help="clip each micro-batch's (and rank's) gradient before summing, as the original per TPU core",
     )
-    g.add_argument("--precision", choices=PRECISIONS, default=D.precision)
-    g.add_argument(
-        "--activation-checkpointing",
-        action="store_true",
-        help="keep each layer's inputs only and recompute the layer in backward: far less activation "
-        "memory for one more forward pass per step, same gradients",
-    )
+    add_step_compute_flags(g, D.precision)
     g.add_argument("--device", default=D.device)
     g.add_argument("--seed", type=int, default=D.seed)
     g.add_argument("--threads", type=int, default=D.threads)

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 
 from train.common.cli import Parser, run
+from train.engine.flags import add_step_compute_flags
 from train.engine.optim import DECAYS, OPTIMIZERS
 from train.engine.run_record import add_run_flags, explicit_flags
-from train.engine.step import PRECISIONS
 from train.model import ACTIVATIONS, PRESETS
 from train.recipes.pretrain import PretrainConfig, PretrainRecipe
 
@@ -115,13 +115,7 @@ def add_optimisation_flags(g: argparse._ArgumentGroup) -> None:
     )
     g.add_argument("--adam-eps", type=float, default=D.adam_eps)
     g.add_argument("--clip", type=float, default=D.clip, help="global gradient-norm clip")
-    g.add_argument("--precision", choices=PRECISIONS, default=D.precision)
-    g.add_argument(
-        "--activation-checkpointing",
-        action="store_true",
-        help="keep each layer's inputs only and recompute the layer in backward: far less activation "
-        "memory for one more forward pass per step, same gradients",
-    )
+    add_step_compute_flags(g, D.precision)
     g.add_argument("--device", default=D.device, help="auto, cpu or cuda")
     g.add_argument("--seed", type=int, default=D.seed)
     g.add_argument(
