@@ -163,7 +163,8 @@ def test_shutdown_takes_one_graceful_timeout_in_total(onnx_export: Path, tmp_pat
         s.stop()
     for r in results:
         if isinstance(r, httpx.Response):
-            assert r.status_code in (200, 503), r.text
+            # 504: on a loaded machine a queued request can reach its own deadline before SIGTERM
+            assert r.status_code in (200, 503, 504), r.text
         else:
             assert isinstance(r, httpx.TransportError), repr(r)
     assert len(results) == 24
