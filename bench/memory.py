@@ -245,6 +245,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="share of the bottom layers the freezing levers freeze, rounded (default 10/24: 10 of 24, 5 of 12)",
     )
     ap.add_argument("--half", choices=["bf16", "fp16"], default="bf16", help="the autocast levers' precision")
+    ap.add_argument(
+        "--no-half",
+        action="store_true",
+        help="leave out the autocast levers (a CPU without native bf16/fp16 emulates them: slow to --time)",
+    )
     ap.add_argument("--unit", choices=sorted(UNITS), default="GiB")
     ap.add_argument("--device", default="cpu", help="cpu (fake tensors: nothing allocated) or cuda")
     ap.add_argument("--time", action="store_true", help="also time real steps (on CPU: allocates everything)")
@@ -280,6 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         frozen = round(args.freeze_fraction * config.n_layer)
         for stage in args.stage_list:
             for lever in levers(stage, frozen, config.n_layer, args.half):
+                if args.no_half and lever.precision != "fp32":
+                    continue
                 m = measure(stage, config, lever, frozen, args)
                 row: list[object] = [f"xlnet-{preset}", stage, lever.name, f"{m.trainable / 1e6:.1f}"]
                 sizes = (m.weights, m.grads, m.optimizer, m.activations, m.parts, m.peak)
@@ -293,7 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"Command: {PROG} --presets {args.presets} --stages {args.stages} --batch {args.batch} --seq {args.seq} "
         f"--head {args.head} --freeze-fraction {args.freeze_fraction:.4g} --half {args.half} --unit {args.unit} "
-        f"--device {args.device}" + (f" --time --runs {args.runs}" if timed else "")
+        f"--device {args.device}"
+        + (" --no-half" if args.no_half else "")
+        + (f" --time --runs {args.runs}" if timed else "")
     )
     print(
         f"{args.unit}; micro-batch {args.batch} x {args.seq} tokens, dropout 0.1; optimizer: the original's "
