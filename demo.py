@@ -71,7 +71,10 @@ def main() -> int:
             f"0/8 the shipped model ({args.shipped.relative_to(REPO) if args.shipped.is_relative_to(REPO) else args.shipped})"
         )
         t = time.time()
-        print(ask_shipped(args.shipped)[0])
+        try:
+            print(ask_shipped(args.shipped)[0])
+        except (RuntimeError, TimeoutError) as exc:  # as the trained model's server below: one line
+            raise SystemExit(f"demo: the shipped model's server did not become ready: {exc}") from None
         print(f"[shipped model: {time.time() - t:.0f} s]", flush=True)
 
     from train import evaluate, finetune, pretrain

@@ -8,6 +8,8 @@ hash checked, and the served answers must be the ones recorded when it was made.
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 from paths import REPO
@@ -71,3 +73,13 @@ def test_the_demo_serves_it_and_gets_the_recorded_answers() -> None:
     assert text.count("\nQ: ") == len(questions)
     assert f"{recorded['right']} of {len(questions)} right" in text
     assert "Answerability: " in text and "held out: never trained on" in text
+
+
+def test_a_tampered_shipped_model_is_refused_not_served(tmp_path: Path) -> None:
+    """Someone swaps the shipped weights: the server's hash check stops it before any answer."""
+    tampered = tmp_path / "shipped"
+    shutil.copytree(SHIPPED, tampered)
+    with (tampered / "model.onnx").open("ab") as f:
+        f.write(b"x")
+    with pytest.raises(RuntimeError, match="exited with 2"):
+        demo.ask_shipped(tampered)
