@@ -145,6 +145,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(d_model=64, n_layer=2, n_head=4, d_inner=256, vocab_size=32000, dropout=0.1),
     # Learns visibly in minutes on 2 CPU cores.
     "small": dict(d_model=256, n_layer=4, n_head=4, d_inner=1024, vocab_size=32000, dropout=0.1),
+    # About 3x small's compute per token: a candidate for the "2 hours on 2 cores" budget.
+    "medium": dict(d_model=384, n_layer=6, n_head=6, d_inner=1536, vocab_size=32000, dropout=0.1),
     # The published models (Yang et al. 2019, Table 7).
     "base": dict(d_model=768, n_layer=12, n_head=12, d_inner=3072, vocab_size=32000, dropout=0.1),
     "large": dict(d_model=1024, n_layer=24, n_head=16, d_inner=4096, vocab_size=32000, dropout=0.1),
