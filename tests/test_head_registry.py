@@ -27,7 +27,12 @@ def literals_naming_heads(path) -> list[int]:
         items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None)
         if not isinstance(node, ast.Dict | ast.Tuple | ast.List | ast.Set) or items is None:
             continue
-        named = {i.value for i in items if isinstance(i, ast.Constant) and i.value in HEADS}
+        names = [
+            i.value.removeprefix("qa:")
+            for i in items
+            if isinstance(i, ast.Constant) and isinstance(i.value, str)
+        ]
+        named = {n for n in names if n in HEADS}
         if len(named) >= 2:
             lines.append(node.lineno)
     return lines

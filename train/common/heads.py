@@ -23,6 +23,7 @@ class HeadSpec:
     name: str
     outputs: tuple[str, ...]  # the exported graph's outputs, in order
     decoder: str  # one of DECODERS
+    architecture: str  # the class name a checkpoint's config.json records (HF's for simple and beam)
 
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:
@@ -56,16 +57,17 @@ REGISTRY: dict[str, HeadSpec] = {
     spec.name: spec
     for spec in (
         # One Linear(d, 2) for start/end: HF's XLNetForQuestionAnsweringSimple.
-        HeadSpec("simple", _SPANS, "spans"),
+        HeadSpec("simple", _SPANS, "spans", "XLNetForQuestionAnsweringSimple"),
         # Start/end/answerability each one Linear(d, 1); answerability reads <cls>.
-        HeadSpec("shallow", (*_SPANS, "cls_logits"), "spans"),
+        HeadSpec("shallow", (*_SPANS, "cls_logits"), "spans", "XLNetQAShallow"),
         # MLP start/end/answerability heads (the CS224N/CS293S project heads).
-        HeadSpec("deep", (*_SPANS, "cls_logits"), "spans"),
+        HeadSpec("deep", (*_SPANS, "cls_logits"), "spans", "XLNetQADeep"),
         # The original XLNet head (HF's XLNetForQuestionAnswering): ends conditioned on the start.
         HeadSpec(
             "beam",
             ("start_top_log_probs", "start_top_index", "end_top_log_probs", "end_top_index", "cls_logits"),
             "beam",
+            "XLNetForQuestionAnswering",
         ),
     )
 }
