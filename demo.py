@@ -188,7 +188,7 @@ def main() -> int:
     )
 
     banner("8/8 serve on 127.0.0.1 and ask through the Python SDK")
-    from server.process import ServerProcess
+    from harness.server_process import ServerProcess
 
     threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     # info: the start-up lines show; the per-request access log would interleave with the answers
@@ -228,7 +228,7 @@ def ask_shipped(model_dir: Path) -> tuple[str, dict[str, str]]:
     gold answer: with a rule that answers nothing, that is where the model's reading shows.
     """
     from clients import XLNetQAClient
-    from server.process import ServerProcess
+    from harness.server_process import ServerProcess
     from train.squad.metrics import compute_exact, compute_f1
 
     provenance = json.loads((model_dir / "provenance.json").read_text())

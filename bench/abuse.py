@@ -37,7 +37,7 @@ import httpx
 
 from bench.common import cpu_summary, percentile
 from bench.serve_load import Outcome, closed_loop, load_pairs
-from server.process import ServerProcess
+from harness.server_process import ServerProcess
 
 
 @dataclass

@@ -35,7 +35,7 @@ import httpx
 from bench.common import markdown_table, percentile
 from export.runtime.gpu import installed_stack
 from export.stack_report import collect, problems
-from server.process import ServerProcess
+from harness.server_process import ServerProcess
 from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_DEV
 
 PROG = "python -m bench.gpu_smoke"
@@ -134,7 +134,7 @@ def first_question() -> tuple[str, str]:
 
 def make_checkpoint(work: Path) -> Path:
     """A tiny random QA checkpoint (vocabulary trained on the sample)."""
-    from export.onnx.testing import tiny_qa_checkpoint
+    from harness.tiny_models import tiny_qa_checkpoint
     from train.tokenizer import train_spm
 
     train_spm([SAMPLE_CORPUS], work / "tokenizer", 2000)

@@ -127,7 +127,7 @@ def latency(ctx: StageContext, stage: str, paths: str) -> dict[str, Any]:
 
 def checkpoint(ctx: StageContext) -> Path:
     """A random QA checkpoint of the preset's shape (vocabulary: 2000 pieces trained on the sample)."""
-    from export.onnx.testing import tiny_qa_checkpoint
+    from harness.tiny_models import tiny_qa_checkpoint
     from train.common.sample_data import SAMPLE_CORPUS
     from train.model.config import PRESETS
     from train.tokenizer import train_spm

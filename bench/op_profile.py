@@ -98,7 +98,7 @@ def aggregate(nodes: Sequence[dict[str, Any]], runs: int, top: int) -> dict[str,
 def random_export(work: Path, preset: str, precision: str) -> Path:
     """A random QA model of ``preset``'s shape exported by our exporter at ``precision``."""
     from export.onnx.pipeline import OnnxExportOptions, export_onnx
-    from export.onnx.testing import tiny_qa_checkpoint
+    from harness.tiny_models import tiny_qa_checkpoint
     from train.common.cli import to_stderr
     from train.common.sample_data import SAMPLE_CORPUS
     from train.model.config import PRESETS

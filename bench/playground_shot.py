@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.browser import headless_chromium
-from server.process import ServerProcess
+from harness.server_process import ServerProcess
 
 
 def take(model: Path, out: Path, backend: str = "onnx", threshold: str = "") -> None:

@@ -41,8 +41,8 @@ from bench.serve_load import (
     markdown,
     run_modes,
 )
+from harness.server_process import ServerProcess
 from server.model_spec import ModelSpecError
-from server.process import ServerProcess
 
 
 @dataclass

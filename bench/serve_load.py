@@ -29,8 +29,8 @@ from urllib.parse import urlparse
 import httpx
 
 from bench.common import markdown_table, percentile
+from harness.server_process import ServerProcess
 from server.metrics import sample_total
-from server.process import ServerProcess
 from train.common.sample_data import SAMPLE_DEV
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,7 +20,8 @@ from fastapi import FastAPI
 from server.access_log import AccessLogMiddleware
 from server.auth import KeyRing
 from server.backends import create_backend
-from server.errors import BodyLimitMiddleware, install_error_handlers
+from server.body_limit import BodyLimitMiddleware
+from server.errors import install_error_handlers
 from server.framing import FramingMiddleware
 from server.guard import DOCS_PATHS, METRICS_PATHS, PLAYGROUND_PATHS, PROBES, GuardMiddleware, OpenPaths
 from server.hosts import HostCheckMiddleware, allowed_hosts, is_loopback

@@ -24,7 +24,8 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.auth import KeyRing, presented_key
-from server.errors import LINGER_S, discard_body, error_response, rate_limited_response
+from server.body_limit import LINGER_S, discard_body
+from server.errors import error_response, rate_limited_response
 from server.metrics import Metrics
 from server.quotas import CallerQuotas, FailureLimiter, OverLimit
 

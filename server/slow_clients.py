@@ -3,7 +3,7 @@ the moment the connection was accepted, TLS handshake included, and again after 
 it is closed. uvicorn has a keep-alive timeout for idle connections but none for a request whose
 headers trickle in a byte at a time (slowloris), which would otherwise hold a connection, and a slot
 of ``max_connections``, forever. The body has its own deadline (``body_timeout_s``, in
-:class:`server.errors.BodyLimitMiddleware`).
+:class:`server.body_limit.BodyLimitMiddleware`).
 
 With TLS, :func:`connection_protocol` wraps the HTTP protocol in :class:`server.tls.HandshakeProtocol`
 at accept: the handshake gets the header deadline and the connection counts toward

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
-from server.process import LOOPBACK as HOST
-from server.process import free_port
+from harness.server_process import LOOPBACK as HOST
+from harness.server_process import free_port
 
 EOP = 8  # "<eop>" in a question: the injected fault's trigger
 FAULTY = {"question": "What is <eop> here?", "context": "Nothing happened here."}

@@ -16,8 +16,8 @@ import httpx
 import torch
 from paths import SAMPLE_DEV
 
-import server.process
-from server.process import child_env
+import harness.server_process
+from harness.server_process import child_env
 from train.squad import featurize_one
 from train.tokenizer import XLNetTokenizer
 
@@ -51,7 +51,7 @@ def server_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return child_env({"OMP_NUM_THREADS": "1", **(extra or {})})
 
 
-class ServerProcess(server.process.ServerProcess):
+class ServerProcess(harness.server_process.ServerProcess):
     """The shared launcher with the tests' conventions: log file in ``log_dir``, one OMP thread."""
 
     def __init__(

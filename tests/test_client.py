@@ -36,8 +36,8 @@ from clients import (
     XLNetQATimeoutError,
 )
 from clients.client import _Policy
+from harness.server_process import free_port
 from server.metrics import sample_total
-from server.process import free_port
 
 
 @pytest.fixture(scope="module")

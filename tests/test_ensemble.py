@@ -30,10 +30,15 @@ def test_an_ensemble_averages_its_members_logits(members) -> None:
     mean = average_outputs(each)
     for i in range(len(features)):
         np.testing.assert_allclose(
-            mean.start_logits[i], (each[0].start_logits[i] + each[1].start_logits[i]) / 2
+            mean.values["start_logits"][i],
+            (each[0].values["start_logits"][i] + each[1].values["start_logits"][i]) / 2,
         )
-        assert mean.cls_logits[i] == pytest.approx((each[0].cls_logits[i] + each[1].cls_logits[i]) / 2)
-    assert not np.allclose(each[0].start_logits[0], each[1].start_logits[0])  # the seeds differ
+        assert mean.values["cls_logits"][i] == pytest.approx(
+            (each[0].values["cls_logits"][i] + each[1].values["cls_logits"][i]) / 2
+        )
+    assert not np.allclose(
+        each[0].values["start_logits"][0], each[1].values["start_logits"][0]
+    )  # the seeds differ
     # an ensemble of one model with itself decides exactly as the model
     alone = predict_ensemble([members[0]], examples)
     twice = predict_ensemble([members[0], members[0]], examples)

@@ -20,11 +20,11 @@ from paths import REPO, SAMPLE_DEV, SHARED_DEV_NAME, shared_squad_file
 from export.onnx.cli import build_parser, main, options_from_args
 from export.onnx.graph import FORBIDDEN_OPS, matmul_weights, op_counts
 from export.onnx.pipeline import OnnxExportOptions, export_onnx
-from export.onnx.testing import perturb, tiny_qa_checkpoint
 from export.onnx.torch_export import torch_runner
 from export.onnx.verify import compare, run_all, sample_batches
 from export.runtime import sidecar as sc
 from export.runtime.sessions import runner, session
+from harness.tiny_models import perturb, tiny_qa_checkpoint
 from train.common.contract import INPUT_NAMES
 from train.common.digests import sha256_file
 from train.model import XLNetConfig, XLNetLMHeadModel, checkpoint

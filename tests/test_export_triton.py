@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 
 from export.gpu_versions import TENSORRT_VERSION, TRITON_GUIDANCE
-from export.onnx.testing import tiny_onnx_export
 from export.runtime.sessions import session
 from export.runtime.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.triton import pbtxt
 from export.triton.cli import main
 from export.triton.repository import TritonOptions, write_repository
 from export.trt.profile import min_sequence
+from harness.tiny_models import tiny_onnx_export
 from train.common.contract import INDEX_OUTPUTS, INPUT_NAMES
 
 SHAPES = {"opt_shape": [8, 384], "max_shape": [16, 512]}

@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import save_file
 
 from export.onnx.cli import main as export_main
-from export.onnx.testing import tiny_qa_checkpoint
 from export.onnx.verify import sample_batches
 from export.runtime import sidecar as sc
 from export.runtime.sessions import session
+from harness.tiny_models import tiny_qa_checkpoint
 from train.common.contract import INPUT_NAMES
 from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel, checkpoint
 from train.model.inference import QAInference

@@ -40,7 +40,7 @@ import httpx
 import pytest
 from paths import REPO
 
-from server.process import free_port
+from harness.server_process import free_port
 from server.settings import ENV_PREFIX
 
 README = REPO / "README.md"

@@ -32,8 +32,8 @@ from server_helpers import (
     server_env,
 )
 
+from harness.server_process import free_port
 from server.metrics import sample_total
-from server.process import free_port
 from train.squad import decode, featurize_one
 from train.tokenizer import XLNetTokenizer
 

@@ -49,8 +49,8 @@ from clients import (
 )
 from clients.client import API_KEY_ENV
 from export.runtime.sidecar import SIDECAR_FILE, Sidecar
+from harness.server_process import free_port
 from server.app import create_app
-from server.process import free_port
 from server.settings import ServerSettings
 
 

@@ -21,8 +21,8 @@ from paths import REPO
 from server_helpers import OK, WINDOWS, ServerProcess, long_context, post
 
 from export.runtime.sidecar import Sidecar
+from harness.server_process import free_port
 from server.metrics import sample_total
-from server.process import free_port
 
 # ---- failures: hangs, NaN, crashes, load errors ---------------------------------------------------------
 

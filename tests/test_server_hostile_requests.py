@@ -16,8 +16,8 @@ from hostile_server import app_server, slow_backend
 from paths import SAMPLE_DEV
 from server_helpers import OK, WINDOWS, ServerProcess, long_context, post
 
+from harness.server_process import LOOPBACK as HOST
 from server.metrics import sample_total
-from server.process import LOOPBACK as HOST
 from train.squad import featurize_one
 
 # ---- the three measured attacks ----------------------------------------------------------------------

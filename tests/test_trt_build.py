@@ -224,7 +224,7 @@ def test_keep_fp32_warns_only_when_an_island_matches_nothing(capsys):
 def test_the_exported_graph_has_no_sinusoid_island_and_a_512_position_table(tmp_path, spm_dir):
     """Why the fp16 build has nothing to constrain: QAInference bakes the positions into constant tables."""
     from export.onnx.graph import fp32_island
-    from export.onnx.testing import tiny_onnx_export
+    from harness.tiny_models import tiny_onnx_export
     from train.model.inference import MAX_POSITIONS
 
     out = tiny_onnx_export(tmp_path / "onnx", spm_dir, "shallow", "--no-optimize", "--no-verify")
@@ -404,13 +404,13 @@ def test_no_gpu_stack_is_stack_unavailable_before_anything_is_written(tmp_path, 
 
 # --- on an NVIDIA machine ------------------------------------------------------------------------------------
 FP16_INDEX_AGREEMENT = 0.9  # fraction of beam top-k indices an fp16 engine must share with PyTorch fp32
-LOGIT_SCALE = 8.0  # trained-like margins between the best spans (see export.onnx.testing.tiny_qa_checkpoint)
+LOGIT_SCALE = 8.0  # trained-like margins between the best spans (see harness.tiny_models.tiny_qa_checkpoint)
 
 
 @pytest.fixture(scope="module")
 def gpu_exports(tmp_path_factory, spm_dir):
     require_tensorrt()
-    from export.onnx.testing import tiny_onnx_export
+    from harness.tiny_models import tiny_onnx_export
 
     root = tmp_path_factory.mktemp("trt")
     kw = {"logit_scale": LOGIT_SCALE}

@@ -226,10 +226,10 @@ def test_pad_and_cut():
 def test_padding_up_to_the_profile_minimum_changes_nothing(tmp_path, spm_dir, head):
     """TRTRunner pads batches below the engine's minimum shape; padded rows and tokens must not change the
     real outputs (checked here with onnxruntime, which accepts any shape)."""
-    from export.onnx.testing import tiny_onnx_export
     from export.onnx.verify import sample_batches
     from export.runtime.sessions import session
     from export.trt.runtime import _cut, pad_to
+    from harness.tiny_models import tiny_onnx_export
     from train.tokenizer import XLNetTokenizer
 
     out = tiny_onnx_export(tmp_path / "onnx", spm_dir, head, "--no-optimize", "--no-verify")

@@ -1,5 +1,6 @@
 """The facts every part of the product must agree on (torch-free): special token ids, segment ids, the
-model's input and output names per head, and the inference settings' defaults.
+model's input names and output names per head (from the head registry), and the inference settings'
+defaults.
 
 Training, export, the server and the benchmarks import them from here; a checkpoint's metadata and an
 export's sidecar record the settings a model was trained with, and these defaults apply only where a
@@ -9,6 +10,8 @@ model does not say (the original XLNet SQuAD 2.0 recipe).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+
+from train.common.heads import REGISTRY, head_spec
 
 # Special ids, exactly as the original XLNet sentencepiece models lay them out (and HF's xlnet-*-cased).
 UNK_ID = 0
@@ -29,25 +32,19 @@ SEG_ID_CLS = 2
 SEG_ID_PAD = 3
 NUM_SEGMENT_IDS = 4
 
-HEADS = ("simple", "shallow", "deep", "beam")
 # The beam head keeps this many starts, then ends per start (the original's start_n_top / end_n_top).
 START_N_TOP = 5
 END_N_TOP = 5
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
-    "simple": ("start_logits", "end_logits"),
-    "shallow": ("start_logits", "end_logits", "cls_logits"),
-    "deep": ("start_logits", "end_logits", "cls_logits"),
-    "beam": ("start_top_log_probs", "start_top_index", "end_top_log_probs", "end_top_index", "cls_logits"),
-}
+# Each head's outputs, read from the head registry (train/common/heads.py), the only list of heads.
+OUTPUT_NAMES: dict[str, tuple[str, ...]] = {name: spec.outputs for name, spec in REGISTRY.items()}
 INDEX_OUTPUTS = ("start_top_index", "end_top_index")  # token positions: compared by equality, int64
 TOKEN_OUTPUTS = ("start_logits", "end_logits")  # one value per token, [B, T]; every other output is [B, ...]
 
 
 def shortest_sequence(head: str, start_n_top: int, end_n_top: int) -> int:
-    """The fewest tokens an exported graph runs on: the beam head takes top-k over the sequence inside
-    the graph, so an engine profile or a TensorRT provider profile must start at k tokens, not 1."""
-    return max(start_n_top, end_n_top) if head == "beam" else 1
+    """The fewest tokens an exported graph of ``head`` runs on (see HeadSpec.shortest_sequence)."""
+    return head_spec(head).shortest_sequence(start_n_top, end_n_top)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from train.common.contract import DEFAULTS
+from train.common.contract import DEFAULTS, TOKEN_OUTPUTS
+from train.common.heads import head_spec
 from train.squad import (
     Answerability,
     ContextIndex,
@@ -31,22 +32,32 @@ from train.squad import (
     evaluate,
     featurize,
     pad_batch,
-    simple_null_logit,
 )
 
 
 @dataclass
 class FeatureOutputs:
-    """Per-feature model outputs in feature order (rows are numpy arrays of each feature's length)."""
+    """Per-feature model outputs in feature order, by the head's output names (the head registry's):
+    per-token rows are numpy arrays of each feature's length, ``cls_logits`` floats."""
 
     head: str
-    start_logits: list[np.ndarray] = field(default_factory=list)
-    end_logits: list[np.ndarray] = field(default_factory=list)
-    cls_logits: list[float] = field(default_factory=list)
-    start_top_log_probs: list[np.ndarray] = field(default_factory=list)
-    start_top_index: list[np.ndarray] = field(default_factory=list)
-    end_top_log_probs: list[np.ndarray] = field(default_factory=list)
-    end_top_index: list[np.ndarray] = field(default_factory=list)
+    values: dict[str, list[Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in head_spec(self.head).outputs:
+            self.values.setdefault(name, [])
+
+    def __len__(self) -> int:
+        return len(next(iter(self.values.values()), []))
+
+
+def _feature_row(value: torch.Tensor, name: str, length: int) -> Any:
+    """One feature's output as the decoder takes it: per-token rows cut to the feature's length."""
+    if name == "cls_logits":
+        return float(value)
+    if name in TOKEN_OUTPUTS:
+        value = value[:length]
+    return value.float().cpu().numpy() if value.is_floating_point() else value.cpu().numpy()
 
 
 @torch.no_grad()
@@ -64,8 +75,8 @@ def predict_features(
 
     model.eval()
     device = torch.device(device)
-    head = model.head
-    out = FeatureOutputs(head=head)
+    out = FeatureOutputs(head=model.head)
+    names = tuple(out.values)
     order = sorted(range(len(features)), key=lambda i: len(features[i]))
     rows: dict[int, dict[str, Any]] = {}
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
@@ -82,34 +93,10 @@ def predict_features(
             )
         for j, i in enumerate(idx):
             n = len(features[i])
-            if head == "beam":
-                rows[i] = {
-                    "stlp": res.start_top_log_probs[j].float().cpu().numpy(),
-                    "sti": res.start_top_index[j].cpu().numpy(),
-                    "etlp": res.end_top_log_probs[j].float().cpu().numpy(),
-                    "eti": res.end_top_index[j].cpu().numpy(),
-                    "cls": float(res.cls_logits[j]),
-                }
-            else:
-                s = res.start_logits[j, :n].float().cpu().numpy()
-                e = res.end_logits[j, :n].float().cpu().numpy()
-                cls = (
-                    float(res.cls_logits[j])
-                    if res.cls_logits is not None
-                    else simple_null_logit(s, e, features[i])
-                )
-                rows[i] = {"s": s, "e": e, "cls": cls}
+            rows[i] = {name: _feature_row(getattr(res, name)[j], name, n) for name in names}
     for i in range(len(features)):
-        r = rows[i]
-        out.cls_logits.append(r["cls"])
-        if head == "beam":
-            out.start_top_log_probs.append(r["stlp"])
-            out.start_top_index.append(r["sti"])
-            out.end_top_log_probs.append(r["etlp"])
-            out.end_top_index.append(r["eti"])
-        else:
-            out.start_logits.append(r["s"])
-            out.end_logits.append(r["e"])
+        for name in names:
+            out.values[name].append(rows[i][name])
     return out
 
 
@@ -123,16 +110,7 @@ def decode_outputs(
     threshold: float | None = None,
     answerability: Answerability | None = None,
 ) -> dict[str, Prediction]:
-    named: dict[str, Sequence[Any]] = {"cls_logits": outputs.cls_logits}
-    if outputs.head == "beam":
-        named |= {
-            "start_top_log_probs": outputs.start_top_log_probs,
-            "start_top_index": outputs.start_top_index,
-            "end_top_log_probs": outputs.end_top_log_probs,
-            "end_top_index": outputs.end_top_index,
-        }
-    else:
-        named |= {"start_logits": outputs.start_logits, "end_logits": outputs.end_logits}
+    named: dict[str, Sequence[Any]] = outputs.values
     kw: dict[str, Any] = {"n_best": n_best, "max_answer_len": max_answer_len, "threshold": threshold}
     kw["answerability"] = answerability
     return decode_all_head_outputs(outputs.head, examples, features, named, **kw)
@@ -157,15 +135,17 @@ def average_outputs(members: Sequence[FeatureOutputs]) -> FeatureOutputs:
     if not members:
         raise ValueError("an ensemble needs at least one member")
     heads = {m.head for m in members}
-    if len(heads) != 1 or "beam" in heads:
+    if len(heads) != 1 or not head_spec(members[0].head).averageable:
         raise ValueError(
             f"an ensemble averages start/end logits: one shallow or deep head, got {sorted(heads)}"
         )
     out = FeatureOutputs(head=members[0].head)
-    for i in range(len(members[0].cls_logits)):
-        out.start_logits.append(np.mean([m.start_logits[i] for m in members], axis=0))
-        out.end_logits.append(np.mean([m.end_logits[i] for m in members], axis=0))
-        out.cls_logits.append(float(np.mean([m.cls_logits[i] for m in members])))
+    for name, rows in out.values.items():
+        for i in range(len(members[0])):
+            if name == "cls_logits":
+                rows.append(float(np.mean([m.values[name][i] for m in members])))
+            else:
+                rows.append(np.mean([m.values[name][i] for m in members], axis=0))
     return out
 
 

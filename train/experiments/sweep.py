@@ -16,6 +16,7 @@ from pathlib import Path
 
 from train import finetune as finetune_cli
 from train.common.cli import Parser, run
+from train.common.heads import HEADS
 from train.recipes.finetune import FinetuneRecipe
 
 
@@ -128,7 +129,7 @@ def write_outputs(out: Path, cells: list[dict]) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for c in cells:
-        marker = {"simple": "o", "shallow": "s", "deep": "^", "beam": "D"}.get(c["head"], "o")
+        marker = "os^Dv<>P"[HEADS.index(c["head"]) % 8] if c["head"] in HEADS else "o"
         ax.scatter(c["s_per_step"], c["dev_best_f1"], marker=marker, s=30 + 10 * c["max_seq_len"] / 64)
         ax.annotate(
             cell_name(c["max_seq_len"], c["freeze_layers"], c["head"]),

@@ -22,22 +22,16 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from train.common.atomic_dir import atomic_directory, fsync_directory
+from train.common.heads import REGISTRY
 from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel, XLNetModel
 
-HF_ARCHITECTURES = {
-    "XLNetModel": "base",
-    "XLNetLMHeadModel": "lm",
-    "XLNetForQuestionAnsweringSimple": "qa:simple",
-    "XLNetForQuestionAnswering": "qa:beam",
-}
+# config.json's "architectures" name per model kind ("qa:<head>" from the head registry), and back.
 OUR_ARCHITECTURES = {
     "base": "XLNetModel",
     "lm": "XLNetLMHeadModel",
-    "qa:simple": "XLNetForQuestionAnsweringSimple",
-    "qa:beam": "XLNetForQuestionAnswering",
-    "qa:shallow": "XLNetQAShallow",
-    "qa:deep": "XLNetQADeep",
+    **{f"qa:{name}": spec.architecture for name, spec in REGISTRY.items()},
 }
+HF_ARCHITECTURES = {architecture: kind for kind, architecture in OUR_ARCHITECTURES.items()}
 
 
 class CheckpointError(ValueError):

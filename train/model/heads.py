@@ -13,13 +13,15 @@ named `*_log_probs` are softmax probabilities, ours are true log-probabilities (
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from train.common.contract import HEADS, SEG_ID_CLS
+from train.common.contract import SEG_ID_CLS
+from train.common.heads import HEADS, head_spec
 from train.model.config import XLNetConfig
 from train.model.layers import activation
 from train.model.xlnet import XLNetModel, init_weights
@@ -133,33 +135,75 @@ def qa_loss(start_logits, end_logits, start_positions, end_positions, cls_logits
     return loss
 
 
+def _build_simple(model: nn.Module, config: XLNetConfig) -> None:
+    model.qa_outputs = nn.Linear(config.d_model, 2)
+
+
+def _build_shallow(model: nn.Module, config: XLNetConfig) -> None:
+    d = config.d_model
+    model.start_head = nn.Linear(d, 1)
+    model.end_head = nn.Linear(d, 1)
+    model.cls_head = nn.Linear(d, 1)
+
+
+def _build_deep(model: nn.Module, config: XLNetConfig) -> None:
+    d, act, p = config.d_model, config.ff_activation, config.dropout
+    model.start_head = mlp([d, 512, 384, 1], act, p)
+    model.end_head = mlp([d, 512, 384, 1], act, p)
+    model.cls_head = mlp([d, 256, 1], act, p)
+
+
+def _build_beam(model: nn.Module, config: XLNetConfig) -> None:
+    d = config.d_model
+    model.start_logits = PoolerStartLogits(d)
+    model.end_logits = PoolerEndLogits(d, config.layer_norm_eps)
+    original = config.answer_class_input == "softmax_start"
+    model.answer_class = PoolerAnswerClass(d, dropout=config.dropout if original else 0.0)
+
+
+@dataclass(frozen=True)
+class HeadModules:
+    """How one registered head is built on the QA model. Its modules are attributes of the model, so
+    their names are the state-dict names (HF's for simple and beam) and checkpoints load unchanged; how
+    the outputs are computed follows the head's decoder in the registry (train/common/heads.py)."""
+
+    build: Callable[[nn.Module, XLNetConfig], None]
+    span_scorers: tuple[str, ...]  # parameters of the last projections that produce start and end scores
+
+
+HEAD_MODULES: dict[str, HeadModules] = {
+    "simple": HeadModules(_build_simple, ("qa_outputs.weight", "qa_outputs.bias")),
+    "shallow": HeadModules(
+        _build_shallow, ("start_head.weight", "start_head.bias", "end_head.weight", "end_head.bias")
+    ),
+    "deep": HeadModules(
+        _build_deep, ("start_head.6.weight", "start_head.6.bias", "end_head.6.weight", "end_head.6.bias")
+    ),
+    "beam": HeadModules(
+        _build_beam,
+        (
+            "start_logits.dense.weight",
+            "start_logits.dense.bias",
+            "end_logits.dense_1.weight",
+            "end_logits.dense_1.bias",
+        ),
+    ),
+}
+if set(HEAD_MODULES) != set(HEADS):
+    raise ImportError(f"heads registered {HEADS} but built {tuple(HEAD_MODULES)}: each needs both")
+
+
 class XLNetForQuestionAnswering(nn.Module):
-    """Backbone + one of the heads in `HEADS`; state-dict names match HF for simple and beam."""
+    """Backbone + one of the registered heads; state-dict names match HF for simple and beam."""
 
     def __init__(self, config: XLNetConfig, head: str = "simple") -> None:
         super().__init__()
-        if head not in HEADS:
-            raise ValueError(f"unknown head {head!r}; choose one of {HEADS}")
+        self.spec = head_spec(head)
         config = config.for_finetuning()
         self.config = config
         self.head = head
         self.transformer = XLNetModel(config)
-        d = config.d_model
-        if head == "simple":
-            self.qa_outputs = nn.Linear(d, 2)
-        elif head == "shallow":
-            self.start_head: nn.Module = nn.Linear(d, 1)
-            self.end_head: nn.Module = nn.Linear(d, 1)
-            self.cls_head: nn.Module = nn.Linear(d, 1)
-        elif head == "deep":
-            self.start_head = mlp([d, 512, 384, 1], config.ff_activation, config.dropout)
-            self.end_head = mlp([d, 512, 384, 1], config.ff_activation, config.dropout)
-            self.cls_head = mlp([d, 256, 1], config.ff_activation, config.dropout)
-        else:
-            self.start_logits = PoolerStartLogits(d)
-            self.end_logits = PoolerEndLogits(d, config.layer_norm_eps)
-            original = config.answer_class_input == "softmax_start"
-            self.answer_class = PoolerAnswerClass(d, dropout=config.dropout if original else 0.0)
+        HEAD_MODULES[head].build(self, config)
         for name, module in self.named_children():
             if name != "transformer":
                 module.apply(lambda m: init_weights(m, config.initializer_range))
@@ -189,7 +233,7 @@ class XLNetForQuestionAnswering(nn.Module):
         if cls_index is None:
             cls_index = find_cls_index(token_type_ids, seq_len, bsz, hidden.device)
         training = start_positions is not None and end_positions is not None
-        if self.head == "beam":
+        if self.spec.decoder == "beam":
             result = self._beam(
                 hidden, p_mask, cls_index, start_positions, end_positions, is_impossible, training
             )
@@ -208,7 +252,7 @@ class XLNetForQuestionAnswering(nn.Module):
         return result
 
     def _per_token(self, hidden, p_mask, cls_index) -> QAOutput:
-        if self.head == "simple":
+        if not self.spec.has_answerability_output:
             start, end = self.qa_outputs(hidden).unbind(-1)
             return QAOutput(start_logits=apply_p_mask(start, p_mask), end_logits=apply_p_mask(end, p_mask))
         start = apply_p_mask(self.start_head(hidden).squeeze(-1), p_mask)

@@ -18,15 +18,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from train.common.contract import OUTPUT_NAMES, SEG_ID_CLS, SEG_ID_PARAGRAPH, SEP_ID
+from train.common.contract import SEG_ID_CLS, SEG_ID_PARAGRAPH, SEP_ID
+from train.common.heads import head_spec
 from train.model.heads import XLNetForQuestionAnswering
 
 
 def output_names(head: str) -> tuple[str, ...]:
-    """The exported graph's outputs for ``head`` (train.common.contract.OUTPUT_NAMES)."""
-    if head not in OUTPUT_NAMES:
-        raise ValueError(f"unknown head {head!r}")
-    return OUTPUT_NAMES[head]
+    """The exported graph's outputs for ``head`` (the head registry's)."""
+    return head_spec(head).outputs
 
 
 def derive_p_mask(
@@ -56,12 +55,13 @@ class QAInference(nn.Module):
         self.model = model.eval()
         self.head = model.head
         self.names = output_names(model.head)
+        self.masks_in_graph = head_spec(model.head).masks_in_graph
         cfg = model.config
         if max_positions and cfg.attn_type == "bi" and not cfg.bi_data:
             model.transformer.cache_positions(max_positions, fused=True)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor):
-        p_mask = derive_p_mask(input_ids, attention_mask, token_type_ids) if self.head == "beam" else None
+        p_mask = derive_p_mask(input_ids, attention_mask, token_type_ids) if self.masks_in_graph else None
         out = self.model(
             input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask, p_mask=p_mask
         )

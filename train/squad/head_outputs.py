@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from train.common.contract import DEFAULTS, OUTPUT_NAMES
+from train.common.contract import DEFAULTS
+from train.common.heads import head_spec
 
 from .answerability import Answerability
 from .answerability_features import ContextIndex
@@ -48,13 +49,12 @@ def decode_head_outputs(
     context_index: ContextIndex | None = None,
 ) -> Prediction:
     """Decode one question from its windows' named model outputs (``rows[w][name]``, the names of
-    ``train.common.contract.OUTPUT_NAMES[head]``), whatever the head: the one switch from a head's outputs to
+    the head registry's ``outputs``), whatever the head: the one switch from a head's outputs to
     an answer, used by evaluation, the export's agreement check and the server."""
-    if head not in OUTPUT_NAMES:
-        raise ValueError(f"unknown head {head!r}; expected one of {sorted(OUTPUT_NAMES)}")
+    spec = head_spec(head)
     kw: dict[str, Any] = {"n_best": n_best, "max_answer_len": max_answer_len, "threshold": threshold}
     kw |= {"answerability": answerability, "question": question, "context_index": context_index}
-    if head == "beam":
+    if spec.decoder == "beam":
         cls = np.array([float(r["cls_logits"]) for r in rows])
         return decode_beam(
             example_or_context,
@@ -68,7 +68,7 @@ def decode_head_outputs(
         )
     starts = [r["start_logits"] for r in rows]
     ends = [r["end_logits"] for r in rows]
-    if head == "simple":  # no answerability output: the null span's score stands in for it
+    if not spec.has_answerability_output:  # the null span's score stands in for it
         cls = np.array([simple_null_logit(s, e, f) for s, e, f in zip(starts, ends, features, strict=True)])
     else:
         cls = np.array([float(r["cls_logits"]) for r in rows])

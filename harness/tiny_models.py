@@ -13,21 +13,10 @@ from typing import Any
 import torch
 
 from train.model import XLNetConfig, XLNetForQuestionAnswering, checkpoint
+from train.model.heads import HEAD_MODULES
 from train.tokenizer import XLNetTokenizer
 
 TINY = dict(d_model=32, n_layer=2, n_head=4, d_inner=64, dropout=0.0, start_n_top=3, end_n_top=2)
-# Per head, the parameters of the last projections that produce the start and end scores.
-SPAN_LAST: dict[str, tuple[str, ...]] = {
-    "simple": ("qa_outputs.weight", "qa_outputs.bias"),
-    "shallow": ("start_head.weight", "start_head.bias", "end_head.weight", "end_head.bias"),
-    "deep": ("start_head.6.weight", "start_head.6.bias", "end_head.6.weight", "end_head.6.bias"),
-    "beam": (
-        "start_logits.dense.weight",
-        "start_logits.dense.bias",
-        "end_logits.dense_1.weight",
-        "end_logits.dense_1.bias",
-    ),
-}
 
 
 def perturb(model: torch.nn.Module, scale: float = 0.1) -> torch.nn.Module:
@@ -62,7 +51,7 @@ def tiny_qa_checkpoint(
     if logit_scale != 1.0:
         with torch.no_grad():
             for name, param in model.named_parameters():
-                if name in SPAN_LAST[head]:
+                if name in HEAD_MODULES[head].span_scorers:
                     param.mul_(logit_scale)
     return checkpoint.save(model, directory, tokenizer=tokenizer, metadata={"head": head, **(metadata or {})})
 
