@@ -57,9 +57,27 @@ def settings_from_metadata(metadata: Mapping[str, Any] | None) -> dict[str, floa
     return out
 
 
+@dataclass(kw_only=True)
+class ServingSettings:
+    """How a model is served: its windows, the longest answer, the no-answer threshold and the beam
+    head's top-k. Declared here once: :class:`Sidecar` records them in ``export.json`` and the server's
+    ``ModelSpec`` carries them, whether they came from an export or from a checkpoint's metadata."""
+
+    max_seq_len: int = DEFAULTS.max_seq_len
+    doc_stride: int = DEFAULTS.doc_stride
+    max_query_len: int = DEFAULTS.max_query_len
+    max_answer_len: int = DEFAULTS.max_answer_len
+    no_answer_threshold: float = DEFAULTS.no_answer_threshold
+    start_n_top: int = START_N_TOP
+    end_n_top: int = END_N_TOP
+
+
 @dataclass
-class Sidecar:
-    """The contents of `export.json` (format_version 1). Unknown keys are kept in `extra` and written back."""
+class Sidecar(ServingSettings):
+    """The contents of `export.json` (format_version 1). Unknown keys are kept in `extra` and written back.
+
+    The serving settings are inherited from :class:`ServingSettings` (keyword-only); `to_dict` writes
+    them after `opset`, where `export.json` has always had them."""
 
     backend: str
     model_file: str
@@ -71,13 +89,6 @@ class Sidecar:
     outputs: list[str] = field(default_factory=list)
     inputs: list[str] = field(default_factory=lambda: list(INPUT_NAMES))
     opset: int | None = 17
-    max_seq_len: int = DEFAULTS.max_seq_len
-    doc_stride: int = DEFAULTS.doc_stride
-    max_query_len: int = DEFAULTS.max_query_len
-    max_answer_len: int = DEFAULTS.max_answer_len
-    no_answer_threshold: float = DEFAULTS.no_answer_threshold
-    start_n_top: int = START_N_TOP
-    end_n_top: int = END_N_TOP
     source_checkpoint: str = ""
     source_checkpoint_sha256: str = ""
     created: str = ""
@@ -197,6 +208,11 @@ class Sidecar:
         return {key: getattr(self, key) for key in DEFAULT_SETTINGS}
 
     @property
+    def serving(self) -> ServingSettings:
+        """The serving settings alone, as a copy (a later change to the sidecar does not reach it)."""
+        return ServingSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ServingSettings)})
+
+    @property
     def max_batch_size(self) -> int | None:
         """The largest batch the model accepts (TensorRT engines are built for a range; ONNX has none)."""
         return self.trt["max_shape"][0] if self.trt else None
@@ -246,7 +262,11 @@ class Sidecar:
 
     # --- (de)serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        names = [f.name for f in dataclasses.fields(self) if f.name != "extra"]
+        settings = [f.name for f in dataclasses.fields(ServingSettings)]
+        after = names.index("opset") + 1
+        names = [n for n in names[:after] if n not in settings] + settings + names[after:]
+        out = {name: getattr(self, name) for name in names}
         out = {k: v for k, v in out.items() if v is not None or k in ("opset",)}
         out.update(self.extra)
         return out

@@ -72,7 +72,7 @@ def create_backend(spec: ModelSpec, settings: ServerSettings) -> Backend:
 
         grid = BucketGrid.for_server(
             batch_limit(spec, settings),
-            spec.max_seq_len,
+            spec.serving.max_seq_len,
             settings.pad_multiple_of,
             spec.min_engine_seq_len or 1,
         )
