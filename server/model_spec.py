@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from export.runtime.backends import EXPORT_BACKENDS
 from export.runtime.sidecar import SIDECAR_FILE, ServingSettings, Sidecar, SidecarError
 from train.common.contract import INPUT_NAMES, shortest_sequence
 from train.common.contract import OUTPUT_NAMES as OUTPUTS_BY_HEAD
@@ -181,10 +182,8 @@ def load_export_spec(
         logger.warning(
             "%s: the export records no file hashes (--allow-unhashed-model): files not verified", d
         )
-    wanted = {"onnx": "onnx", "trt": "tensorrt"}.get(backend)
-    if wanted is not None and sc.backend != wanted:
-        flag = "trt" if sc.backend == "tensorrt" else "onnx"
-        raise ModelSpecError(f"{d}: the export is for {sc.backend!r}; serve it with --backend {flag}")
+    if backend in EXPORT_BACKENDS and sc.backend != backend:
+        raise ModelSpecError(f"{d}: the export is for {sc.backend!r}; serve it with --backend {sc.backend}")
     return ModelSpec(
         name=str(sc.extra.get("name") or d.resolve().name),
         directory=d,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from export.runtime.backends import EXPORT_BACKENDS, TRT, canonical_backend
 from train.common.contract import DEFAULTS, END_N_TOP, INPUT_NAMES, OUTPUT_NAMES, START_N_TOP
 from train.common.digests import sha256_file
 from train.squad.answerability import Answerability, AnswerabilityError, from_metadata
@@ -25,7 +26,7 @@ FORMAT_VERSION = 1
 SIDECAR_FILE = "export.json"
 TOKENIZER_FILES = ("spiece.model", "tokenizer_config.json")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-BACKENDS = ("onnx", "tensorrt")
+BACKENDS = EXPORT_BACKENDS
 PRECISIONS = ("fp32", "fp16", "int8")
 # Serving settings when the checkpoint's metadata does not say (the original XLNet SQuAD recipe).
 DEFAULT_SETTINGS: dict[str, float | int] = {k: v for k, v in DEFAULTS.as_dict().items() if k != "n_best"}
@@ -111,6 +112,8 @@ class Sidecar(ServingSettings):
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.backend, str):
+            self.backend = canonical_backend(self.backend)
         if not self.outputs and self.head in OUTPUT_NAMES:
             self.outputs = list(OUTPUT_NAMES[self.head])
         self.validate()
@@ -182,10 +185,10 @@ class Sidecar(ServingSettings):
                 Answerability.from_dict(self.answerability)
             except AnswerabilityError as exc:
                 p.append(str(exc))
-        if self.backend == "tensorrt":
+        if self.backend == TRT:
             trt = self.trt if isinstance(self.trt, dict) else {}
             if not trt:
-                p.append("backend 'tensorrt' needs a 'trt' section (min/opt/max shapes, version, path)")
+                p.append(f"backend {TRT!r} needs a 'trt' section (min/opt/max shapes, version, path)")
             for key in ("min_shape", "opt_shape", "max_shape") if trt else ():
                 shape = trt.get(key)
                 if not (isinstance(shape, list) and len(shape) == 2 and all(_positive_int(x) for x in shape)):
