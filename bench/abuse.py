@@ -37,6 +37,7 @@ import httpx
 
 from bench.common import cpu_summary, percentile
 from bench.serve_load import Outcome, closed_loop, load_pairs
+from export.runtime.backends import SERVER_BACKENDS
 from harness.server_process import ServerProcess
 
 
@@ -283,7 +284,7 @@ def markdown(phases: Sequence[Phase], title: str) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.abuse", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="export dir (onnx/trt) or checkpoint dir (torch)")
-    p.add_argument("--backend", default="onnx", choices=("onnx", "trt", "torch"))
+    p.add_argument("--backend", default="onnx", choices=SERVER_BACKENDS)
     p.add_argument("--clients", type=int, default=32, help="well-behaved concurrent clients")
     p.add_argument("--adversaries", type=int, default=4, help="concurrent hostile loops")
     p.add_argument("--seconds", type=float, default=30.0, help="measured seconds per phase")

@@ -82,11 +82,16 @@ def bare_latencies(
     settings = load_settings(flags)
     engine = create_backend(spec, settings)
     tokenizer = XLNetTokenizer.from_dir(spec.tokenizer_dir)
-    engine.warmup((max(16, spec.min_engine_seq_len or 0), spec.max_seq_len), (1,))
+    engine.warmup((max(16, spec.min_engine_seq_len or 0), spec.serving.max_seq_len), (1,))
 
     def answer(question: str, context: str) -> None:
         features = featurize_one(
-            question, context, tokenizer, spec.max_seq_len, spec.doc_stride, spec.max_query_len
+            question,
+            context,
+            tokenizer,
+            spec.serving.max_seq_len,
+            spec.serving.doc_stride,
+            spec.serving.max_query_len,
         )
         rows = []
         for feature in features:  # one window per call, like the server with batching off
@@ -99,8 +104,8 @@ def bare_latencies(
             features,
             rows,
             n_best=settings.n_best_pool,
-            max_answer_len=spec.max_answer_len,
-            threshold=spec.no_answer_threshold,  # as the server started here (no XLNETQA_* overrides)
+            max_answer_len=spec.serving.max_answer_len,
+            threshold=spec.serving.no_answer_threshold,  # as the server started here (no XLNETQA_* overrides)
         )
 
     try:

@@ -29,6 +29,7 @@ from urllib.parse import urlparse
 import httpx
 
 from bench.common import markdown_table, percentile
+from export.runtime.backends import SERVER_BACKENDS
 from harness.server_process import ServerProcess
 from server.metrics import sample_total
 from train.common.sample_data import SAMPLE_DEV
@@ -154,7 +155,7 @@ def _check_loopback(url: str) -> None:
 
 def add_load_arguments(p: argparse.ArgumentParser, clients: str) -> None:
     """The load-test options bench.serve_load and bench.serve share."""
-    p.add_argument("--backend", default="onnx", choices=("onnx", "trt", "torch"))
+    p.add_argument("--backend", default="onnx", choices=SERVER_BACKENDS)
     p.add_argument("--clients", default=clients, help="comma-separated concurrency levels")
     p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per level")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each level")

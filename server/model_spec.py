@@ -8,18 +8,21 @@ at startup with one clear line when a directory is not what it claims to be.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from export.runtime.sidecar import DEFAULT_SETTINGS, SIDECAR_FILE, Sidecar, SidecarError
-from train.common.contract import DEFAULTS, END_N_TOP, INPUT_NAMES, START_N_TOP, shortest_sequence
+from export.runtime.backends import EXPORT_BACKENDS
+from export.runtime.sidecar import SIDECAR_FILE, ServingSettings, Sidecar, SidecarError
+from train.common.contract import INPUT_NAMES, shortest_sequence
 from train.common.contract import OUTPUT_NAMES as OUTPUTS_BY_HEAD
 from train.squad.answerability import NONE_RULE, Answerability, AnswerabilityError
 
 logger = logging.getLogger("server")
+_DEFAULTS = ServingSettings()  # where a checkpoint's metadata does not say
 
 
 class ModelSpecError(ValueError):
@@ -39,13 +42,8 @@ class ModelSpec:
     portable_model_file: str | None = None  # the standard-ops graph GPU providers load
     export_backend: str | None = None
     precision: str = "fp32"
-    max_seq_len: int = DEFAULTS.max_seq_len
-    doc_stride: int = DEFAULTS.doc_stride
-    max_query_len: int = DEFAULTS.max_query_len
-    max_answer_len: int = DEFAULTS.max_answer_len
-    no_answer_threshold: float = DEFAULTS.no_answer_threshold
-    start_n_top: int = START_N_TOP
-    end_n_top: int = END_N_TOP
+    # windows, answer length, threshold, beam top-k: the export's sidecar's, or the checkpoint's metadata's
+    serving: ServingSettings = field(default_factory=ServingSettings)
     max_batch_size: int | None = None  # a TensorRT engine's optimisation-profile limits (None: any)
     max_engine_seq_len: int | None = None
     min_engine_seq_len: int | None = None  # shorter batches are padded up to it
@@ -57,7 +55,7 @@ class ModelSpec:
     @property
     def decision(self) -> Answerability:
         """How answers are decided: the fitted answerability model, or the cls-only threshold."""
-        return self.answerability or Answerability.cls_only(self.no_answer_threshold)
+        return self.answerability or Answerability.cls_only(self.serving.no_answer_threshold)
 
     def public(self) -> dict[str, Any]:
         """JSON-ready metadata for ``GET /v1/model`` (no absolute paths)."""
@@ -65,13 +63,7 @@ class ModelSpec:
             "name": self.name,
             "head": self.head,
             "precision": self.precision,
-            "max_seq_len": self.max_seq_len,
-            "doc_stride": self.doc_stride,
-            "max_query_len": self.max_query_len,
-            "max_answer_len": self.max_answer_len,
-            "no_answer_threshold": self.no_answer_threshold,
-            "start_n_top": self.start_n_top,
-            "end_n_top": self.end_n_top,
+            **dataclasses.asdict(self.serving),
             "inputs": list(self.input_names),
             "outputs": list(self.output_names),
             "source": self.kind,
@@ -129,7 +121,7 @@ def _int(data: dict[str, Any], key: str, default: int, where: Path) -> int:
 
 
 def _threshold(data: dict[str, Any], where: Path) -> float:
-    default = float(DEFAULT_SETTINGS["no_answer_threshold"])
+    default = float(_DEFAULTS.no_answer_threshold)
     value = data.get("no_answer_threshold", default)
     if value is None:
         return default
@@ -144,20 +136,17 @@ def _head(value: Any, where: Path) -> str:
     return str(value)
 
 
-def _lengths(data: dict[str, Any], where: Path) -> dict[str, Any]:
-    out = {
-        "max_seq_len": _int(data, "max_seq_len", int(DEFAULT_SETTINGS["max_seq_len"]), where),
-        "doc_stride": _int(data, "doc_stride", int(DEFAULT_SETTINGS["doc_stride"]), where),
-        "max_query_len": _int(data, "max_query_len", int(DEFAULT_SETTINGS["max_query_len"]), where),
-        "max_answer_len": _int(data, "max_answer_len", int(DEFAULT_SETTINGS["max_answer_len"]), where),
-        "start_n_top": _int(data, "start_n_top", START_N_TOP, where),
-        "end_n_top": _int(data, "end_n_top", END_N_TOP, where),
-        "no_answer_threshold": _threshold(data, where),
-    }
-    if out["max_seq_len"] < out["max_query_len"] + 4:
+def _lengths(data: dict[str, Any], where: Path) -> ServingSettings:
+    """A checkpoint's serving settings: its metadata's, else the defaults (as an export's sidecar has)."""
+    ints = (f.name for f in dataclasses.fields(ServingSettings) if f.name != "no_answer_threshold")
+    out = ServingSettings(
+        **{name: _int(data, name, getattr(_DEFAULTS, name), where) for name in ints},
+        no_answer_threshold=_threshold(data, where),
+    )
+    if out.max_seq_len < out.max_query_len + 4:
         raise ModelSpecError(
-            f"{where}: max_seq_len={out['max_seq_len']} leaves no room for the paragraph "
-            f"(max_query_len={out['max_query_len']})"
+            f"{where}: max_seq_len={out.max_seq_len} leaves no room for the paragraph "
+            f"(max_query_len={out.max_query_len})"
         )
     return out
 
@@ -193,10 +182,8 @@ def load_export_spec(
         logger.warning(
             "%s: the export records no file hashes (--allow-unhashed-model): files not verified", d
         )
-    wanted = {"onnx": "onnx", "trt": "tensorrt"}.get(backend)
-    if wanted is not None and sc.backend != wanted:
-        flag = "trt" if sc.backend == "tensorrt" else "onnx"
-        raise ModelSpecError(f"{d}: the export is for {sc.backend!r}; serve it with --backend {flag}")
+    if backend in EXPORT_BACKENDS and sc.backend != backend:
+        raise ModelSpecError(f"{d}: the export is for {sc.backend!r}; serve it with --backend {sc.backend}")
     return ModelSpec(
         name=str(sc.extra.get("name") or d.resolve().name),
         directory=d,
@@ -207,13 +194,7 @@ def load_export_spec(
         portable_model_file=sc.portable_model_file,
         export_backend=sc.backend,
         precision=sc.precision,
-        max_seq_len=sc.max_seq_len,
-        doc_stride=sc.doc_stride,
-        max_query_len=sc.max_query_len,
-        max_answer_len=sc.max_answer_len,
-        no_answer_threshold=float(sc.no_answer_threshold),
-        start_n_top=sc.start_n_top,
-        end_n_top=sc.end_n_top,
+        serving=dataclasses.replace(sc.serving, no_answer_threshold=float(sc.no_answer_threshold)),
         max_batch_size=sc.max_batch_size,
         max_engine_seq_len=sc.max_sequence_length,
         # an engine's profile minimum, else the graph's own (the beam head's in-graph top-k needs k tokens)
@@ -253,7 +234,7 @@ def load_checkpoint_spec(directory: str | Path) -> ModelSpec:
         output_names=OUTPUTS_BY_HEAD[head],
         raw=meta,
         answerability=answerability,
-        **_lengths(meta, d / "metadata.json"),
+        serving=_lengths(meta, d / "metadata.json"),
     )
 
 
@@ -269,10 +250,11 @@ def resolve_spec(model_dir: str | Path, backend: str, *, allow_unhashed: bool = 
         raise ModelSpecError(f"{d}: model directory not found")
     if backend != "torch":
         spec = load_export_spec(d, backend, allow_unhashed=allow_unhashed)
-        if spec.max_engine_seq_len is not None and spec.max_engine_seq_len < spec.max_seq_len:
+        max_seq_len = spec.serving.max_seq_len
+        if spec.max_engine_seq_len is not None and spec.max_engine_seq_len < max_seq_len:
             raise ModelSpecError(
                 f"{d}: the engine accepts at most {spec.max_engine_seq_len} tokens, the sidecar's max_seq_len is "
-                f"{spec.max_seq_len}"
+                f"{max_seq_len}"
             )
         return spec
     if (d / "config.json").is_file():

@@ -140,7 +140,7 @@ class QAPipeline:
 
     def featurize_checked(self, items: Sequence[Question]) -> tuple[list[list[Feature]], list[float]]:
         """Windows of every question, refusing (RejectedInput) empty texts, too many tokens or windows."""
-        s, limits = self.spec, self.limits
+        s, limits = self.spec.serving, self.limits
         encoded, seconds, tokens = [], [], 0
         for i, q in enumerate(items):
             t = time.perf_counter()
@@ -224,7 +224,7 @@ class QAPipeline:
                     feats,
                     res.rows,
                     n_best=max(self.n_best_pool, q.top_k),
-                    max_answer_len=q.max_answer_len or self.spec.max_answer_len,
+                    max_answer_len=q.max_answer_len or self.spec.serving.max_answer_len,
                     threshold=self.decided_by(q)[0],
                     answerability=self.spec.decision,
                     question=q.question,

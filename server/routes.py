@@ -243,7 +243,7 @@ async def model_info(runtime: RuntimeDep, settings: SettingsDep) -> ModelInfoRes
     public = spec.public()
     public["name"] = runtime.name
     threshold = settings.no_answer_threshold
-    public["no_answer_threshold"] = spec.no_answer_threshold if threshold is None else threshold
+    public["no_answer_threshold"] = spec.serving.no_answer_threshold if threshold is None else threshold
     if threshold is not None:  # the server's --no-answer-threshold replaces the model's rule
         public["answerability"] |= {"rule": "threshold", "threshold": threshold, "set_by": "server"}
     return ModelInfoResponse(

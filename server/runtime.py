@@ -131,7 +131,7 @@ class Runtime:
             max_padding=s.max_batch_padding,
             aging_s=s.queue_aging_s,
             min_length=self.spec.min_engine_seq_len,
-            max_length=self.spec.max_seq_len,
+            max_length=self.spec.serving.max_seq_len,
             watchdog_factor=s.watchdog_factor,
             watchdog_min_s=s.watchdog_min_s,
             on_batch=self._on_batch,
@@ -223,7 +223,7 @@ class Runtime:
         self._state = "warming"
         if s.warmup_delay_s:
             await asyncio.sleep(s.warmup_delay_s)
-        lengths = tuple(sorted({max(16, spec.min_engine_seq_len or 0), spec.max_seq_len}))
+        lengths = tuple(sorted({max(16, spec.min_engine_seq_len or 0), spec.serving.max_seq_len}))
         await asyncio.to_thread(self.backend.warmup, lengths, tuple(sorted({1, self.max_batch_size})))
         await self.pipeline.answer(Question("What is warmed up?", "The model is warmed up. " * 8))
         self._state = "ready"

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from export.runtime.backends import ServerBackend
 from export.runtime.providers import TENSORRT, parse_providers
 from train.common.contract import DEFAULTS
 
@@ -32,7 +33,7 @@ class ServerSettings(BaseSettings):
     model: Path | None = Field(
         None, description="Export directory (onnx/trt) or checkpoint directory (torch)"
     )
-    backend: Literal["onnx", "trt", "torch"] = "onnx"
+    backend: ServerBackend = "onnx"
     allow_unhashed_model: bool = Field(
         False,
         description="serve an export whose export.json records no file hashes (files_sha256, written by every "

@@ -379,6 +379,25 @@ def test_sidecar_round_trip_and_errors(exports, tmp_path):
     assert (engine.max_batch_size, engine.max_sequence_length) == (32, 512)
     with pytest.raises(sc.SidecarError, match=r"trt.max_shape must be \[batch, sequence\]"):
         sc.Sidecar.from_dict({**engine.to_dict(), "trt": {**shapes, "max_shape": [32]}})
+    # 'tensorrt' (what earlier exporters wrote) still reads, as the one name the server and exporters use
+    assert engine.backend == "trt" and engine.to_dict()["backend"] == "trt"
+    with pytest.raises(sc.SidecarError, match="backend must be one of"):
+        sc.Sidecar.from_dict({**side.to_dict(), "backend": "torch"})
+
+
+def test_serving_settings_have_one_declaration(exports):
+    """export.json keeps its keys in their order, and the server's spec carries the sidecar's settings."""
+    from server.model_spec import load_export_spec
+
+    _, out = exports["beam"]
+    side = sc.Sidecar.load(out)
+    data = json.loads((out / sc.SIDECAR_FILE).read_text())
+    assert (
+        list(side.to_dict()) == list(data)
+        and list(data).index("max_seq_len") == list(data).index("opset") + 1
+    )
+    spec = load_export_spec(out)
+    assert spec.serving == side.serving and spec.public()["max_seq_len"] == side.max_seq_len
 
 
 def test_sidecar_is_torch_free():

@@ -167,7 +167,7 @@ def test_tensorrt_repository(onnx_export, trt_export, tmp_path, capsys):
     check_tensors(config, sidecar, types)
     assert (model_dir / "1" / "model.plan").read_bytes() == b"serialized engine stand-in"
     served = json.loads((model_dir / SIDECAR_FILE).read_text())
-    assert served["backend"] == "tensorrt" and served["model_file"] == "1/model.plan"
+    assert served["backend"] == "trt" and served["model_file"] == "1/model.plan"
     assert served["trt"]["max_shape"] == SHAPES["max_shape"]
     assert served["triton"]["tensorrt"] == TENSORRT_VERSION
 

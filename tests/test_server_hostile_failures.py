@@ -20,7 +20,7 @@ from hostile_server import FAULTY, app_server, faulty_backend, post_many
 from paths import REPO
 from server_helpers import OK, WINDOWS, ServerProcess, long_context, post
 
-from export.runtime.sidecar import Sidecar
+from export.runtime.sidecar import ServingSettings, Sidecar
 from harness.server_process import free_port
 from server.metrics import sample_total
 
@@ -187,7 +187,14 @@ def test_draining_gets_what_is_left_of_the_one_graceful_timeout(onnx_export: Pat
             drained.append(timeout)
 
     settings = ServerSettings(model=onnx_export, graceful_timeout_s=1.5)
-    spec = ModelSpec(name="t", directory=REPO, tokenizer_dir=REPO, head="shallow", kind="export", **WINDOWS)
+    spec = ModelSpec(
+        name="t",
+        directory=REPO,
+        tokenizer_dir=REPO,
+        head="shallow",
+        kind="export",
+        serving=ServingSettings(**WINDOWS),
+    )
     runtime = Runtime(settings, spec, Metrics(), backend_factory=lambda *_: None)
     runtime.batcher = Batcher()
     runtime._shutdown_started = time.monotonic() - 1.0  # SIGTERM came 1 s ago

@@ -142,6 +142,7 @@ def test_windows_of_a_departed_client_are_dropped(onnx_export: Path, xlnet_tok) 
 def test_the_deadline_covers_featurizing_queueing_and_inference(xlnet_tok) -> None:
     """request_timeout_s bounds the whole path (the route answers 504): a timeout while tokenizing queues
     nothing; one during inference drops the question's windows still queued."""
+    from export.runtime.sidecar import ServingSettings
     from server.batching import MicroBatcher
     from server.model_spec import ModelSpec
     from server.pipeline import QAPipeline, Question, RequestTimeout
@@ -154,7 +155,14 @@ def test_the_deadline_covers_featurizing_queueing_and_inference(xlnet_tok) -> No
         b, t = batch["input_ids"].shape
         return {"start_logits": np.zeros((b, t)), "end_logits": np.zeros((b, t)), "cls_logits": np.zeros(b)}
 
-    spec = ModelSpec(name="t", directory=REPO, tokenizer_dir=REPO, head="shallow", kind="export", **WINDOWS)
+    spec = ModelSpec(
+        name="t",
+        directory=REPO,
+        tokenizer_dir=REPO,
+        head="shallow",
+        kind="export",
+        serving=ServingSettings(**WINDOWS),
+    )
     long_text = long_context(xlnet_tok, "Why?", 30)  # tokenizing it takes well over a millisecond
 
     async def scenario() -> None:
@@ -186,6 +194,7 @@ def test_the_deadline_covers_featurizing_queueing_and_inference(xlnet_tok) -> No
 def test_the_tokenizing_backlog_is_bounded(xlnet_tok) -> None:
     """Long inputs wait for one featurizing thread; beyond 32 maximal requests' worth of characters a
     request is refused at once (QueueFull: 503 + Retry-After) instead of queueing more tokenizing."""
+    from export.runtime.sidecar import ServingSettings
     from server.batching import MicroBatcher, QueueFull
     from server.model_spec import ModelSpec
     from server.pipeline import QAPipeline, Question, WorkLimits
@@ -194,7 +203,14 @@ def test_the_tokenizing_backlog_is_bounded(xlnet_tok) -> None:
         b, t = batch["input_ids"].shape
         return {"start_logits": np.zeros((b, t)), "end_logits": np.zeros((b, t)), "cls_logits": np.zeros(b)}
 
-    spec = ModelSpec(name="t", directory=REPO, tokenizer_dir=REPO, head="shallow", kind="export", **WINDOWS)
+    spec = ModelSpec(
+        name="t",
+        directory=REPO,
+        tokenizer_dir=REPO,
+        head="shallow",
+        kind="export",
+        serving=ServingSettings(**WINDOWS),
+    )
     context = long_context(xlnet_tok, "Why?", 10)  # over the inline limit: the featurizing thread
     limits = WorkLimits(max_normalized_chars=len(context) + 10, max_tokens=10**6, max_windows=10**4)
 

@@ -307,7 +307,7 @@ def test_build_command_on_the_stand_in_builder(tmp_path, capsys, stand_in_stack,
     assert table.data_type == (TensorProto.FLOAT16 if strongly else TensorProto.FLOAT)
     assert build["graph_file"] == ("model.fp16.onnx" if strongly else "model.portable.onnx")
     side = Sidecar.load(out)
-    assert (side.backend, side.precision) == ("tensorrt", "fp16" if fp16 else "fp32")
+    assert (side.backend, side.precision) == ("trt", "fp16" if fp16 else "fp32")
     assert side.trt["path"] == path and side.trt["version"] == version
     assert side.trt["source_onnx"] == build["graph_file"] and side.trt["device"] == "Stand-in GPU 0"
     assert side.trt["timing_cache"] == str(cache) and (out / "model.engine").is_file()
@@ -386,7 +386,7 @@ def test_the_builder_as_a_library_reports_through_callbacks(tmp_path, capsys, st
     built = build_trt(options, report=lines.append, warn=warnings.append)
     assert capsys.readouterr() == ("", "") and warnings == []
     assert lines[0].startswith("python -m export.trt: TensorRT ") and lines[-1].startswith("wrote ")
-    assert built.backend == "tensorrt" and Sidecar.load(tmp_path / "engine").trt == built.trt
+    assert built.backend == "trt" and Sidecar.load(tmp_path / "engine").trt == built.trt
     assert built.trt["min_shape"] == [1, 1] and built.trt["path"] == "fp32"
     engine = Sidecar.load(tmp_path / "engine")  # the engine and the tokenizer, every one hashed
     assert set(engine.files_sha256 or {}) == set(engine.served_files()) == {"model.engine", *TOKENIZER_FILES}
@@ -454,7 +454,7 @@ def test_engine_matches_pytorch(gpu_exports, tmp_path, capsys, head, source, fla
     assert "timing cache written" in printed.out and "sinusoid nodes matched" not in printed.err
     side = Sidecar.load(out)
     assert ("no sinusoid nodes in the graph" in printed.out) == (side.trt["path"] == "fp16-flag")
-    assert side.backend == "tensorrt" and side.verification["passed"] and cache.stat().st_size > 0
+    assert side.backend == "trt" and side.verification["passed"] and cache.stat().st_size > 0
     assert side.precision == ("fp16" if flag or source == "fp16" else "fp32")
     assert side.trt["path"] in ("fp32", "fp16-flag", "strongly-typed") and side.trt["version"]
     assert side.trt["position_limit"] == 512 and side.trt["device"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from export.runtime.backends import EXPORT_BACKENDS, TRT, canonical_backend
 from train.common.contract import DEFAULTS, END_N_TOP, INPUT_NAMES, OUTPUT_NAMES, START_N_TOP
 from train.common.digests import sha256_file
 from train.squad.answerability import Answerability, AnswerabilityError, from_metadata
@@ -25,7 +26,7 @@ FORMAT_VERSION = 1
 SIDECAR_FILE = "export.json"
 TOKENIZER_FILES = ("spiece.model", "tokenizer_config.json")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-BACKENDS = ("onnx", "tensorrt")
+BACKENDS = EXPORT_BACKENDS
 PRECISIONS = ("fp32", "fp16", "int8")
 # Serving settings when the checkpoint's metadata does not say (the original XLNet SQuAD recipe).
 DEFAULT_SETTINGS: dict[str, float | int] = {k: v for k, v in DEFAULTS.as_dict().items() if k != "n_best"}
@@ -57,9 +58,27 @@ def settings_from_metadata(metadata: Mapping[str, Any] | None) -> dict[str, floa
     return out
 
 
+@dataclass(kw_only=True)
+class ServingSettings:
+    """How a model is served: its windows, the longest answer, the no-answer threshold and the beam
+    head's top-k. Declared here once: :class:`Sidecar` records them in ``export.json`` and the server's
+    ``ModelSpec`` carries them, whether they came from an export or from a checkpoint's metadata."""
+
+    max_seq_len: int = DEFAULTS.max_seq_len
+    doc_stride: int = DEFAULTS.doc_stride
+    max_query_len: int = DEFAULTS.max_query_len
+    max_answer_len: int = DEFAULTS.max_answer_len
+    no_answer_threshold: float = DEFAULTS.no_answer_threshold
+    start_n_top: int = START_N_TOP
+    end_n_top: int = END_N_TOP
+
+
 @dataclass
-class Sidecar:
-    """The contents of `export.json` (format_version 1). Unknown keys are kept in `extra` and written back."""
+class Sidecar(ServingSettings):
+    """The contents of `export.json` (format_version 1). Unknown keys are kept in `extra` and written back.
+
+    The serving settings are inherited from :class:`ServingSettings` (keyword-only); `to_dict` writes
+    them after `opset`, where `export.json` has always had them."""
 
     backend: str
     model_file: str
@@ -71,13 +90,6 @@ class Sidecar:
     outputs: list[str] = field(default_factory=list)
     inputs: list[str] = field(default_factory=lambda: list(INPUT_NAMES))
     opset: int | None = 17
-    max_seq_len: int = DEFAULTS.max_seq_len
-    doc_stride: int = DEFAULTS.doc_stride
-    max_query_len: int = DEFAULTS.max_query_len
-    max_answer_len: int = DEFAULTS.max_answer_len
-    no_answer_threshold: float = DEFAULTS.no_answer_threshold
-    start_n_top: int = START_N_TOP
-    end_n_top: int = END_N_TOP
     source_checkpoint: str = ""
     source_checkpoint_sha256: str = ""
     created: str = ""
@@ -100,6 +112,8 @@ class Sidecar:
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.backend, str):
+            self.backend = canonical_backend(self.backend)
         if not self.outputs and self.head in OUTPUT_NAMES:
             self.outputs = list(OUTPUT_NAMES[self.head])
         self.validate()
@@ -171,10 +185,10 @@ class Sidecar:
                 Answerability.from_dict(self.answerability)
             except AnswerabilityError as exc:
                 p.append(str(exc))
-        if self.backend == "tensorrt":
+        if self.backend == TRT:
             trt = self.trt if isinstance(self.trt, dict) else {}
             if not trt:
-                p.append("backend 'tensorrt' needs a 'trt' section (min/opt/max shapes, version, path)")
+                p.append(f"backend {TRT!r} needs a 'trt' section (min/opt/max shapes, version, path)")
             for key in ("min_shape", "opt_shape", "max_shape") if trt else ():
                 shape = trt.get(key)
                 if not (isinstance(shape, list) and len(shape) == 2 and all(_positive_int(x) for x in shape)):
@@ -195,6 +209,11 @@ class Sidecar:
     def settings(self) -> dict[str, float | int]:
         """The featurisation/decoding settings as one dict (keys of DEFAULT_SETTINGS)."""
         return {key: getattr(self, key) for key in DEFAULT_SETTINGS}
+
+    @property
+    def serving(self) -> ServingSettings:
+        """The serving settings alone, as a copy (a later change to the sidecar does not reach it)."""
+        return ServingSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ServingSettings)})
 
     @property
     def max_batch_size(self) -> int | None:
@@ -246,7 +265,11 @@ class Sidecar:
 
     # --- (de)serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        names = [f.name for f in dataclasses.fields(self) if f.name != "extra"]
+        settings = [f.name for f in dataclasses.fields(ServingSettings)]
+        after = names.index("opset") + 1
+        names = [n for n in names[:after] if n not in settings] + settings + names[after:]
+        out = {name: getattr(self, name) for name in names}
         out = {k: v for k, v in out.items() if v is not None or k in ("opset",)}
         out.update(self.extra)
         return out

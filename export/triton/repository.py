@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from export.gpu_versions import TENSORRT_VERSION, TRITON_GUIDANCE, release_problem, tensorrt_version_problem
+from export.runtime.backends import ONNX, TRT
 from export.runtime.providers import gpu_graph
 from export.runtime.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.triton import pbtxt
@@ -37,7 +38,7 @@ from export.trt.profile import min_sequence
 from train.common.atomic_dir import atomic_directory
 from train.common.contract import INDEX_OUTPUTS, INPUT_NAMES
 
-PLATFORMS = {"onnx": ("onnxruntime_onnx", "model.onnx"), "tensorrt": ("tensorrt_plan", "model.plan")}
+PLATFORMS = {ONNX: ("onnxruntime_onnx", "model.onnx"), TRT: ("tensorrt_plan", "model.plan")}
 TRITON_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32", "float16": "TYPE_FP16"}
 CONFIG_FILE = "config.pbtxt"
 DEFAULT_PREFERRED = (4, 8, 16)
@@ -143,7 +144,7 @@ def model_config(sidecar: Sidecar, options: TritonOptions) -> dict[str, Any]:
 def check_served(options: TritonOptions, sidecar: Sidecar) -> None:
     """The options against the export they serve: its graph on the instances, an engine's profile and TensorRT."""
     graph_file(sidecar, options)  # an int8 export on GPU instances is refused before anything is written
-    if sidecar.backend == "tensorrt":
+    if sidecar.backend == TRT:
         if options.instance_kind != "gpu":
             raise ValueError("a TensorRT engine runs on the GPU: --instance-kind must be gpu")
         engine_max = sidecar.max_batch_size or 0
@@ -194,7 +195,7 @@ def served_export(options: TritonOptions) -> tuple[Path, Sidecar]:
     if not options.trt:
         return Path(options.onnx), onnx_sidecar
     sidecar = Sidecar.load(options.trt)
-    if sidecar.backend != "tensorrt":
+    if sidecar.backend != TRT:
         raise ValueError(f"--trt {options.trt}: is a {sidecar.backend!r} export")
     if (sidecar.head, sidecar.outputs) != (onnx_sidecar.head, onnx_sidecar.outputs):
         raise ValueError(
@@ -225,10 +226,10 @@ def write_repository(options: TritonOptions, report: Report = print) -> Path:
             "source_export": str(source.resolve()),
             "source_graph": graph_file(sidecar, options),
         }
-        if sidecar.backend == "tensorrt":
+        if sidecar.backend == TRT:
             served.extra["triton"]["tensorrt"] = options.triton_tensorrt
         served.save(tmp)
     report(f"wrote {model_dir}/: {CONFIG_FILE} ({platform}), 1/{file_name}, {SIDECAR_FILE}, tokenizer")
-    if sidecar.backend == "tensorrt":
+    if sidecar.backend == TRT:
         report(f"the plan was built with TensorRT {(sidecar.trt or {}).get('version')}: {TRITON_GUIDANCE}")
     return model_dir

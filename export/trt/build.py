@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from export.gpu_versions import tensorrt_release
+from export.runtime.backends import TRT
 from export.runtime.gpu import gpu_stack_problem
 from export.runtime.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.trt.profile import (
@@ -343,7 +344,7 @@ def engine_sidecar(options: TrtBuildOptions, plan: BuildPlan, facts: dict[str, A
     for key in ("portable_model_file", "optimization", "quantization", "agreement"):
         data.pop(key, None)
     data.update(
-        backend="tensorrt",
+        backend=TRT,
         model_file=ENGINE_FILE,
         precision=plan.precision,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from export.gpu_versions import tensorrt_version_problem
+from export.runtime.backends import TRT
 from export.runtime.gpu import gpu_stack_problem
 from export.runtime.runner import Feeds, Runner
 from export.runtime.sidecar import Sidecar
@@ -56,9 +57,9 @@ class TRTRunner:
     def __init__(self, engine_dir: str | os.PathLike, device: int = 0) -> None:
         self.dir = Path(engine_dir)
         self.sidecar = Sidecar.load(self.dir)
-        if self.sidecar.backend != "tensorrt":
-            raise ValueError(f"{self.dir}: backend is {self.sidecar.backend!r}, not 'tensorrt'")
-        assert self.sidecar.trt is not None  # validation requires it of a 'tensorrt' sidecar
+        if self.sidecar.backend != TRT:
+            raise ValueError(f"{self.dir}: backend is {self.sidecar.backend!r}, not {TRT!r}")
+        assert self.sidecar.trt is not None  # validation requires it of a TensorRT sidecar
         problem = gpu_stack_problem()
         if problem:
             raise RuntimeError(problem)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from export.runtime.backends import ONNX, SERVER_BACKENDS, TORCH, TRT
 from server.backends.base import Backend, BackendUnavailable, dummy_batch
 from server.model_spec import ModelSpec
 from server.settings import ServerSettings
 
-BACKENDS = ("onnx", "trt", "torch")
+BACKENDS = SERVER_BACKENDS
 
 __all__ = [
     "BACKENDS",
@@ -45,7 +46,7 @@ def preflight(settings: ServerSettings) -> None:
         problem = torch_device_problem(settings.torch_device)
         if problem:
             raise BackendUnavailable(problem)
-    if backend == "trt":
+    if backend == TRT:
         from server.backends.trt import _check_available
 
         _check_available()
@@ -58,21 +59,21 @@ def batch_limit(spec: ModelSpec, settings: ServerSettings) -> int:
 
 def create_backend(spec: ModelSpec, settings: ServerSettings) -> Backend:
     """Build the backend named by ``settings.backend`` for ``spec`` (slow: loads the model)."""
-    if settings.backend == "onnx":
+    if settings.backend == ONNX:
         from server.backends.onnx import OnnxBackend
 
         return OnnxBackend.from_settings(spec, settings)
-    if settings.backend == "trt":
+    if settings.backend == TRT:
         from server.backends.trt import TrtBackend
 
         return TrtBackend(spec, settings.device_id)
-    if settings.backend == "torch":
+    if settings.backend == TORCH:
         from server.backends.buckets import BucketGrid
         from server.backends.torch import TorchBackend
 
         grid = BucketGrid.for_server(
             batch_limit(spec, settings),
-            spec.max_seq_len,
+            spec.serving.max_seq_len,
             settings.pad_multiple_of,
             spec.min_engine_seq_len or 1,
         )

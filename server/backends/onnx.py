@@ -150,8 +150,10 @@ class OnnxBackend(Backend):
                 providers,
                 profile=ProfileShapes(
                     max_batch=max_batch_size,
-                    max_seq_len=spec.max_seq_len,
-                    min_seq_len=shortest_sequence(spec.head, spec.start_n_top, spec.end_n_top),
+                    max_seq_len=spec.serving.max_seq_len,
+                    min_seq_len=shortest_sequence(
+                        spec.head, spec.serving.start_n_top, spec.serving.end_n_top
+                    ),
                 ),
                 trt_cache_dir=trt_cache_dir,
                 trt_fp16=trt_fp16,

@@ -80,7 +80,9 @@ class TorchBackend(Backend):
                 if graphs == "compile"
                 else torch_graphs.CudaGraphCapture(self.device)
             )
-            grid = grid or BucketGrid.for_server(8, spec.max_seq_len, None, spec.min_engine_seq_len or 1)
+            grid = grid or BucketGrid.for_server(
+                8, spec.serving.max_seq_len, None, spec.min_engine_seq_len or 1
+            )
             self.runner = torch_graphs.BucketedRunner(
                 self.model, self.input_names, self.model.names, grid, self.device, capture
             )

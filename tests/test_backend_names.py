@@ -1,0 +1,22 @@
+"""Each backend has one name, shared by the server's --backend and export.json; old spellings still read."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from export.runtime import sidecar
+from export.runtime.backends import EXPORT_BACKENDS, SERVER_BACKENDS, TRT, canonical_backend
+from server.backends import BACKENDS
+from server.settings import ServerSettings
+
+
+def test_one_name_per_backend():
+    assert SERVER_BACKENDS == ("onnx", "trt", "torch") == BACKENDS
+    assert get_args(ServerSettings.model_fields["backend"].annotation) == SERVER_BACKENDS
+    assert sidecar.BACKENDS == EXPORT_BACKENDS and set(EXPORT_BACKENDS) < set(SERVER_BACKENDS)
+
+
+def test_old_spellings_map_to_the_canonical_name():
+    assert canonical_backend("tensorrt") == TRT
+    assert [canonical_backend(name) for name in SERVER_BACKENDS] == list(SERVER_BACKENDS)
+    assert canonical_backend("unknown") == "unknown"  # left for validation to refuse
