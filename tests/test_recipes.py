@@ -11,7 +11,9 @@ from paths import SAMPLE
 
 from train import finetune as finetune_cli
 from train import pretrain as pretrain_cli
+from train.engine.flags import SHARED_FLAGS
 from train.engine.run_record import RUN_FILE
+from train.engine.session import TrainingConfig
 from train.model import checkpoint
 from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
 from train.recipes.pretrain import PretrainConfig, PretrainRecipe
@@ -27,6 +29,13 @@ def test_a_config_built_from_the_bare_command_line_is_the_defaults(cli, config_c
     config = cli.parse_config(["--out", "x"])
     assert config == config_class(out="x")
     assert config.explicit_flags == {"out"}
+
+
+def test_the_shared_flags_are_the_shared_settings() -> None:
+    """One table of flags for the fields both recipes inherit: none missing, none extra (--precision,
+    --activation-checkpointing, --resume and --overwrite come with their own helpers)."""
+    helpers = {"precision", "activation_checkpointing", "resume", "overwrite", "explicit_flags"}
+    assert set(SHARED_FLAGS) | helpers == {f.name for f in dataclasses.fields(TrainingConfig)}
 
 
 def test_a_recipe_preset_and_explicit_flags_reach_the_config() -> None:

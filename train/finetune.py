@@ -17,10 +17,10 @@ import sys
 from collections.abc import Sequence
 
 from train.common.cli import Parser, run
-from train.engine.flags import add_step_compute_flags
-from train.engine.optim import DECAYS, LAYER_DECAY_MODES, OPTIMIZERS
+from train.engine.flags import add_shared_flags, add_step_compute_flags
+from train.engine.optim import LAYER_DECAY_MODES
 from train.engine.run_record import add_run_flags, explicit_flags
-from train.model import ACTIVATIONS, HEADS, PRESETS
+from train.model import HEADS
 from train.model.config import ANSWER_CLASS_INPUTS
 from train.recipes.answerability import ANSWERABILITY_CHOICES, CALIBRATION_METHODS
 from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
@@ -80,13 +80,13 @@ def add_data_flags(g: argparse._ArgumentGroup) -> None:
 
 
 def add_model_flags(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--init", help="our pretraining/fine-tuned checkpoint or a HuggingFace XLNet directory")
-    g.add_argument(
-        "--config", choices=sorted(PRESETS), help="random init of this preset (needs --spm/--train-spm)"
-    )
-    g.add_argument("--spm", help="sentencepiece model (file or directory) for random init")
-    g.add_argument(
-        "--train-spm", type=int, metavar="VOCAB_SIZE", help="train a sentencepiece model on the data"
+    add_shared_flags(
+        g,
+        D,
+        init="our pretraining/fine-tuned checkpoint or a HuggingFace XLNet directory",
+        config="random init of this preset (needs --spm/--train-spm)",
+        spm="sentencepiece model (file or directory) for random init",
+        train_spm="train a sentencepiece model on the data",
     )
     g.add_argument("--head", choices=HEADS, default=D.head, help="QA head")
     g.add_argument(
@@ -102,17 +102,16 @@ def add_model_flags(g: argparse._ArgumentGroup) -> None:
         help="beam head answerability input in training: softmax_start (original; the default of a "
         "new model) or gold_start (HF); default: keep the checkpoint's",
     )
-    g.add_argument(
-        "--activation", choices=ACTIVATIONS, default=D.activation, help="activation for random init"
+    add_shared_flags(
+        g, D, activation="activation for random init", aoa="Attention-on-Attention (random init only)"
     )
-    g.add_argument("--aoa", action="store_true", help="Attention-on-Attention (random init only)")
     g.add_argument(
         "--question-match",
         action="store_true",
         help="add the DrQA exact-match feature: a learned embedding on tokens that occur on both sides "
         "of <sep> (our extension; zero at the start, so a checkpoint without it begins unchanged)",
     )
-    g.add_argument("--dropout", type=float, default=D.dropout, help="override dropout")
+    add_shared_flags(g, D, dropout="override dropout")
     g.add_argument(
         "--freeze-layers", type=int, default=D.freeze_layers, help="freeze the bottom N transformer layers"
     )
@@ -120,22 +119,21 @@ def add_model_flags(g: argparse._ArgumentGroup) -> None:
 
 
 def add_optimisation_flags(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--steps", type=int, default=D.steps, help="optimizer steps (overrides --epochs)")
+    add_shared_flags(g, D, steps="optimizer steps (overrides --epochs)")
     g.add_argument("--epochs", type=float, default=D.epochs, help="passes over the training features")
-    g.add_argument("--batch-size", type=int, default=D.batch_size, help="features per micro-batch per rank")
+    add_shared_flags(g, D, batch_size="features per micro-batch per rank")
     g.add_argument(
         "--global-batch-size",
         type=int,
         default=D.global_batch_size,
         help="windows per optimizer step over all ranks and accumulation (sets --batch-size)",
     )
-    g.add_argument(
-        "--grad-accum",
-        type=int,
-        default=D.grad_accum,
-        help="micro-batches per step (default 1; recipes: devices/ranks)",
+    add_shared_flags(
+        g,
+        D,
+        grad_accum="micro-batches per step (default 1; recipes: devices/ranks)",
+        lr="peak learning rate of the top layer/head",
     )
-    g.add_argument("--lr", type=float, default=D.lr, help="peak learning rate of the top layer/head")
     g.add_argument(
         "--layer-decay",
         type=float,
@@ -149,28 +147,28 @@ def add_optimisation_flags(g: argparse._ArgumentGroup) -> None:
         help="gradients: layer l's clipped gradients x rate^(n_layer-1-l) (original); "
         "learning-rate: lr x rate^(depth from the top), embeddings lowest (much stronger)",
     )
-    g.add_argument("--optimizer", choices=OPTIMIZERS, default=D.optimizer, help="xlnet (original) or adamw")
-    g.add_argument("--warmup", type=int, default=D.warmup, help="warmup steps (default 10%% of the steps)")
-    g.add_argument("--decay", choices=DECAYS, default=D.decay)
-    g.add_argument(
-        "--min-lr-ratio", type=float, default=D.min_lr_ratio, help="final lr as a fraction of the peak"
+    add_shared_flags(
+        g,
+        D,
+        optimizer="xlnet (original) or adamw",
+        warmup="warmup steps (default 10%% of the steps)",
+        decay=None,
+        min_lr_ratio="final lr as a fraction of the peak",
+        weight_decay="original SQuAD runs: 0",
+        adam_eps=None,
+        clip="gradient global-norm clip (0 = off)",
     )
-    g.add_argument("--weight-decay", type=float, default=D.weight_decay, help="original SQuAD runs: 0")
-    g.add_argument("--adam-eps", type=float, default=D.adam_eps)
-    g.add_argument("--clip", type=float, default=D.clip, help="gradient global-norm clip (0 = off)")
     g.add_argument(
         "--clip-each-micro-batch",
         action="store_true",
         help="clip each micro-batch's (and rank's) gradient before summing, as the original per TPU core",
     )
     add_step_compute_flags(g, D.precision)
-    g.add_argument("--device", default=D.device)
-    g.add_argument("--seed", type=int, default=D.seed)
-    g.add_argument("--threads", type=int, default=D.threads)
+    add_shared_flags(g, D, device=None, seed=None, threads=None)
 
 
 def add_evaluation_and_run_flags(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--out", required=True, help="run directory; holds the final model")
+    add_shared_flags(g, D, out="run directory; holds the final model")
     g.add_argument(
         "--keep-best",
         action="store_true",
@@ -197,17 +195,14 @@ def add_evaluation_and_run_flags(g: argparse._ArgumentGroup) -> None:
     )
     g.add_argument("--n-best", type=int, default=D.n_best, help="candidate spans kept per question")
     g.add_argument("--max-answer-len", type=int, default=D.max_answer_len, help="longest answer in tokens")
-    g.add_argument("--log-every", type=int, default=D.log_every)
-    g.add_argument("--save-every", type=int, default=D.save_every)
-    g.add_argument("--keep-last", type=int, default=D.keep_last)
+    add_shared_flags(g, D, log_every=None, save_every=None, keep_last=None)
     add_run_flags(g)
-    g.add_argument(
-        "--stop-after",
-        type=int,
-        default=D.stop_after,
-        help="exit with a checkpoint after N steps of this invocation, as Ctrl-C would; --resume continues",
+    add_shared_flags(
+        g,
+        D,
+        stop_after="exit with a checkpoint after N steps of this invocation, as Ctrl-C would; --resume continues",
+        no_progress=None,
     )
-    g.add_argument("--no-progress", action="store_true")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -15,10 +15,8 @@ import sys
 from collections.abc import Sequence
 
 from train.common.cli import Parser, run
-from train.engine.flags import add_step_compute_flags
-from train.engine.optim import DECAYS, OPTIMIZERS
+from train.engine.flags import add_shared_flags, add_step_compute_flags
 from train.engine.run_record import add_run_flags, explicit_flags
-from train.model import ACTIVATIONS, PRESETS
 from train.recipes.pretrain import PretrainConfig, PretrainRecipe
 
 D = PretrainConfig.defaults()
@@ -44,13 +42,11 @@ def add_data_flags(g: argparse._ArgumentGroup) -> None:
         "--data",
         help="a corpus prepared by python -m train.prepare_corpus: memory-mapped, nothing tokenized at start",
     )
-    g.add_argument("--spm", help="sentencepiece model to use (spiece.model or a directory holding one)")
-    g.add_argument(
-        "--train-spm",
-        type=int,
-        metavar="VOCAB_SIZE",
-        default=D.train_spm,
-        help="train a sentencepiece model of this size on the corpus first (default 8000 when no --spm)",
+    add_shared_flags(
+        g,
+        D,
+        spm="sentencepiece model to use (spiece.model or a directory holding one)",
+        train_spm="train a sentencepiece model of this size on the corpus first (default 8000 when no --spm)",
     )
     g.add_argument(
         "--lower", action="store_true", help="lower-case text (uncased model) when training the spm"
@@ -78,64 +74,68 @@ def add_data_flags(g: argparse._ArgumentGroup) -> None:
 
 
 def add_model_flags(g: argparse._ArgumentGroup) -> None:
-    g.add_argument(
-        "--init",
-        help="continue pretraining this model: a HuggingFace XLNetLMHeadModel/XLNetModel directory or our "
+    add_shared_flags(
+        g,
+        D,
+        init="continue pretraining this model: a HuggingFace XLNetLMHeadModel/XLNetModel directory or our "
         "checkpoint; its shape and spiece.model are used (flags that contradict them are refused)",
+        config="model size preset",
     )
-    g.add_argument("--config", default=D.config, choices=sorted(PRESETS), help="model size preset")
     g.add_argument("--n-layer", type=int)
     g.add_argument("--d-model", type=int)
     g.add_argument("--n-head", type=int)
     g.add_argument("--d-inner", type=int)
-    g.add_argument("--dropout", type=float, default=D.dropout, help="override the preset's dropout")
-    g.add_argument("--activation", choices=ACTIVATIONS, default=D.activation, help="feed-forward activation")
-    g.add_argument("--aoa", action="store_true", help="Attention-on-Attention in every layer")
+    add_shared_flags(
+        g,
+        D,
+        dropout="override the preset's dropout",
+        activation="feed-forward activation",
+        aoa="Attention-on-Attention in every layer",
+    )
     g.add_argument(
         "--clamp-len", type=int, default=D.clamp_len, help="clamp relative distances (-1: no clamp)"
     )
 
 
 def add_optimisation_flags(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--steps", type=int, default=D.steps, help="optimizer steps")
-    g.add_argument("--batch-size", type=int, default=D.batch_size, help="sequences per rank per micro-batch")
-    g.add_argument("--grad-accum", type=int, default=D.grad_accum, help="micro-batches per optimizer step")
-    g.add_argument("--lr", type=float, default=D.lr, help="peak learning rate (paper: 4e-4 base)")
-    g.add_argument("--warmup", type=int, default=D.warmup, help="linear warmup steps")
-    g.add_argument("--decay", choices=DECAYS, default=D.decay)
-    g.add_argument(
-        "--min-lr-ratio",
-        type=float,
-        default=D.min_lr_ratio,
-        help="final lr as a fraction of the peak (original: 0.001)",
+    add_shared_flags(
+        g,
+        D,
+        steps="optimizer steps",
+        batch_size="sequences per rank per micro-batch",
+        grad_accum="micro-batches per optimizer step",
+        lr="peak learning rate (paper: 4e-4 base)",
+        warmup="linear warmup steps",
+        decay=None,
+        min_lr_ratio="final lr as a fraction of the peak (original: 0.001)",
+        optimizer="xlnet (original) or adamw",
+        weight_decay="original train_gpu.py default: 0",
+        adam_eps=None,
+        clip="global gradient-norm clip",
     )
-    g.add_argument("--optimizer", choices=OPTIMIZERS, default=D.optimizer, help="xlnet (original) or adamw")
-    g.add_argument(
-        "--weight-decay", type=float, default=D.weight_decay, help="original train_gpu.py default: 0"
-    )
-    g.add_argument("--adam-eps", type=float, default=D.adam_eps)
-    g.add_argument("--clip", type=float, default=D.clip, help="global gradient-norm clip")
     add_step_compute_flags(g, D.precision)
-    g.add_argument("--device", default=D.device, help="auto, cpu or cuda")
-    g.add_argument("--seed", type=int, default=D.seed)
-    g.add_argument(
-        "--threads", type=int, default=D.threads, help="torch intra-op threads (default: torch's choice)"
+    add_shared_flags(
+        g,
+        D,
+        device="auto, cpu or cuda",
+        seed=None,
+        threads="torch intra-op threads (default: torch's choice)",
     )
 
 
 def add_run_group_flags(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--out", required=True, help="run directory (checkpoint, metrics.jsonl, loss.png)")
+    add_shared_flags(g, D, out="run directory (checkpoint, metrics.jsonl, loss.png)")
     add_run_flags(g)
-    g.add_argument("--log-every", type=int, default=D.log_every)
-    g.add_argument("--save-every", type=int, default=D.save_every)
-    g.add_argument("--keep-last", type=int, default=D.keep_last, help="step checkpoints to keep")
-    g.add_argument(
-        "--stop-after",
-        type=int,
-        default=D.stop_after,
-        help="exit (with a checkpoint) after this many steps of this invocation, as Ctrl-C would; --resume continues",
+    add_shared_flags(
+        g,
+        D,
+        log_every=None,
+        save_every=None,
+        keep_last="step checkpoints to keep",
+        stop_after="exit (with a checkpoint) after this many steps of this invocation, as Ctrl-C would; "
+        "--resume continues",
+        no_progress="no progress bar",
     )
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def parse_config(argv: Sequence[str] | None = None) -> PretrainConfig:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 from export.onnx.options import PROG, OnnxExportOptions, VerificationFailed
 from export.onnx.pipeline import export_onnx
 from export.runtime.providers import canonical_provider
 from export.runtime.sidecar import PRECISIONS
-from train.common.cli import Parser, run, to_stderr
+from train.common.cli import Failure, OptionsCommand, Parser, to_stderr
 from train.model import HEADS
 
 __all__ = ["build_parser", "main", "options_from_args"]
@@ -88,19 +87,18 @@ def options_from_args(args: argparse.Namespace) -> OnnxExportOptions:
     return OnnxExportOptions(**{**values, "verify_providers": tuple(args.verify_providers)})
 
 
-def _main(argv: Sequence[str] | None) -> int:
-    options = options_from_args(build_parser().parse_args(argv))
-    try:
-        export_onnx(options, report=print, warn=to_stderr)
-    except VerificationFailed as exc:
-        print(f"{PROG}: error: verification failed, nothing written: {exc}", file=sys.stderr)
-        return 1
-    return 0
+def export(options: OnnxExportOptions) -> None:
+    export_onnx(options, report=print, warn=to_stderr)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: user errors -> one line and exit 2; a failed verification -> exit 1."""
-    return run(_main, argv, prog=PROG)
+# Entry point: user errors -> one line and exit 2; a failed verification -> exit 1.
+main = OptionsCommand(
+    PROG,
+    build_parser,
+    options_from_args,
+    export,
+    failures=(Failure(VerificationFailed, 1, "verification failed, nothing written: {exc}"),),
+)
 
 
 if __name__ == "__main__":

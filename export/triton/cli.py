@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
 
 from export.gpu_versions import TENSORRT_VERSION, release_problem
 from export.triton.repository import INSTANCE_KINDS, TritonOptions, write_repository
-from train.common.cli import Parser, run
+from train.common.cli import OptionsCommand, Parser
 
 PROG = "python -m export.triton"
 
@@ -66,14 +65,12 @@ def options_from_args(args: argparse.Namespace) -> TritonOptions:
     return TritonOptions(**vars(args))
 
 
-def _main(argv: Sequence[str] | None) -> int:
-    write_repository(options_from_args(build_parser().parse_args(argv)), report=print)
-    return 0
+def write(options: TritonOptions) -> None:
+    write_repository(options, report=print)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: user errors -> one line and exit 2."""
-    return run(_main, argv, prog=PROG)
+# Entry point: user errors -> one line and exit 2.
+main = OptionsCommand(PROG, build_parser, options_from_args, write)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 from export.trt.build import PROG, BuildFailed, StackUnavailable, TrtBuildOptions, build_trt
 from export.trt.profile import Shape, parse_shape
-from train.common.cli import Parser, run, to_stderr
+from train.common.cli import Failure, OptionsCommand, Parser, to_stderr
 
 __all__ = ["PROG", "build_parser", "main", "options_from_args", "shape_flag"]
 
@@ -65,22 +64,18 @@ def options_from_args(args: argparse.Namespace) -> TrtBuildOptions:
     return TrtBuildOptions(**values)
 
 
-def _main(argv: Sequence[str] | None) -> int:
-    options = options_from_args(build_parser().parse_args(argv))
-    try:
-        build_trt(options, report=print, warn=to_stderr)
-    except StackUnavailable as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except BuildFailed as exc:
-        print(f"{PROG}: error: {exc}; nothing written", file=sys.stderr)
-        return 1
-    return 0
+def build(options: TrtBuildOptions) -> None:
+    build_trt(options, report=print, warn=to_stderr)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: user errors and a missing GPU stack -> one line and exit 2; a failed build -> exit 1."""
-    return run(_main, argv, prog=PROG)
+# Entry point: user errors and a missing GPU stack -> one line and exit 2; a failed build -> exit 1.
+main = OptionsCommand(
+    PROG,
+    build_parser,
+    options_from_args,
+    build,
+    failures=(Failure(StackUnavailable, 2), Failure(BuildFailed, 1, "{exc}; nothing written")),
+)
 
 
 if __name__ == "__main__":

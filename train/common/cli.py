@@ -6,6 +6,8 @@ import argparse
 import copy
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
     ValueError,
@@ -70,3 +72,42 @@ def run(
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+
+
+OptionsT = TypeVar("OptionsT")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An exception a command expects from its work and reports itself: ``PROG: error:`` and then
+    ``message`` (``{exc}`` is the exception's text) on one line, and this exit code."""
+
+    kind: type[Exception]
+    code: int
+    message: str = "{exc}"
+
+
+@dataclass(frozen=True)
+class OptionsCommand(Generic[OptionsT]):
+    """The entry point of a command whose flags become one options object for one library call (the
+    exporters): parse, build the options, run; ``failures`` end as they say, user errors as :func:`run`
+    makes them (one line, exit 2), success is 0."""
+
+    prog: str
+    build_parser: Callable[[], argparse.ArgumentParser]
+    options_from_args: Callable[[argparse.Namespace], OptionsT]
+    execute: Callable[[OptionsT], object]
+    failures: tuple[Failure, ...] = ()
+
+    def __call__(self, argv: Sequence[str] | None = None) -> int:
+        return run(self._main, argv, prog=self.prog)
+
+    def _main(self, argv: Sequence[str] | None) -> int:
+        options = self.options_from_args(self.build_parser().parse_args(argv))
+        try:
+            self.execute(options)
+        except tuple(f.kind for f in self.failures) as exc:
+            failure = next(f for f in self.failures if isinstance(exc, f.kind))
+            print(f"{self.prog}: error: {failure.message.format(exc=exc)}", file=sys.stderr)
+            return failure.code
+        return 0

@@ -53,6 +53,45 @@ class RunConfig:
         return SimpleNamespace(**{f.name: f.default for f in fields if f.default is not dataclasses.MISSING})
 
 
+@dataclass(kw_only=True)
+class TrainingConfig(RunConfig):
+    """The settings both training recipes take under the same names, each one flag of
+    :data:`train.engine.flags.SHARED_FLAGS`. A field without a default here is one whose default
+    differs between the recipes: each recipe's config gives its own."""
+
+    # where the model and its tokenizer come from
+    init: str | None = None
+    config: str | None
+    spm: str | None = None
+    train_spm: int | None = None
+    dropout: float | None = None
+    activation: str | None
+    aoa: bool = False
+    # optimisation
+    steps: int | None
+    batch_size: int = 8
+    grad_accum: int | None
+    lr: float
+    warmup: int | None
+    decay: str = "linear"
+    min_lr_ratio: float = 0.0
+    optimizer: str = "xlnet"
+    weight_decay: float = 0.0
+    adam_eps: float = 1e-6
+    clip: float = 1.0
+    precision: str = "fp32"
+    activation_checkpointing: bool = False
+    seed: int = 42
+    # run
+    log_every: int = 10
+    save_every: int
+    keep_last: int = 2
+
+    def __post_init__(self) -> None:
+        if self.spm and self.train_spm:
+            raise ValueError("give either --spm or --train-spm, not both")
+
+
 @dataclass(frozen=True)
 class Resumed:
     """The checkpoint a run continues from and what it held besides the weights and optimizer."""

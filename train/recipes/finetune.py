@@ -37,7 +37,7 @@ from train.engine.predict import (
 from train.engine.recipe import Recipe
 from train.engine.runlog import LogInterval, MetricsLog
 from train.engine.runtime import seed_everything, to_tensors
-from train.engine.session import Resumed, RunConfig, Session
+from train.engine.session import Resumed, Session, TrainingConfig
 from train.model import checkpoint
 from train.recipes.answerability import fit_for
 from train.recipes.finetune_setup import (
@@ -53,8 +53,9 @@ from train.squad.provenance import FINE_TUNED_ON, THRESHOLD_SELECTED_ON, article
 
 
 @dataclass(kw_only=True)
-class FinetuneConfig(RunConfig):
-    """Every setting of a fine-tuning run (the flags' help says what each does)."""
+class FinetuneConfig(TrainingConfig):
+    """Every setting of a fine-tuning run (the flags' help says what each does): the training settings
+    of :class:`TrainingConfig` with fine-tuning's defaults, and its own."""
 
     recipe: str | None = None
     # data
@@ -67,40 +68,25 @@ class FinetuneConfig(RunConfig):
     plausible_spans: bool = False
     max_dev_examples: int | None = None
     # model
-    init: str | None = None
     config: str | None = None
-    spm: str | None = None
-    train_spm: int | None = None
     head: str = "shallow"
     start_n_top: int | None = None
     end_n_top: int | None = None
     answer_class_input: str | None = None
     activation: str | None = None
-    aoa: bool = False
     question_match: bool = False
-    dropout: float | None = None
     freeze_layers: int = 0
     freeze_embeddings: bool = False
     # optimisation
     steps: int | None = None
     epochs: float = 2.0
-    batch_size: int = 8
     global_batch_size: int | None = None
     grad_accum: int | None = None
     lr: float = 3e-5
     layer_decay: float = 0.75
     layer_decay_on: str = "gradients"
-    optimizer: str = "xlnet"
     warmup: int | None = None
-    decay: str = "linear"
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 0.0
-    adam_eps: float = 1e-6
-    clip: float = 1.0
     clip_each_micro_batch: bool = False
-    precision: str = "fp32"
-    activation_checkpointing: bool = False
-    seed: int = 42
     # evaluation and run
     keep_best: bool = False
     eval_every: int = 500
@@ -109,13 +95,7 @@ class FinetuneConfig(RunConfig):
     calibration: str = "platt"
     n_best: int = DEFAULTS.n_best
     max_answer_len: int = DEFAULTS.max_answer_len
-    log_every: int = 10
     save_every: int = 500
-    keep_last: int = 2
-
-    def __post_init__(self) -> None:
-        if self.spm and self.train_spm:
-            raise ValueError("give either --spm or --train-spm, not both")
 
 
 def check_data_files(config: FinetuneConfig) -> None:

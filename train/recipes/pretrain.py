@@ -28,7 +28,7 @@ from train.engine.optim import make_optimizer, make_scheduler
 from train.engine.recipe import Recipe
 from train.engine.runlog import LogInterval, MetricsLog
 from train.engine.runtime import Dist, autocast, seed_everything, to_tensors
-from train.engine.session import Resumed, RunConfig, Session
+from train.engine.session import Resumed, Session, TrainingConfig
 from train.model import XLNetConfig, XLNetLMHeadModel, checkpoint
 from train.prepare_corpus import prepare_directory
 from train.recipes.pretrain_init import InitSource
@@ -36,14 +36,13 @@ from train.tokenizer import XLNetTokenizer, train_spm
 
 
 @dataclass(kw_only=True)
-class PretrainConfig(RunConfig):
-    """Every setting of a pretraining run (the flags' help says what each does)."""
+class PretrainConfig(TrainingConfig):
+    """Every setting of a pretraining run (the flags' help says what each does): the training settings
+    of :class:`TrainingConfig` with pretraining's defaults, and its own."""
 
     # data
     corpus: list[str] | None = None
     data: str | None = None
-    spm: str | None = None
-    train_spm: int | None = None
     lower: bool = False
     seq_len: int = 128
     reuse_len: int = 64
@@ -55,39 +54,20 @@ class PretrainConfig(RunConfig):
     max_gram: int = 5
     bi_data: bool = False
     # model
-    init: str | None = None
     config: str = "small"
     n_layer: int | None = None
     d_model: int | None = None
     n_head: int | None = None
     d_inner: int | None = None
-    dropout: float | None = None
     activation: str = "gelu"
-    aoa: bool = False
     clamp_len: int = -1
     # optimisation
     steps: int = 500
-    batch_size: int = 8
     grad_accum: int = 1
     lr: float = 5e-4
     warmup: int = 50
-    decay: str = "linear"
-    min_lr_ratio: float = 0.0
-    optimizer: str = "xlnet"
-    weight_decay: float = 0.0
-    adam_eps: float = 1e-6
-    clip: float = 1.0
-    precision: str = "fp32"
-    activation_checkpointing: bool = False
-    seed: int = 42
     # run
-    log_every: int = 10
     save_every: int = 200
-    keep_last: int = 2
-
-    def __post_init__(self) -> None:
-        if self.spm and self.train_spm:
-            raise ValueError("give either --spm or --train-spm, not both")
 
 
 def pretrain_loss(model, batch: dict[str, torch.Tensor], mems=None, precision: str = "fp32", **forward):
