@@ -7,20 +7,18 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import onnxruntime
 
 from export.onnx.agreement import agreement
+from export.onnx.context import ExportContext
 from export.onnx.optimize import measure_latency
 from export.onnx.options import MODEL_FILE, PORTABLE_FILE, REFERENCE, VerificationFailed
 from export.onnx.torch_export import torch_runner
 from export.onnx.verify import DEFAULT_TOLERANCE, Comparison, compare, run_all, sample_batches
 from export.runtime.providers import CPU, GPU_PROVIDERS
 from export.runtime.sessions import runner, session
-
-if TYPE_CHECKING:
-    from export.onnx.steps import ExportSteps
 
 
 def verification_record(result: Comparison, batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -33,7 +31,7 @@ def verification_record(result: Comparison, batches: Sequence[Mapping[str, Any]]
     }
 
 
-def verify_on_providers(steps: ExportSteps, final: Path, portable: Path | None) -> dict[str, Any]:
+def verify_on_providers(steps: ExportContext, final: Path, portable: Path | None) -> dict[str, Any]:
     """Verify the graph each provider in ``verify_providers`` would serve (GPU ones: the portable
     graph) on that provider. A session that falls back to another provider is a failure naming the
     cause, not a pass on the CPU; GPU matmuls (TF32) get the fp32 tolerance x 10."""
@@ -69,7 +67,7 @@ def verify_on_providers(steps: ExportSteps, final: Path, portable: Path | None) 
     return results
 
 
-def agreement_report(steps: ExportSteps, final: Path, data: str | os.PathLike[str]) -> None:
+def agreement_report(steps: ExportContext, final: Path, data: str | os.PathLike[str]) -> None:
     """Decode SQuAD questions with `final` and with PyTorch fp32; record and report how often they agree."""
     rep = agreement(
         str(data),
@@ -99,7 +97,7 @@ def agreement_report(steps: ExportSteps, final: Path, data: str | os.PathLike[st
     )
 
 
-def latency_report(steps: ExportSteps, final: Path) -> None:
+def latency_report(steps: ExportContext, final: Path) -> None:
     """Time `benchmark` runs at batch 1 x max_seq_len, exported and final graph, offline and online optimised."""
     runs, t = steps.options.benchmark, int(steps.settings["max_seq_len"])
     feeds = sample_batches(steps.tokenizer, [(1, t)], steps.config.vocab_size)[0]

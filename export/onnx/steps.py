@@ -10,6 +10,7 @@ from typing import Any
 
 import onnx
 
+from export.onnx.context import ExportContext
 from export.onnx.graph import check_graph, nonstandard_ops, op_counts, trace_length_for
 from export.onnx.measurements import (
     agreement_report,
@@ -18,47 +19,15 @@ from export.onnx.measurements import (
     verify_on_providers,
 )
 from export.onnx.optimize import optimize_offline
-from export.onnx.options import MODEL_FILE, PORTABLE_FILE, OnnxExportOptions, Report, VerificationFailed
+from export.onnx.options import MODEL_FILE, PORTABLE_FILE, VerificationFailed
 from export.onnx.precision import quantize_int8, to_fp16
-from export.onnx.torch_export import export_graph, torch_runner
-from export.onnx.verify import DEFAULT_SHAPES, DEFAULT_TOLERANCE, Comparison, compare, run_all, sample_batches
-from export.runtime.sessions import default_threads, runner, session
-from train.model.inference import QAInference
-from train.squad.answerability import Answerability
+from export.onnx.torch_export import export_graph
+from export.onnx.verify import DEFAULT_TOLERANCE, Comparison, compare, run_all, sample_batches
+from export.runtime.sessions import runner, session
 
 
-class ExportSteps:
+class ExportSteps(ExportContext):
     """One export run: builds the files in `tmp` and returns the sidecar fields it measured."""
-
-    def __init__(
-        self,
-        options: OnnxExportOptions,
-        tmp: Path,
-        module: QAInference,
-        tokenizer: Any,
-        settings: dict[str, Any],
-        report: Report,
-        warn: Report,
-        answerability: Answerability | None = None,
-    ) -> None:
-        self.options = options
-        self.tmp = tmp
-        self.module = module
-        self.tokenizer = tokenizer
-        self.settings = settings
-        self.answerability = answerability
-        self.report = report
-        self.warn = warn
-        self.names = list(module.names)
-        self.config = module.model.config
-        self.threads = options.threads or default_threads()
-        self.work = tmp / ".work"
-        self.work.mkdir()
-        self.batches = sample_batches(tokenizer, DEFAULT_SHAPES, self.config.vocab_size)
-        self.reference = run_all(torch_runner(module), self.batches) if options.verify else []
-        self.record: dict[str, Any] = {}
-        self.raw = self.work / "raw.onnx"
-        self.fp32_result: Comparison | None = None
 
     def graph(self) -> Path:
         """Export, fold, constant-fold and check; returns the verified portable fp32 graph."""
