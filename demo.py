@@ -78,8 +78,8 @@ def main() -> int:
         print(f"[shipped model: {time.time() - t:.0f} s]", flush=True)
 
     from train import evaluate, finetune, pretrain
+    from train import synth as synth_cli
     from train import tokenizer as tokenizer_cli
-    from train.experiments import synth as synth_cli
 
     tok_dir = out / "tokenizer"
     stage(
@@ -129,7 +129,7 @@ def main() -> int:
     )
     synthetic = out / "synthetic.json"
     stage(
-        "3/8 write cloze questions from the sample text (train.experiments.synth)",
+        "3/8 write cloze questions from the sample text (train.synth)",
         synth_cli.main,
         ["--input", str(SAMPLE / "corpus.json"), str(SAMPLE / "train.json"), "--out", str(synthetic)],
     )

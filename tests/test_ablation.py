@@ -1,4 +1,4 @@
-"""`train.experiments.ablation` on a tiny budget: every cell pretrains and fine-tunes, the report and plot are written."""
+"""`python -m train.ablation` on a tiny budget: every cell pretrains and fine-tunes, the report and plot are written."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 from paths import SAMPLE_CORPUS, SAMPLE_DEV, SAMPLE_TRAIN
 from sample_cuts import small_calibration, small_dev
 
+from train.ablation import main
 from train.common.cli import run
-from train.experiments.ablation import main, parse_config
+from train.experiments.ablation import parse_config
 
 
 def test_tiny_grid_pretrains_fine_tunes_and_reports(tmp_path):
@@ -93,5 +94,5 @@ def test_tiny_grid_pretrains_fine_tunes_and_reports(tmp_path):
     ],
 )
 def test_bad_arguments_are_clear_errors(extra, message, tmp_path, capsys):
-    assert run(main, ["--out", str(tmp_path / "o"), *extra], "train.experiments.ablation") == 2
+    assert run(main, ["--out", str(tmp_path / "o"), *extra], "train.ablation") == 2
     assert message in capsys.readouterr().err

@@ -88,9 +88,9 @@ def test_help_exits_zero_with_a_usage_line(module: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["study", "ablation", "sweep", "synth"])
-def test_a_documented_name_behaves_as_the_module_it_names(name: str, tmp_path) -> None:
-    """`python -m train.NAME` runs `train.experiments.NAME` as the program: a user error is its one line
-    under the documented name and exit code 2, never a traceback."""
+def test_an_experiment_command_reports_a_user_error_in_one_line(name: str, tmp_path) -> None:
+    """`python -m train.NAME`, the experiment's one name, turns a user error into one line under that
+    name and exit code 2, never a traceback."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     flags = {
         "synth": ["--input", str(tmp_path / "absent.txt"), "--out", str(tmp_path / "q.json")],

@@ -1,4 +1,4 @@
-"""Hard unanswerable questions (`train.experiments.hard_negatives`, `train.experiments.synth --hard-negatives`) and the
+"""Hard unanswerable questions (`train.experiments.hard_negatives`, `python -m train.synth --hard-negatives`) and the
 plausible-answer span targets that fine-tuning can learn from them (`featurize(plausible_spans=True)`)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from paths import SAMPLE_CORPUS, SAMPLE_TRAIN
 from train.common.text import numbers
 from train.experiments.hard_negatives import antonym, hard_negative, negate, swap_entity, swap_number
 from train.experiments.synth import leaks
-from train.experiments.synth import main as synth_main
 from train.squad import SquadExample, featurize, read_squad
+from train.synth import main as synth_main
 
 CONTEXT = "Rollo swore fealty to King Charles III in 911. The duchy grew in the first half of the century."
 
@@ -83,7 +83,7 @@ def test_bad_hard_negatives_share_is_refused(tmp_path: Path, capsys) -> None:
         "--hard-negatives",
         "1.5",
     ]
-    assert run(synth_main, argv, prog="train.experiments.synth") == 2
+    assert run(synth_main, argv, prog="train.synth") == 2
     assert "--hard-negatives must be in [0, 1]" in capsys.readouterr().err
 
 

@@ -1,4 +1,4 @@
-"""`train.experiments.study` end to end on a tiny budget: every stage runs once, scores are on unseen questions."""
+"""`python -m train.study` end to end on a tiny budget: every stage runs once, scores are on unseen questions."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import pytest
 from sample_cuts import small_calibration, small_dev
 
 from train.common.cli import run
-from train.experiments.study import Run, main, parse_runs, parse_seeds
+from train.experiments.study import Run, parse_runs, parse_seeds
 from train.squad import read_squad
+from train.study import main
 
 TINY = ["--config", "tiny", "--vocab", "1000", "--pretrain-steps", "4", "--pretrain-batch", "2"]
 TINY += ["--seq-len", "32", "--synth-steps", "2", "--finetune-steps", "3", "--finetune-batch", "2"]

@@ -6,8 +6,8 @@ import json
 
 from paths import SAMPLE_TRAIN
 
-from train.experiments.sweep import main as sweep_main
 from train.squad import write_squad
+from train.sweep import main as sweep_main
 
 
 def test_sweep_writes_table_and_plot_and_skips_finished_cells(spm_dir, tmp_path):

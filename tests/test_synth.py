@@ -1,4 +1,4 @@
-"""Self-supervised cloze questions (`train.experiments.synth`): valid SQuAD 2.0, exact offsets, no leaks, determinism."""
+"""Self-supervised cloze questions (`python -m train.synth`): valid SQuAD 2.0, exact offsets, no leaks, determinism."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from train.experiments.synth import (
     draft_questions,
     finalise,
     find_candidates,
-    main,
     make_question,
     read_articles,
     synthesize,
 )
 from train.squad import featurize, read_squad
+from train.synth import main
 from train.tokenizer import XLNetTokenizer
 
 INPUTS = [SAMPLE / "train.json", SAMPLE / "corpus.json"]

@@ -1,7 +1,14 @@
-"""`python -m train.ablation`, the documented name of `train.experiments.ablation`: runs that module as the
-program, so its one-line errors and exit codes are the same under either name."""
+"""`python -m train.ablation`: activation / Attention-on-Attention grid at equal budget and seeds.
 
-import runpy
+A thin command: the flags and the work are `train.experiments.ablation`, which has no entry point of its
+own, so this is the experiment's one name (its one-line errors and exit codes included)."""
+
+import sys
+
+from train.common.cli import run
+from train.experiments.ablation import main
+
+__all__ = ["main"]
 
 if __name__ == "__main__":
-    runpy.run_module("train.experiments.ablation", run_name="__main__", alter_sys=True)
+    sys.exit(run(main, prog="train.ablation"))

@@ -6,25 +6,19 @@ metrics.json (exact, f1, HasAns_*, NoAns_*, best_exact/best_f1 and their thresho
 and the answerability model (verifier, calibration and decision rule, or a plain no-answer
 threshold) default to what the checkpoint's metadata says (set by fine-tuning or `train.calibrate`).
 Articles the checkpoint was fine-tuned on, or whose questions chose its no-answer decision, make the
-scores in-sample: one warning line each on stderr, and ``in_sample`` in metrics.json.
+scores in-sample: one warning line each on stderr, and ``in_sample`` in metrics.json. The work is
+:func:`train.engine.predict.evaluate_checkpoint`; this module parses the flags and prints the metrics.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
-
-import torch
+from collections.abc import Sequence
 
 from train.common.cli import Parser, run
 from train.common.contract import DEFAULTS
-from train.engine.predict import run_evaluation, write_prediction_files
-from train.model import checkpoint
-from train.squad import featurize, read_squad
-from train.squad.answerability import from_metadata as answerability_from_metadata
-from train.squad.provenance import in_sample_warnings
+from train.engine.predict import evaluate_checkpoint
 
 
 def build_parser() -> Parser:
@@ -60,48 +54,21 @@ def build_parser() -> Parser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.threshold is not None and not 0.0 <= args.threshold <= 1.0:
-        raise ValueError(f"--threshold must be a probability in [0, 1], got {args.threshold}")
-    loaded = checkpoint.load(args.checkpoint)
-    if not loaded.kind.startswith("qa:"):
-        raise ValueError(
-            f"{args.checkpoint} holds a {loaded.kind!r} model, not a QA model; fine-tune it first"
-        )
-    if loaded.tokenizer is None:
-        raise ValueError(f"{args.checkpoint} has no spiece.model")
-    meta = loaded.metadata
-    pick: Callable[[Any, str, Any], Any] = lambda v, key, default: (  # noqa: E731
-        v if v is not None else meta.get(key, default)
-    )
-    fkw = {
-        "max_seq_len": pick(args.max_seq_len, "max_seq_len", 384),
-        "doc_stride": pick(args.doc_stride, "doc_stride", 128),
-        "max_query_len": pick(args.max_query_len, "max_query_len", 64),
-    }
-    stored = (
-        meta if args.answerability == "stored" else {k: v for k, v in meta.items() if k != "answerability"}
-    )
-    answerability = answerability_from_metadata(stored)
-    examples = read_squad(args.data)
-    warnings = in_sample_warnings(meta, answerability, examples, own_threshold=args.threshold is not None)
-    for line in warnings:
-        print(f"warning: {line}", file=sys.stderr, flush=True)
-    features = featurize(examples, loaded.tokenizer, **fkw)
-    model = loaded.model.to(torch.device(args.device))
-    result = run_evaluation(
-        model,
-        examples,
-        features,
+    result = evaluate_checkpoint(
+        args.checkpoint,
+        args.data,
+        args.out,
         threshold=args.threshold,
-        answerability=answerability,
+        answerability=args.answerability,
+        max_seq_len=args.max_seq_len,
+        doc_stride=args.doc_stride,
+        max_query_len=args.max_query_len,
+        max_answer_len=args.max_answer_len,
+        n_best=args.n_best,
         batch_size=args.batch_size,
         device=args.device,
-        n_best=args.n_best,
-        max_answer_len=pick(args.max_answer_len, "max_answer_len", 30),
         progress=not args.no_progress,
     )
-    result.metrics["in_sample"] = warnings
-    write_prediction_files(args.out, result)
     print(json.dumps(result.metrics, indent=2))
     return 0
 

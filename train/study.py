@@ -1,7 +1,14 @@
-"""`python -m train.study`, the documented name of `train.experiments.study`: runs that module as the
-program, so its one-line errors and exit codes are the same under either name."""
+"""`python -m train.study`: the whole recipe on this machine, end to end, with honest held-out scores.
 
-import runpy
+A thin command: the flags and the work are `train.experiments.study`, which has no entry point of its
+own, so this is the experiment's one name (its one-line errors and exit codes included)."""
+
+import sys
+
+from train.common.cli import run
+from train.experiments.study import main
+
+__all__ = ["main"]
 
 if __name__ == "__main__":
-    runpy.run_module("train.experiments.study", run_name="__main__", alter_sys=True)
+    sys.exit(run(main, prog="train.study"))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from tqdm import tqdm
 
 from train.common.contract import DEFAULTS, TOKEN_OUTPUTS
 from train.common.heads import head_spec
+from train.model import checkpoint
 from train.squad import (
     Answerability,
     ContextIndex,
@@ -32,7 +34,10 @@ from train.squad import (
     evaluate,
     featurize,
     pad_batch,
+    read_squad,
 )
+from train.squad.answerability import from_metadata as answerability_from_metadata
+from train.squad.provenance import in_sample_warnings
 
 
 @dataclass
@@ -238,6 +243,10 @@ def run_evaluation(
     return EvalResult(metrics=evaluate_predictions(examples, preds), predictions=preds)
 
 
+def _warn_on_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -273,3 +282,72 @@ def write_prediction_files(out_dir: Path, result: EvalResult) -> None:
     }
     write_json_atomic(out_dir / "nbest.json", nbest)
     write_json_atomic(out_dir / "metrics.json", result.metrics)
+
+
+def evaluate_checkpoint(
+    checkpoint_dir: str | Path,
+    data: str | Path,
+    out: str | Path,
+    *,
+    threshold: float | None = None,
+    answerability: str = "stored",
+    max_seq_len: int | None = None,
+    doc_stride: int | None = None,
+    max_query_len: int | None = None,
+    max_answer_len: int | None = None,
+    n_best: int = DEFAULTS.n_best,
+    batch_size: int = 32,
+    device: str = "cpu",
+    progress: bool = True,
+    warn: Callable[[str], None] = _warn_on_stderr,
+) -> EvalResult:
+    """Official SQuAD 2.0 scores of a fine-tuned checkpoint on ``data``, with the prediction files written
+    to ``out`` (what ``python -m train.evaluate`` does; the study's evaluation stage calls it too).
+
+    Window sizes and lengths left None come from the checkpoint's metadata. ``answerability`` is
+    ``stored`` (the checkpoint's fitted model, if any) or ``cls`` (sigmoid(cls_logit) against the stored
+    threshold); ``threshold`` replaces the decision rule. Articles that make the scores in-sample are
+    passed to ``warn`` as ``warning: ...`` lines and listed as ``in_sample`` in the metrics.
+    """
+    if threshold is not None and not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"--threshold must be a probability in [0, 1], got {threshold}")
+    loaded = checkpoint.load(checkpoint_dir)
+    if not loaded.kind.startswith("qa:"):
+        raise ValueError(
+            f"{checkpoint_dir} holds a {loaded.kind!r} model, not a QA model; fine-tune it first"
+        )
+    if loaded.tokenizer is None:
+        raise ValueError(f"{checkpoint_dir} has no spiece.model")
+    meta = loaded.metadata
+
+    def pick(value: Any, key: str, default: Any) -> Any:
+        return value if value is not None else meta.get(key, default)
+
+    fkw = {
+        "max_seq_len": pick(max_seq_len, "max_seq_len", 384),
+        "doc_stride": pick(doc_stride, "doc_stride", 128),
+        "max_query_len": pick(max_query_len, "max_query_len", 64),
+    }
+    stored = meta if answerability == "stored" else {k: v for k, v in meta.items() if k != "answerability"}
+    deciding = answerability_from_metadata(stored)
+    examples = read_squad(data)
+    warnings = in_sample_warnings(meta, deciding, examples, own_threshold=threshold is not None)
+    for line in warnings:
+        warn(f"warning: {line}")
+    features = featurize(examples, loaded.tokenizer, **fkw)
+    model = loaded.model.to(torch.device(device))
+    result = run_evaluation(
+        model,
+        examples,
+        features,
+        threshold=threshold,
+        answerability=deciding,
+        batch_size=batch_size,
+        device=device,
+        n_best=n_best,
+        max_answer_len=pick(max_answer_len, "max_answer_len", 30),
+        progress=progress,
+    )
+    result.metrics["in_sample"] = warnings
+    write_prediction_files(Path(out), result)
+    return result

@@ -3,8 +3,8 @@
 The CS224N report "SOTA Attention Mechanism and Activation Functions on XLNet" pretrained XLNet with
 ReLU, GELU, Mish and Mish + Attention-on-Attention and compared the best pretraining loss (mean of
 3 runs) and SQuAD 2.0 dev F1. This runs the same grid here: every configuration pretrains with the
-same tokenizer, data, steps, learning rate and seeds (`train.pretrain`), optionally fine-tunes
-(`train.finetune`), and the results are written as `ablation.md` (mean ± sd over seeds),
+same tokenizer, data, steps, learning rate and seeds (`train.recipes.pretrain`), optionally fine-tunes
+(`train.recipes.finetune`), and the results are written as `ablation.md` (mean ± sd over seeds),
 `results.json` and `ablation.png` (loss curves: mean over seeds, band = min..max). Cells that
 finished are reused, so an interrupted grid continues where it stopped.
 """
@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from train import finetune as finetune_cli
-from train import pretrain as pretrain_cli
-from train.common.cli import Parser, run
+from train.common.cli import Parser
 from train.common.sample_data import SAMPLE_CORPUS
 from train.engine.predict import evaluate_predictions, redecide
 from train.engine.runlog import read_series
 from train.experiments.heldout import predict_file, score_rule, span_f1
-from train.experiments.study import short_pretraining_argv
+from train.experiments.runs import given, short_pretraining
 from train.model import ACTIVATIONS
+from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
+from train.recipes.pretrain import PretrainConfig, PretrainRecipe
 from train.squad import load_dataset, read_squad, split_by_article, write_squad
 from train.squad.answerability import from_metadata
 from train.tokenizer import train_spm
@@ -83,15 +82,14 @@ def pretrain_cell(args, out: Path, config: str, seed: int, spm: Path) -> dict:
     cell = out / f"{config.replace('+', '-')}-seed{seed}"
     t = time.time()
     if not (cell / "model.safetensors").exists():
-        argv = short_pretraining_argv(
+        settings = short_pretraining(
             args.corpus, spm, args.preset, args.steps, args.batch_size, args.seq_len, args.lr, args.max_gram
         )
-        argv += ["--activation", activation, *(["--aoa"] if aoa else []), "--seed", str(seed)]
-        argv += ["--log-every", str(args.log_every), "--save-every", str(args.steps), "--out", str(cell)]
-        argv += [*(["--threads", str(args.threads)] if args.threads else []), "--resume"]
-        argv += ["--no-progress"] if args.no_progress else []
-        if pretrain_cli.main(argv):
-            raise RuntimeError(f"pretraining {cell} failed")
+        settings |= {"activation": activation, **({"aoa": True} if aoa else {}), "seed": seed}
+        settings |= {"log_every": args.log_every, "save_every": args.steps, "out": str(cell)}
+        settings |= {**({"threads": args.threads} if args.threads else {}), "resume": True}
+        settings |= {"no_progress": True} if args.no_progress else {}
+        PretrainRecipe(given(PretrainConfig, **settings)).run()
     curve = read_series(cell)
     result = {
         "config": config,
@@ -111,18 +109,17 @@ def finetune_cell(args, cell: Path, seed: int) -> dict:
     """Fine-tune (answerability fitted on the calibration articles), then score on the dev file."""
     ft = cell / "finetune"
     if not (ft / "metadata.json").exists():
-        argv = ["--init", str(cell), "--train-file", args.fit_file, "--dev-file", args.calibration_file]
-        argv += ["--head", args.head, "--steps", str(args.finetune_steps), "--lr", str(args.finetune_lr)]
-        argv += ["--batch-size", str(args.finetune_batch), "--max-seq-len", str(args.max_seq_len)]
-        argv += ["--max-query-len", str(min(64, args.max_seq_len // 3))]
-        argv += ["--doc-stride", str(min(128, args.max_seq_len // 2))]
-        argv += ["--eval-every", str(args.finetune_steps), "--save-every", str(args.finetune_steps)]
-        argv += ["--seed", str(seed), "--out", str(ft), "--resume"]
-        argv += ["--question-match"] if args.question_match else []
-        argv += [*(["--threads", str(args.threads)] if args.threads else [])]
-        argv += ["--no-progress"] if args.no_progress else []
-        if finetune_cli.main(argv):
-            raise RuntimeError(f"fine-tuning {ft} failed")
+        settings = {"init": str(cell), "train_file": args.fit_file, "dev_file": args.calibration_file}
+        settings |= {"head": args.head, "steps": args.finetune_steps, "lr": args.finetune_lr}
+        settings |= {"batch_size": args.finetune_batch, "max_seq_len": args.max_seq_len}
+        settings |= {"max_query_len": min(64, args.max_seq_len // 3)}
+        settings |= {"doc_stride": min(128, args.max_seq_len // 2)}
+        settings |= {"eval_every": args.finetune_steps, "save_every": args.finetune_steps}
+        settings |= {"seed": seed, "out": str(ft), "resume": True}
+        settings |= {"question_match": True} if args.question_match else {}
+        settings |= {"threads": args.threads} if args.threads else {}
+        settings |= {"no_progress": True} if args.no_progress else {}
+        FinetuneRecipe(given(FinetuneConfig, **settings)).run()
     meta = json.loads((ft / "metadata.json").read_text())
     held = predict_file(ft, read_squad(args.dev_file))
     row = score_rule("final", from_metadata(meta), held)
@@ -301,7 +298,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_report(out, args, results)
     print((out / "ablation.md").read_text())
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run(main, prog="train.ablation"))

@@ -4,8 +4,10 @@ tokenizer -> pretraining on unlabelled text -> (optional) a stage on self-superv
 (`train.experiments.synth`) -> SQuAD 2.0 fine-tuning -> evaluation on questions the model never trained on,
 next to the no-answer baseline of the same questions. Several runs can be compared in one call
 (`--runs pretrained,random`: what pretraining buys; `+synth`: what the synthetic stage buys;
-`+match`: what the exact-match input feature buys); shared stages run once. Every stage is the public CLI and is reused when its output exists,
-so an interrupted study continues with `--resume`. Seconds per stage are printed and reported.
+`+match`: what the exact-match input feature buys); shared stages run once. Every stage runs the recipe
+or library function its command runs, with the settings that command would be given, and is reused
+when its output exists, so an interrupted study continues with `--resume`. Seconds per stage are
+printed and reported.
 
 Data: `--train-file` / `--eval-file`, or `--labelled FILE` split by article (`--finetune-articles`
 to fine-tune on, the rest evaluated). `--calibration-articles` articles of the fine-tuning side are
@@ -21,23 +23,21 @@ side on the evaluated questions, with the difference from answering none and its
 from __future__ import annotations
 
 import json
-import sys
 import time
 from argparse import Namespace, _ArgumentGroup
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
-from train import evaluate as evaluate_cli
-from train import finetune as finetune_cli
-from train import pretrain as pretrain_cli
-from train import tokenizer as tokenizer_cli
-from train.common.cli import Parser, run
+from train.common.cli import Parser
 from train.common.sample_data import SAMPLE_DIR as SAMPLE
 from train.engine.optim import OPTIMIZERS
+from train.engine.predict import evaluate_checkpoint
 from train.engine.runlog import read_series
-from train.experiments import synth as synth_cli
 from train.experiments.heldout import compare_rules, plot_reliability, predict_files
+from train.experiments.runs import given, short_pretraining
 from train.experiments.study_report import (
     comparison_json,
     comparison_section,
@@ -46,7 +46,11 @@ from train.experiments.study_report import (
     span_quality,
     write_report,
 )
+from train.experiments.synth import SynthConfig, write_synthetic
+from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
+from train.recipes.pretrain import PretrainConfig, PretrainRecipe
 from train.squad import load_dataset, read_squad, split_by_article, write_squad
+from train.tokenizer import XLNetTokenizer, summary_lines, train_spm
 
 BASES = ("pretrained", "random")
 MODIFIERS = ("synth", "match", "plausible", "hard")
@@ -157,34 +161,15 @@ class Stages:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
 
-    def run(self, name: str, done: Path, fn, argv: list[str]) -> None:
+    def run(self, name: str, done: Path, stage: Callable[[], object]) -> None:
         if done.exists():
             print(f"[{name}] reusing {done.parent}", flush=True)
             return
         print(f"[{name}] starting", flush=True)
         t = time.time()
-        code = fn(argv)
-        if code:
-            raise SystemExit(code)
+        stage()
         self.seconds[name] = time.time() - t
         print(f"[{name}] done in {self.seconds[name] / 60:.1f} min", flush=True)
-
-
-def short_pretraining_argv(
-    corpus: Sequence[str],
-    spm: Path,
-    preset: str,
-    steps: int,
-    batch_size: int,
-    seq_len: int,
-    lr: float,
-    max_gram: int,
-) -> list[str]:
-    """`train.pretrain` flags of a CPU-sized run: memory and reuse of half a sequence, 5% warmup."""
-    argv = ["--corpus", *corpus, "--spm", str(spm), "--config", preset, "--steps", str(steps)]
-    argv += ["--batch-size", str(batch_size), "--seq-len", str(seq_len), "--lr", str(lr)]
-    argv += ["--reuse-len", str(seq_len // 2), "--mem-len", str(seq_len // 2)]
-    return argv + ["--warmup", str(max(1, steps // 20)), "--max-gram", str(max_gram)]
 
 
 @dataclass(frozen=True)
@@ -314,19 +299,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     fit, thr, held, honest_threshold = prepare_data(args, out)
-    quiet = ["--no-progress"] if args.no_progress else []
-    resume = ["--resume"] if args.resume else []
-    threads = ["--threads", str(args.threads)] if args.threads else []
+    # --resume, --no-progress and --threads of the study pass on to every training stage
+    run_flags: dict[str, Any] = {"resume": True} if args.resume else {}
+    run_flags |= {"no_progress": True} if args.no_progress else {}
+    run_flags |= {"threads": args.threads} if args.threads else {}
     stages = Stages()
     tok = _tokenizer_stage(args, out, fit, stages)
     pre = out / "pretrain"
     if any(r.base == "pretrained" for r in runs):
-        _pretraining_stage(args, tok, fit, pre, [*resume, *quiet, *threads], stages)
+        _pretraining_stage(args, tok, fit, pre, run_flags, stages)
     synth_files = _synthetic_question_stages(args, runs, out, fit, stages)
-    finetune_common = ["--dev-file", str(thr), "--head", args.head, "--batch-size", str(args.finetune_batch)]
-    finetune_common += ["--max-seq-len", str(args.max_seq_len), "--doc-stride", str(args.doc_stride)]
-    finetune_common += ["--layer-decay", str(args.layer_decay), *resume, *quiet, *threads]
-    study = _Study(args, out, stages, tok, pre, synth_files, thr, held, finetune_common, quiet)
+    finetune_common = {"dev_file": str(thr), "head": args.head, "batch_size": args.finetune_batch}
+    finetune_common |= {"max_seq_len": args.max_seq_len, "doc_stride": args.doc_stride}
+    finetune_common |= {"layer_decay": args.layer_decay, **run_flags}
+    study = _Study(args, out, stages, tok, pre, synth_files, thr, held, finetune_common)
     held_examples = read_squad(held)
     fit_examples = read_squad(fit)
     comparisons: list = []
@@ -362,13 +348,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _tokenizer_stage(args, out: Path, fit: Path, stages: Stages) -> Path:
     tok = out / "tokenizer"
     # the fine-tuning articles' text is unlabelled text too
-    tok_argv = ["--input", *args.corpus, str(fit), "--vocab-size", str(args.vocab), "--out", str(tok)]
-    stages.run("tokenizer", tok / "spiece.model", tokenizer_cli.main, tok_argv)
+    inputs = [*args.corpus, str(fit)]
+
+    def train_tokenizer() -> None:
+        t0 = time.perf_counter()
+        model_path = train_spm(inputs, str(tok), args.vocab)
+        trained = XLNetTokenizer.from_dir(model_path.parent)
+        seconds = time.perf_counter() - t0
+        for line in summary_lines(trained, model_path, inputs, args.vocab, True, seconds):
+            print(line)
+
+    stages.run("tokenizer", tok / "spiece.model", train_tokenizer)
     return tok
 
 
-def _pretraining_stage(args, tok: Path, fit: Path, pre: Path, flags: list[str], stages: Stages) -> None:
-    argv_pre = short_pretraining_argv(
+def _pretraining_stage(
+    args, tok: Path, fit: Path, pre: Path, run_flags: dict[str, Any], stages: Stages
+) -> None:
+    settings = short_pretraining(
         [*args.corpus, str(fit)],
         tok,
         args.config,
@@ -378,14 +375,10 @@ def _pretraining_stage(args, tok: Path, fit: Path, pre: Path, flags: list[str], 
         args.pretrain_lr,
         args.max_gram,
     )
-    argv_pre += [
-        "--optimizer",
-        args.pretrain_optimizer,
-        "--weight-decay",
-        str(args.pretrain_weight_decay),
-    ]
-    argv_pre += ["--out", str(pre), "--save-every", "250", *flags]
-    stages.run("pretrain", pre / "model.safetensors", pretrain_cli.main, argv_pre)
+    settings |= {"optimizer": args.pretrain_optimizer, "weight_decay": args.pretrain_weight_decay}
+    settings |= {"out": str(pre), "save_every": 250, **run_flags}
+    config = given(PretrainConfig, **settings)
+    stages.run("pretrain", pre / "model.safetensors", PretrainRecipe(config).run)
 
 
 def _synthetic_question_stages(
@@ -394,13 +387,17 @@ def _synthetic_question_stages(
     """The synthetic questions each +synth run needs: plain, and with hard negatives for +hard."""
     synth_files = {False: out / "synthetic.json", True: out / "synthetic-hard.json"}
     for hard in sorted({r.hard for r in runs if r.synth}):
-        synth_argv = ["--input", *args.corpus, str(fit), "--out", str(synth_files[hard])]
-        synth_argv += ["--answerable", str(args.synth_answerable), "--in-place", str(args.synth_in_place)]
-        synth_argv += ["--per-sentence", str(args.synth_per_sentence)]
-        if hard:
-            synth_argv += ["--hard-negatives", str(args.synth_hard_negatives)]
+        cfg = SynthConfig(
+            answerable=args.synth_answerable,
+            in_place=args.synth_in_place,
+            per_sentence=args.synth_per_sentence,
+            hard_negatives=args.synth_hard_negatives if hard else 0.0,
+        )
+        inputs = [*args.corpus, str(fit)]
         stages.run(
-            f"synthetic questions{' (hard)' if hard else ''}", synth_files[hard], synth_cli.main, synth_argv
+            f"synthetic questions{' (hard)' if hard else ''}",
+            synth_files[hard],
+            partial(write_synthetic, inputs, str(synth_files[hard]), cfg),
         )
     return synth_files
 
@@ -417,15 +414,21 @@ class _Study:
     synth_files: dict[bool, Path]
     thr: Path  # calibration.json: fine-tuning's dev file, where the answerability is fitted
     held: Path  # eval.json
-    finetune_common: list[str]
-    quiet: list[str]
+    finetune_common: dict[str, Any]
 
-    def finetune_argv(
-        self, init: list[str], train_file: Path, run_dir: Path, steps: int, lr: float, keep: float, every: int
-    ) -> list[str]:
-        argv = [*self.finetune_common, *init, "--train-file", str(train_file), "--out", str(run_dir)]
-        argv += ["--steps", str(steps), "--lr", str(lr), "--keep-out-of-window", str(keep)]
-        return argv + ["--eval-every", str(every), "--save-every", str(every)]
+    def finetune_settings(
+        self,
+        init: dict[str, Any],
+        train_file: Path,
+        run_dir: Path,
+        steps: int,
+        lr: float,
+        keep: float,
+        every: int,
+    ) -> dict[str, Any]:
+        settings = {**self.finetune_common, **init, "train_file": str(train_file), "out": str(run_dir)}
+        settings |= {"steps": steps, "lr": lr, "keep_out_of_window": keep}
+        return settings | {"eval_every": every, "save_every": every}
 
 
 def _seeded(name: str, seed: int) -> str:
@@ -436,22 +439,20 @@ def _seeded(name: str, seed: int) -> str:
 def _finetune(study: _Study, r: Run, fit: Path, seed: int = 0) -> Path:
     """The run's fine-tuning (after its synthetic stage, for +synth); returns its checkpoint."""
     args, out = study.args, study.out
-    init = (
-        ["--init", str(study.pre)]
-        if r.base == "pretrained"
-        else ["--config", args.config, "--spm", str(study.tok)]
+    init: dict[str, Any] = (
+        {"init": str(study.pre)} if r.base == "pretrained" else {"config": args.config, "spm": str(study.tok)}
     )
     if r.match:
-        init.append("--question-match")
+        init["question_match"] = True
     if r.plausible:
-        init.append("--plausible-spans")
+        init["plausible_spans"] = True
     if r.synth:
         stage = out / _seeded(
             "synth-stage-"
             + "-".join([r.base, *(m for m in ("match", "plausible", "hard") if getattr(r, m))]),
             seed,
         )
-        argv_s = study.finetune_argv(
+        settings = study.finetune_settings(
             init,
             study.synth_files[r.hard],
             stage,
@@ -460,34 +461,32 @@ def _finetune(study: _Study, r: Run, fit: Path, seed: int = 0) -> Path:
             args.synth_keep_out_of_window,
             args.synth_steps,
         )
-        argv_s += [
-            "--answerability",
-            "cls",
-            "--seed",
-            str(seed),
-        ]  # a stage: its successor fits the answerability
+        settings |= {"answerability": "cls", "seed": seed}  # a stage: its successor fits the answerability
         study.stages.run(
-            f"synthetic stage ({stage.name})", stage / "metadata.json", finetune_cli.main, argv_s
+            f"synthetic stage ({stage.name})",
+            stage / "metadata.json",
+            FinetuneRecipe(given(FinetuneConfig, **settings)).run,
         )
-        init = ["--init", str(stage), *(["--plausible-spans"] if r.plausible else [])]
+        init = {"init": str(stage), **({"plausible_spans": True} if r.plausible else {})}
     ft = out / _seeded(f"finetune-{r.slug}", seed)
-    argv_f = study.finetune_argv(
+    settings = study.finetune_settings(
         init, fit, ft, args.finetune_steps, args.finetune_lr, args.keep_out_of_window, args.eval_every
     )
-    argv_f += ["--seed", str(seed)]
-    study.stages.run(f"fine-tune ({r.name})", ft / "metadata.json", finetune_cli.main, argv_f)
+    settings["seed"] = seed
+    config = given(FinetuneConfig, **settings)
+    study.stages.run(f"fine-tune ({r.name})", ft / "metadata.json", FinetuneRecipe(config).run)
     return ft
 
 
 def _evaluate(study: _Study, r: Run, ft: Path, held_examples, seed: int = 0) -> dict:
     """The run's held-out metrics, with the best span's scores beside them."""
     ev = study.out / _seeded(f"eval-{r.slug}", seed)
-    study.stages.run(
-        f"evaluate ({r.name})",
-        ev / "metrics.json",
-        evaluate_cli.main,
-        ["--checkpoint", str(ft), "--data", str(study.held), "--out", str(ev), *study.quiet],
-    )
+
+    def evaluate() -> None:
+        result = evaluate_checkpoint(str(ft), str(study.held), str(ev), progress=not study.args.no_progress)
+        print(json.dumps(result.metrics, indent=2))
+
+    study.stages.run(f"evaluate ({r.name})", ev / "metrics.json", evaluate)
     metrics = json.loads((ev / "metrics.json").read_text())
     metrics.update(span_quality(held_examples, json.loads((ev / "nbest.json").read_text())))
     return metrics
@@ -502,7 +501,3 @@ def _compare_rules(study: _Study, name: str, members: list[Path], fit_examples, 
     calibration = predict_files(members, read_squad(study.thr), progress=progress)
     evaluated = predict_files(members, held_examples, progress=progress)
     return compare_rules(stored, fit_examples, calibration, evaluated)
-
-
-if __name__ == "__main__":
-    sys.exit(run(main, prog="train.study"))

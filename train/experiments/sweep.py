@@ -1,8 +1,8 @@
 """`python -m train.sweep`: the fine-tuning trade-off study (CS293S: XLNet on limited hardware).
 
-Grid over max sequence length x frozen bottom layers x head type. Each cell is one short
-`train.finetune` run from the same initial checkpoint; we record dev EM/F1/best_f1, seconds per
-training step and trainable parameters, and write `sweep.md` (a Markdown table) and `sweep.png`.
+Grid over max sequence length x frozen bottom layers x head type. Each cell is one short fine-tuning
+run (`train.recipes.finetune`) from the same initial checkpoint; we record dev EM/F1/best_f1, seconds
+per training step and trainable parameters, and write `sweep.md` (a Markdown table) and `sweep.png`.
 Finished cells are skipped on a rerun, so an interrupted sweep continues where it stopped.
 """
 
@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from train import finetune as finetune_cli
-from train.common.cli import Parser, run
+from train.common.cli import Parser
 from train.common.heads import HEADS
-from train.recipes.finetune import FinetuneRecipe
+from train.experiments.runs import given
+from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
 
 
 def int_list(text: str) -> list[int]:
@@ -54,46 +53,31 @@ def run_cell(args, seq: int, frozen: int, head: str) -> dict:
     result_file = out / "cell.json"
     if result_file.exists():
         return json.loads(result_file.read_text())
-    init = ["--init", args.init] if args.init else ["--config", args.config, "--spm", args.spm]
-    argv = [
-        "--train-file",
-        args.train_file,
-        "--dev-file",
-        args.dev_file,
-        *init,
-        "--head",
-        head,
-        "--max-seq-len",
-        str(seq),
-        "--doc-stride",
-        str(seq // 2),
-        "--freeze-layers",
-        str(frozen),
-        "--max-query-len",
-        str(min(args.max_query_len, seq // 2)),
-        "--steps",
-        str(args.steps),
-        "--eval-every",
-        str(args.steps),
-        "--batch-size",
-        str(args.batch_size),
-        "--lr",
-        str(args.lr),
-        "--seed",
-        str(args.seed),
-        "--out",
-        str(out),
-        "--log-every",
-        str(max(1, args.steps // 10)),
-        "--save-every",
-        str(args.steps),
-    ]
+    init = {"init": args.init} if args.init else {"config": args.config, "spm": args.spm}
+    settings = {
+        "train_file": args.train_file,
+        "dev_file": args.dev_file,
+        **init,
+        "head": head,
+        "max_seq_len": seq,
+        "doc_stride": seq // 2,
+        "freeze_layers": frozen,
+        "max_query_len": min(args.max_query_len, seq // 2),
+        "steps": args.steps,
+        "eval_every": args.steps,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seed": args.seed,
+        "out": str(out),
+        "log_every": max(1, args.steps // 10),
+        "save_every": args.steps,
+    }
     if args.max_dev_examples:
-        argv += ["--max-dev-examples", str(args.max_dev_examples)]
+        settings["max_dev_examples"] = args.max_dev_examples
     if args.no_progress:
-        argv.append("--no-progress")
-    argv.append("--resume")  # an interrupted cell continues (a finished one returned above)
-    config = finetune_cli.parse_config(argv)
+        settings["no_progress"] = True
+    settings["resume"] = True  # an interrupted cell continues (a finished one returned above)
+    config = given(FinetuneConfig, **settings)
     summary = FinetuneRecipe(config).run()
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     timings = [r["s_per_step"] for r in records if "s_per_step" in r]
@@ -160,7 +144,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_outputs(out, cells)
     print((out / "sweep.md").read_text())
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run(main, prog="train.sweep"))

@@ -19,7 +19,6 @@ output is ordinary SQuAD 2.0 JSON that `train.finetune` reads unchanged. Determi
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from train.common.cli import Parser, run
+from train.common.cli import Parser
 from train.common.corpus import read_articles
 from train.experiments.cloze import (
     ANSWER_TYPES,
@@ -290,16 +289,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         hard_negatives=args.hard_negatives,
     )
-    dataset, stats = synthesize(args.input, cfg)
-    write_squad(dataset, args.out)
-    print(
-        f"{stats['questions']:,} questions from {stats['contexts']:,} contexts of {stats['articles']} articles, "
-        f"{stats['answerable_share']:.1%} answerable -> {args.out}"
-    )
-    for key in ("answer_types", "answered", "styles"):
-        print(f"  {key.replace('_', ' ')}: " + ", ".join(f"{k} {v:,}" for k, v in sorted(stats[key].items())))
+    write_synthetic(args.input, args.out, cfg)
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(run(main, prog="train.synth"))
+def write_synthetic(paths: Sequence[str | Path], out: str | Path, cfg: SynthConfig) -> dict:
+    """:func:`synthesize` into the SQuAD 2.0 file ``out``, with a summary printed; returns the statistics."""
+    dataset, stats = synthesize(paths, cfg)
+    write_squad(dataset, out)
+    print(
+        f"{stats['questions']:,} questions from {stats['contexts']:,} contexts of {stats['articles']} articles, "
+        f"{stats['answerable_share']:.1%} answerable -> {out}"
+    )
+    for key in ("answer_types", "answered", "styles"):
+        print(f"  {key.replace('_', ' ')}: " + ", ".join(f"{k} {v:,}" for k, v in sorted(stats[key].items())))
+    return stats

@@ -22,6 +22,7 @@ from torch.nn import functional as F
 
 from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_TRAIN
 from train.data import PretrainBatches, PretrainDataConfig
+from train.data.prepare import prepare_directory
 from train.data.shards import TOKENIZER_DIR, ShardedCorpus
 from train.engine.loop import LoopPlan, StepReport
 from train.engine.optim import make_optimizer, make_scheduler
@@ -30,7 +31,6 @@ from train.engine.runlog import LogInterval, MetricsLog
 from train.engine.runtime import Dist, autocast, seed_everything, to_tensors
 from train.engine.session import Resumed, Session, TrainingConfig
 from train.model import XLNetConfig, XLNetLMHeadModel, checkpoint
-from train.prepare_corpus import prepare_directory
 from train.recipes.pretrain_init import InitSource
 from train.tokenizer import XLNetTokenizer, train_spm
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from train.data.prepare import load_tokenizer
 from train.data.shards import ShardedCorpus
 from train.engine.state import latest_checkpoint
 from train.model import PRESETS, XLNetConfig, XLNetLMHeadModel, checkpoint
-from train.prepare_corpus import load_tokenizer
 from train.tokenizer import XLNetTokenizer
 
 if TYPE_CHECKING:

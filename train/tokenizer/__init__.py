@@ -33,7 +33,7 @@ from .spm_tokenizer import (
     USER_SYMBOLS,
     XLNetTokenizer,
 )
-from .training import PUNCT_SYMBOLS, train_spm
+from .training import PUNCT_SYMBOLS, summary_lines, train_spm
 
 __all__ = [
     "BOS_ID",
@@ -59,5 +59,6 @@ __all__ = [
     "XLNetTokenizer",
     "main",
     "preprocess_text",
+    "summary_lines",
     "train_spm",
 ]

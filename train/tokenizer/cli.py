@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from train.common.cli import Parser
 
-from .spm_tokenizer import SPECIAL_PIECES, XLNetTokenizer
-from .training import DEFAULT_NUM_THREADS, train_spm
+from .spm_tokenizer import XLNetTokenizer
+from .training import DEFAULT_NUM_THREADS, summary_lines, train_spm
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -108,28 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             verbose=args.verbose,
         )
         tok = XLNetTokenizer.from_dir(model_path.parent)
+        seconds = time.perf_counter() - t0
     except (OSError, ValueError) as e:
         print(f"python -m train.tokenizer: error: {e}", file=sys.stderr)
         return 2
-    from train.common.corpus import iter_texts
-
-    example = next(iter_texts(args.input), "")[:200]
-    learnt = [
-        tok.id_to_piece(i) for i in range(len(SPECIAL_PIECES), min(tok.vocab_size, len(SPECIAL_PIECES) + 20))
-    ]
-    print(f"trained {model_path} in {time.perf_counter() - t0:.1f}s from {len(args.input)} file(s)")
-    if tok.vocab_size < args.vocab_size:
-        print(f"vocab size: {tok.vocab_size} (asked for {args.vocab_size}; the corpus supports no more)")
-    else:
-        print(f"vocab size: {tok.vocab_size}")
-    print(f"special: {' '.join(f'{p}={i}' for i, p in enumerate(SPECIAL_PIECES))}")
-    print(
-        f"flags: do_lower_case={tok.do_lower_case} keep_accents={tok.keep_accents} remove_space={tok.remove_space} "
-        f"split_digits={args.split_digits}"
-    )
-    print(f"first learnt pieces: {' '.join(learnt)}")
-    if example:
-        print(f"example: {example}")
-        print(f"  pieces: {' '.join(tok.tokenize(example))}")
-        print(f"  ids: {tok.encode(example)}")
+    for line in summary_lines(tok, model_path, args.input, args.vocab_size, args.split_digits, seconds):
+        print(line)
     return 0

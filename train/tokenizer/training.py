@@ -243,3 +243,37 @@ def _punct_options(punct: tuple[str, ...], max_sentence_length: int) -> dict[str
     if punct:
         options |= {"pretokenization_delimiter": _TRAIN_DELIMITER, "required_chars": "".join(punct)}
     return options
+
+
+def summary_lines(
+    tok: XLNetTokenizer,
+    model_path: Path,
+    inputs: Sequence[str | Path],
+    vocab_size: int,
+    split_digits: bool,
+    seconds: float,
+) -> list[str]:
+    """What ``python -m train.tokenizer`` prints about a tokenizer it trained (the study prints it too):
+    the vocabulary it got against the one asked for, its flags, its first learnt pieces and an example."""
+    from train.common.corpus import iter_texts  # local import keeps `import train.tokenizer` light
+
+    example = next(iter_texts(inputs), "")[:200]
+    learnt = [
+        tok.id_to_piece(i) for i in range(len(SPECIAL_PIECES), min(tok.vocab_size, len(SPECIAL_PIECES) + 20))
+    ]
+    lines = [f"trained {model_path} in {seconds:.1f}s from {len(inputs)} file(s)"]
+    if tok.vocab_size < vocab_size:
+        lines.append(f"vocab size: {tok.vocab_size} (asked for {vocab_size}; the corpus supports no more)")
+    else:
+        lines.append(f"vocab size: {tok.vocab_size}")
+    lines.append(f"special: {' '.join(f'{p}={i}' for i, p in enumerate(SPECIAL_PIECES))}")
+    lines.append(
+        f"flags: do_lower_case={tok.do_lower_case} keep_accents={tok.keep_accents} remove_space={tok.remove_space} "
+        f"split_digits={split_digits}"
+    )
+    lines.append(f"first learnt pieces: {' '.join(learnt)}")
+    if example:
+        lines.append(f"example: {example}")
+        lines.append(f"  pieces: {' '.join(tok.tokenize(example))}")
+        lines.append(f"  ids: {tok.encode(example)}")
+    return lines
