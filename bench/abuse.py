@@ -37,7 +37,7 @@ import httpx
 
 from bench.common import cpu_summary, percentile
 from bench.serve_load import Outcome, closed_loop, load_pairs
-from export.runtime.backends import SERVER_BACKENDS
+from export.serving.backends import SERVER_BACKENDS
 from harness.server_process import ServerProcess
 
 

@@ -81,7 +81,7 @@ def graph_runner(model: torch.nn.Module, device: torch.device) -> Make:
 
 def ort_cuda_runner(export_dir: Path, device_id: int = 0) -> Make:
     """Our export served by the server's ONNX backend on the CUDA provider; Skipped if it does not run."""
-    from export.runtime.providers import CUDA
+    from export.serving.providers import CUDA
     from server.backends import BackendUnavailable
     from server.backends.onnx import OnnxBackend
     from server.model_spec import resolve_spec

@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from bench.common import markdown_table, percentile
-from export.runtime.gpu import installed_stack
+from export.serving.gpu import installed_stack
 from export.stack_report import collect, problems
 from harness.server_process import ServerProcess
 from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_DEV
@@ -143,7 +143,7 @@ def make_checkpoint(work: Path) -> Path:
 
 def make_export(work: Path, checkpoint: Path) -> Path:
     """An fp32 ONNX export of ``checkpoint``."""
-    from export.onnx.pipeline import OnnxExportOptions, export_onnx
+    from export.onnx.exporter import OnnxExportOptions, export_onnx
 
     return export_onnx(OnnxExportOptions(checkpoint=checkpoint, out=work / "onnx"), report=print).out
 

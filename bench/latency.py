@@ -31,8 +31,8 @@ import transformers
 
 from bench.common import machine_line, markdown_table, pct, time_runs, xlnet_forward_flops
 from bench.gpu_paths import Skipped, cast_model, eager_runner, graph_runner, ort_cuda_runner
-from export.onnx.pipeline import OnnxExportOptions, VerificationFailed, export_onnx
-from export.runtime.sessions import session
+from export.onnx.exporter import OnnxExportOptions, VerificationFailed, export_onnx
+from export.serving.sessions import session
 from train.common.cli import to_stderr
 from train.common.contract import INPUT_NAMES
 from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_DEV

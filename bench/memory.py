@@ -29,9 +29,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from bench.common import machine_line, markdown_table
+from train.engine.execution import autocast
 from train.engine.memory import LiveTensors, storage_bytes
 from train.engine.optim import make_optimizer
-from train.engine.runtime import autocast
 from train.model import HEADS, PRESETS, XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel
 from train.recipes.finetune_setup import freeze
 from train.recipes.pretrain import pretrain_loss

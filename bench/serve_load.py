@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 import httpx
 
 from bench.common import markdown_table, percentile
-from export.runtime.backends import SERVER_BACKENDS
+from export.serving.backends import SERVER_BACKENDS
 from harness.server_process import ServerProcess
 from server.metrics import sample_total
 from train.common.sample_data import SAMPLE_DEV

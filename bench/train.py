@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from bench.common import machine_line, markdown_table, pct, time_runs
-from train.engine.runtime import autocast
+from train.engine.execution import autocast
 from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel, checkpoint
 from train.recipes.pretrain import pretrain_loss
 

@@ -244,7 +244,7 @@ def index_problem(url: str, timeout_s: float = 10.0) -> str | None:
 
 def this_machines_driver() -> str | None:
     """The installed NVIDIA driver's version (nvidia-smi, else the kernel module); None without one."""
-    from export.runtime.gpu import nvidia_driver_version  # it imports this module's pins
+    from export.serving.gpu import nvidia_driver_version  # it imports this module's pins
 
     return nvidia_driver_version()
 

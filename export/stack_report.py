@@ -26,8 +26,8 @@ from export.gpu_versions import (
     stack_for_driver,
     tensorrt_version_problem,
 )
-from export.runtime.gpu import cuda_device_count, cuda_device_problem, nvidia_driver_version
-from export.runtime.providers import (
+from export.serving.gpu import cuda_device_count, cuda_device_problem, nvidia_driver_version
+from export.serving.providers import (
     CUDA,
     GPU_PROVIDERS,
     GPU_WHEEL,
@@ -67,15 +67,15 @@ def _onnxruntime_cuda() -> str | None:
 
 def _nvidia_wheels() -> list[str]:
     """The NVIDIA library directories of the onnxruntime build's CUDA version found on sys.path."""
-    from export.runtime.probe import nvidia_library_dirs, onnxruntime_stack
+    from export.serving.probe import nvidia_library_dirs, onnxruntime_stack
 
     return [str(d) for d in nvidia_library_dirs(onnxruntime_stack().cuda_major)]
 
 
 def provider_runs(providers: list[str], quiet: bool = True) -> dict[str, str | None]:
     """For each compiled-in GPU provider: None when a real tiny session runs on it, else why not."""
-    from export.runtime.probe import preload_gpu_libraries, probe, why_inactive
-    from export.runtime.providers import CPU
+    from export.serving.probe import preload_gpu_libraries, probe, why_inactive
+    from export.serving.providers import CPU
 
     found: dict[str, str | None] = {}
     for provider in (p for p in providers if p in GPU_PROVIDERS):

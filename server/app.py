@@ -1,5 +1,5 @@
 """The FastAPI app: middleware, error handlers, lifespan and routers put together (routes in
-:mod:`server.routes`, lifecycle in :mod:`server.runtime`, errors in :mod:`server.errors`).
+:mod:`server.routes`, lifecycle in :mod:`server.lifecycle`, errors in :mod:`server.errors`).
 
 Routes: ``POST /answer``, ``POST /answer/batch``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics``,
 ``GET /v1/model``, and the OpenAPI docs at ``/docs``. On SIGTERM uvicorn stops accepting connections
@@ -25,13 +25,13 @@ from server.errors import install_error_handlers
 from server.framing import FramingMiddleware
 from server.guard import DOCS_PATHS, METRICS_PATHS, PLAYGROUND_PATHS, PROBES, GuardMiddleware, OpenPaths
 from server.hosts import HostCheckMiddleware, allowed_hosts, is_loopback
+from server.lifecycle import BackendFactory, ModelLifecycle
 from server.metrics import Metrics, MetricsMiddleware
 from server.model_spec import ModelSpec, resolve_spec
 from server.playground import playground_router
 from server.quotas import CallerLimits, CallerQuotas, FailureLimiter
 from server.request_ids import RequestIdMiddleware, configure_logging
 from server.routes import answer_router, batch_router, ops_router
-from server.runtime import BackendFactory, Runtime
 from server.settings import ServerSettings
 from server.slow_clients import configure_connections
 
@@ -59,7 +59,7 @@ def create_app(
         spec = resolve_spec(settings.model, settings.backend, allow_unhashed=settings.allow_unhashed_model)
     keys = KeyRing.from_settings(settings.api_keys_file)  # KeyFileError: refuse to start
     metrics = Metrics()
-    runtime = Runtime(settings, spec, metrics, backend_factory or create_backend, on_fatal)
+    runtime = ModelLifecycle(settings, spec, metrics, backend_factory or create_backend, on_fatal)
     metrics.model_info.labels(runtime.name, settings.backend, spec.head, spec.precision).set(1)
 
     @asynccontextmanager

@@ -1,6 +1,6 @@
 """What the server needs to know about a model, read torch-free from an export or checkpoint directory.
 
-An export directory holds ``export.json`` (read and validated by :mod:`export.runtime.sidecar`), the model file
+An export directory holds ``export.json`` (read and validated by :mod:`export.serving.sidecar`), the model file
 and the tokenizer; a checkpoint directory (``--backend torch``) holds ``config.json`` + ``metadata.json``,
 read here as plain JSON. Neither path imports torch (the ONNX/TensorRT server must not), and both fail
 at startup with one clear line when a directory is not what it claims to be.
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from export.runtime.backends import EXPORT_BACKENDS
-from export.runtime.sidecar import SIDECAR_FILE, ServingSettings, Sidecar, SidecarError
+from export.serving.backends import EXPORT_BACKENDS
+from export.serving.sidecar import SIDECAR_FILE, ServingSettings, Sidecar, SidecarError
 from train.common.contract import INPUT_NAMES, shortest_sequence
 from train.common.contract import OUTPUT_NAMES as OUTPUTS_BY_HEAD
 from train.squad.answerability import NONE_RULE, Answerability, AnswerabilityError
@@ -159,7 +159,7 @@ def _need_tokenizer(directory: Path) -> None:
 def load_export_spec(
     directory: str | Path, backend: str = "onnx", *, allow_unhashed: bool = False
 ) -> ModelSpec:
-    """Read and validate an export directory through ``export.runtime.sidecar`` (torch-free).
+    """Read and validate an export directory through ``export.serving.sidecar`` (torch-free).
 
     The sidecar's backend must fit the server's: an ONNX export for ``onnx``, an engine for ``trt``.
     Every served file must match its recorded sha256; an export that records none (an older exporter,

@@ -13,14 +13,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from server.answering import Answered, Question, RejectedInput, RequestTimeout
 from server.batching import BatcherClosed, BatcherUnhealthy, InferenceError, NonFiniteOutput, QueueFull
 from server.errors import ERROR_RESPONSES, ApiError
 from server.guard import caller_name
+from server.lifecycle import ModelLifecycle
 from server.metrics import Metrics
-from server.pipeline import Answered, Question, RejectedInput, RequestTimeout
 from server.quotas import CallerBudget, CallerQuotas
 from server.request_ids import request_id_var
-from server.runtime import Runtime
 from server.schemas import (
     AnswerRequest,
     AnswerResponse,
@@ -37,7 +37,7 @@ from server.settings import ServerSettings
 # ---- dependencies -----------------------------------------------------------------------------------
 
 
-def get_runtime(request: Request) -> Runtime:
+def get_runtime(request: Request) -> ModelLifecycle:
     """The app's model runtime (set by create_app)."""
     return request.app.state.runtime
 
@@ -50,7 +50,7 @@ def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
-RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+RuntimeDep = Annotated[ModelLifecycle, Depends(get_runtime)]
 SettingsDep = Annotated[ServerSettings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
@@ -112,7 +112,7 @@ async def _client_gone(request: Request) -> None:
 
 
 async def answer_items(
-    runtime: Runtime, items: list[AnswerRequest], request: Request
+    runtime: ModelLifecycle, items: list[AnswerRequest], request: Request
 ) -> list[AnswerResponse]:
     """Run the pipeline for one request, racing the client: if it leaves, its queued windows are dropped."""
     pipeline = runtime.require_ready()

@@ -14,8 +14,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from export.runtime.backends import ServerBackend
-from export.runtime.providers import TENSORRT, parse_providers
+from export.serving.backends import ServerBackend
+from export.serving.providers import TENSORRT, parse_providers
 from train.common.contract import DEFAULTS
 
 ENV_PREFIX = "XLNETQA_"

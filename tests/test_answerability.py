@@ -11,7 +11,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from train.recipes.answerability import (
+from train.answerability.estimators import fit_span_f1
+from train.answerability.fit import (
     FEATURE_SETS,
     FitOptions,
     Table,
@@ -29,7 +30,6 @@ from train.recipes.answerability import (
     fit_table,
     group_folds,
 )
-from train.recipes.answerability_models import fit_span_f1
 from train.squad import read_squad
 from train.squad.answerability import (
     Answerability,
@@ -48,7 +48,7 @@ from train.squad.answerability_features import (
     all_features,
     question_features,
 )
-from train.squad.linear import AnswerabilityError, Linear
+from train.squad.answerability_params import AnswerabilityError, Linear
 
 CONTEXT = (
     "The Normans were the people who gave their name to Normandy, a region in France. "
@@ -304,7 +304,7 @@ def test_fitting_on_real_questions_and_the_report(sample_dir) -> None:
     t = build_table(held, preds, a.features, verifier)
     assert len(t) == len(held)
     # one decision function: what the fit counts as answered is what the server's path decides
-    from train.engine.predict import redecide
+    from train.evaluation.predict import redecide
 
     served = redecide(held, preds, a)
     np.testing.assert_array_equal(answers(a, t), [not served[q].is_impossible for q in t.qids])

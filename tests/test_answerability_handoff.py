@@ -17,8 +17,8 @@ from paths import REPO
 from server_helpers import ServerProcess, export_onnx, server_env
 
 from clients import XLNetQAClient
-from export.runtime.sidecar import Sidecar, SidecarError
-from train.engine.predict import redecide
+from export.serving.sidecar import Sidecar, SidecarError
+from train.evaluation.predict import redecide
 from train.experiments.heldout import predict_file
 from train.squad import read_squad
 from train.squad.answerability import QUESTION_FEATURES, VERIFIER_LOGIT, Answerability, Linear, from_metadata

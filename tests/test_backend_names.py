@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import get_args
 
-from export.runtime import sidecar
-from export.runtime.backends import EXPORT_BACKENDS, SERVER_BACKENDS, TRT, canonical_backend
+from export.serving import sidecar
+from export.serving.backends import EXPORT_BACKENDS, SERVER_BACKENDS, TRT, canonical_backend
 from server.backends import BACKENDS
 from server.settings import ServerSettings
 

@@ -18,12 +18,12 @@ import transformers
 from paths import REPO, SAMPLE_DEV, SHARED_DEV_NAME, shared_squad_file
 
 from export.onnx.cli import build_parser, main, options_from_args
+from export.onnx.exporter import OnnxExportOptions, export_onnx
 from export.onnx.graph import FORBIDDEN_OPS, matmul_weights, op_counts
-from export.onnx.pipeline import OnnxExportOptions, export_onnx
 from export.onnx.torch_export import torch_runner
 from export.onnx.verify import compare, run_all, sample_batches
-from export.runtime import sidecar as sc
-from export.runtime.sessions import runner, session
+from export.serving import sidecar as sc
+from export.serving.sessions import runner, session
 from harness.tiny_models import perturb, tiny_qa_checkpoint
 from train.common.contract import INPUT_NAMES
 from train.common.digests import sha256_file
@@ -115,7 +115,7 @@ SKIP_LN = "com.microsoft.SkipLayerNormalization"
 
 def test_cpu_sessions_skip_the_slow_skiplayernorm_fusion(exports, tmp_path):
     """In the int8 graph onnxruntime would fuse the feed-forward output's residual Add + LayerNormalization
-    into SkipLayerNormalization (slow on CPU: export.runtime.sidecar.CPU_DISABLED_OPTIMIZERS): the shipped file and a
+    into SkipLayerNormalization (slow on CPU: export.serving.sidecar.CPU_DISABLED_OPTIMIZERS): the shipped file and a
     CPU session's own online (ENABLE_ALL) graph keep them unfused; other providers keep the fusion."""
     ckpt, _ = exports["shallow"]
     shipped, plain = tmp_path / "int8", tmp_path / "int8-unoptimized"
@@ -301,7 +301,7 @@ LOGIT_SCALE = 10.0
 def _agreement_against_zeros(export_dir: Path, head: str, data: Path) -> dict:
     """export.onnx.agreement's report for the exported graph against a candidate whose outputs are all 0."""
     from export.onnx.agreement import agreement
-    from export.runtime.sessions import runner, session
+    from export.serving.sessions import runner, session
     from train.tokenizer import XLNetTokenizer
 
     side = sc.Sidecar.load(export_dir)
@@ -401,7 +401,7 @@ def test_serving_settings_have_one_declaration(exports):
 
 
 def test_sidecar_is_torch_free():
-    code = "import sys, export.runtime.sidecar; sys.exit('torch' in sys.modules)"
+    code = "import sys, export.serving.sidecar; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
 
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from export.gpu_versions import TENSORRT_VERSION, TRITON_GUIDANCE
-from export.runtime.sessions import session
-from export.runtime.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
+from export.serving.sessions import session
+from export.serving.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.triton import pbtxt
 from export.triton.cli import main
 from export.triton.repository import TritonOptions, write_repository

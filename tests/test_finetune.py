@@ -412,7 +412,7 @@ def test_two_ranks_equal_one_process_at_twice_the_batch(small_split, spm_dir, tm
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
-    from train.engine.runtime import seed_everything
+    from train.engine.execution import seed_everything
     from train.finetune import parse_config
     from train.recipes.finetune_setup import load_tokenizer_and_model
 

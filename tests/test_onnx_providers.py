@@ -16,7 +16,7 @@ from gpu_mode import REQUIRE_ENV, gpu_required, require_provider
 from paths import REPO
 from server_helpers import ServerProcess, server_env
 
-from export.runtime.providers import (
+from export.serving.providers import (
     CPU,
     CUDA,
     TENSORRT,
@@ -150,7 +150,7 @@ def test_a_driver_version_names_the_extra_it_runs(driver: str, extra: str | None
 
 
 def test_the_driver_question_without_a_driver_or_with_nonsense_is_one_line() -> None:
-    from export.runtime.gpu import nvidia_driver_version
+    from export.serving.gpu import nvidia_driver_version
 
     if nvidia_driver_version() is not None:
         pytest.skip("this machine has an NVIDIA driver")
@@ -394,8 +394,8 @@ def test_gpu_provider_runs_every_node_on_the_gpu_and_matches_the_cpu(
     import onnxruntime as ort
 
     from export.onnx.verify import compare, run_all, sample_batches
-    from export.runtime.sessions import runner, session
-    from export.runtime.sidecar import Sidecar
+    from export.serving.sessions import runner, session
+    from export.serving.sidecar import Sidecar
     from train.tokenizer import XLNetTokenizer
 
     side = Sidecar.load(onnx_export)
@@ -464,7 +464,7 @@ def test_gpu_smoke_script_says_what_is_missing_in_one_line() -> None:
 def test_nvidia_library_directories_are_found_on_every_site_directory(tmp_path: Path) -> None:
     """onnxruntime.preload_dlls() looks only beside onnxruntime; the wheels a torch install brought may
     sit in another site directory (CUDA 13: nvidia/cu13/lib; CUDA 12: one directory per component)."""
-    from export.runtime.probe import nvidia_library_dirs
+    from export.serving.probe import nvidia_library_dirs
 
     torch_site, ort_site = tmp_path / "torch-site", tmp_path / "ort-target"
     for lib in ("nvidia/cu13/lib", "nvidia/cudnn/lib", "nvidia/cublas/lib", "nvidia/cuda_runtime/lib"):

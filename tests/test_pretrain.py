@@ -19,7 +19,7 @@ from fixtures_spm import TINY_PRETRAIN_ARGS as RESUME_ARGS
 from paths import REPO, SAMPLE_CORPUS, SHARED_TEST_NAME, shared_squad_file
 
 from train.data import PretrainBatches, PretrainDataConfig
-from train.engine.runtime import to_tensors
+from train.engine.execution import to_tensors
 from train.engine.state import latest_checkpoint
 from train.model import XLNetConfig, XLNetLMHeadModel, checkpoint
 from train.pretrain import main as pretrain_main

@@ -24,7 +24,7 @@ from train.common.cli import run
 from train.common.corpus import iter_documents
 from train.data import PretrainBatches, tokenize_documents
 from train.data.shards import ShardedCorpus
-from train.engine.runtime import to_tensors
+from train.engine.execution import to_tensors
 from train.model import checkpoint
 from train.prepare_corpus import main as prepare_main
 from train.pretrain import main as pretrain_main

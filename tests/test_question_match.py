@@ -11,8 +11,8 @@ from safetensors.torch import save_file
 
 from export.onnx.cli import main as export_main
 from export.onnx.verify import sample_batches
-from export.runtime import sidecar as sc
-from export.runtime.sessions import session
+from export.serving import sidecar as sc
+from export.serving.sessions import session
 from harness.tiny_models import tiny_qa_checkpoint
 from train.common.contract import INPUT_NAMES
 from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel, checkpoint

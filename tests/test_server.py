@@ -420,7 +420,7 @@ def test_unusable_model_or_backend_exits_2_with_one_line(onnx_export: Path, tmp_
     (broken / "model.onnx").write_bytes(b"not an onnx model")
     r = _run_server_cli("--model", str(broken), "--port", str(free_port()), "--log-level", "critical")
     assert r.returncode == 2 and "model.onnx differs from the exported file" in r.stderr, r.stderr
-    from export.runtime.sidecar import Sidecar
+    from export.serving.sidecar import Sidecar
 
     Sidecar.load(broken).save(broken)  # as if the exporter had written it: passes the checks, fails to load
     r = _run_server_cli("--model", str(broken), "--port", str(free_port()), "--log-level", "critical")

@@ -48,7 +48,7 @@ from clients import (
     XLNetQAError,
 )
 from clients.client import API_KEY_ENV
-from export.runtime.sidecar import SIDECAR_FILE, Sidecar
+from export.serving.sidecar import SIDECAR_FILE, Sidecar
 from harness.server_process import free_port
 from server.app import create_app
 from server.settings import ServerSettings

@@ -20,7 +20,7 @@ from hostile_server import FAULTY, app_server, faulty_backend, post_many
 from paths import REPO
 from server_helpers import OK, WINDOWS, ServerProcess, long_context, post
 
-from export.runtime.sidecar import ServingSettings, Sidecar
+from export.serving.sidecar import ServingSettings, Sidecar
 from harness.server_process import free_port
 from server.metrics import sample_total
 
@@ -173,9 +173,9 @@ def test_shutdown_takes_one_graceful_timeout_in_total(onnx_export: Path, tmp_pat
 def test_draining_gets_what_is_left_of_the_one_graceful_timeout(onnx_export: Path) -> None:
     """Waiting for open requests and draining the batcher share one --graceful-timeout-s (they used to take
     one each): when open requests took 1 s of 1.5 s, the batcher is drained within the 0.5 s left."""
+    from server.lifecycle import ModelLifecycle
     from server.metrics import Metrics
     from server.model_spec import ModelSpec
-    from server.runtime import Runtime
     from server.settings import ServerSettings
 
     drained: list[float | None] = []
@@ -195,7 +195,7 @@ def test_draining_gets_what_is_left_of_the_one_graceful_timeout(onnx_export: Pat
         kind="export",
         serving=ServingSettings(**WINDOWS),
     )
-    runtime = Runtime(settings, spec, Metrics(), backend_factory=lambda *_: None)
+    runtime = ModelLifecycle(settings, spec, Metrics(), backend_factory=lambda *_: None)
     runtime.batcher = Batcher()
     runtime._shutdown_started = time.monotonic() - 1.0  # SIGTERM came 1 s ago
     asyncio.run(runtime.stop())
@@ -243,7 +243,7 @@ def test_model_files_that_differ_from_the_export_or_are_links_are_refused(
 
     from server_helpers import server_env
 
-    from export.runtime.sidecar import Sidecar
+    from export.serving.sidecar import Sidecar
 
     recorded = Sidecar.load(onnx_export).files_sha256 or {}
     assert {"model.onnx", "spiece.model", "tokenizer_config.json"} <= set(recorded)

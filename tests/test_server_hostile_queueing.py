@@ -142,10 +142,10 @@ def test_windows_of_a_departed_client_are_dropped(onnx_export: Path, xlnet_tok) 
 def test_the_deadline_covers_featurizing_queueing_and_inference(xlnet_tok) -> None:
     """request_timeout_s bounds the whole path (the route answers 504): a timeout while tokenizing queues
     nothing; one during inference drops the question's windows still queued."""
-    from export.runtime.sidecar import ServingSettings
+    from export.serving.sidecar import ServingSettings
+    from server.answering import AnswerService, Question, RequestTimeout
     from server.batching import MicroBatcher
     from server.model_spec import ModelSpec
-    from server.pipeline import QAPipeline, Question, RequestTimeout
 
     calls: list[int] = []
 
@@ -168,7 +168,7 @@ def test_the_deadline_covers_featurizing_queueing_and_inference(xlnet_tok) -> No
     async def scenario() -> None:
         batcher = MicroBatcher(run, max_batch_size=1, max_delay_s=0.0)
         batcher.start()
-        pipeline = QAPipeline(spec, xlnet_tok, batcher, timeout_s=0.001)
+        pipeline = AnswerService(spec, xlnet_tok, batcher, timeout_s=0.001)
         with pytest.raises(RequestTimeout):
             await pipeline.answer(Question("Why?", long_text))
         await asyncio.sleep(0.1)
@@ -194,10 +194,10 @@ def test_the_deadline_covers_featurizing_queueing_and_inference(xlnet_tok) -> No
 def test_the_tokenizing_backlog_is_bounded(xlnet_tok) -> None:
     """Long inputs wait for one featurizing thread; beyond 32 maximal requests' worth of characters a
     request is refused at once (QueueFull: 503 + Retry-After) instead of queueing more tokenizing."""
-    from export.runtime.sidecar import ServingSettings
+    from export.serving.sidecar import ServingSettings
+    from server.answering import AnswerService, Question, WorkLimits
     from server.batching import MicroBatcher, QueueFull
     from server.model_spec import ModelSpec
-    from server.pipeline import QAPipeline, Question, WorkLimits
 
     def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         b, t = batch["input_ids"].shape
@@ -217,7 +217,7 @@ def test_the_tokenizing_backlog_is_bounded(xlnet_tok) -> None:
     async def scenario() -> None:
         batcher = MicroBatcher(run, max_batch_size=8, max_delay_s=0.0, max_queue=10**5)
         batcher.start()
-        pipeline = QAPipeline(spec, xlnet_tok, batcher, limits=limits)
+        pipeline = AnswerService(spec, xlnet_tok, batcher, limits=limits)
         outcomes = await asyncio.gather(
             *(pipeline.answer(Question("Why?", context)) for _ in range(48)), return_exceptions=True
         )

@@ -11,8 +11,8 @@ import pytest
 import torch
 from gpu_mode import REQUIRE_ENV, require_torch_cuda
 
+from train.engine.execution import Dist
 from train.engine.optim import make_optimizer, make_scheduler
-from train.engine.runtime import Dist
 from train.engine.state import latest_checkpoint, save_training_state
 from train.engine.step import NonFiniteGradients, TrainStep
 from train.model import XLNetConfig, XLNetForQuestionAnswering

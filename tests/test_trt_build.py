@@ -23,8 +23,8 @@ from trt_stand_in import STRONGLY_TYPED, StandInBuilderConfig
 
 from export.gpu_versions import TENSORRT_VERSION, tensorrt_release
 from export.onnx.verify import compare
-from export.runtime import gpu
-from export.runtime.sidecar import TOKENIZER_FILES, Sidecar
+from export.serving import gpu
+from export.serving.sidecar import TOKENIZER_FILES, Sidecar
 from export.trt.build import (
     StackUnavailable,
     TrtBuildOptions,

@@ -1,5 +1,5 @@
 """Stand-ins for TensorRT and NVIDIA's cuda-bindings, which need an NVIDIA GPU: enough of both for
-export.runtime.gpu's stack checks, export.trt's build and `export.trt.runtime.TRTRunner` (and the server that
+export.serving.gpu's stack checks, export.trt's build and `export.trt.runtime.TRTRunner` (and the server that
 serves through it) to run for real on a CPU.
 
 Device memory is host memory (ctypes buffers), so the runner's copies really move bytes, and the engine
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from export.gpu_versions import TENSORRT_VERSION
-from export.runtime.sidecar import TOKENIZER_FILES, Sidecar
+from export.serving.sidecar import TOKENIZER_FILES, Sidecar
 from export.trt import runtime as trt_runtime
 from train.common.contract import INPUT_NAMES
 
@@ -34,7 +34,7 @@ class StandInStream:
 
 
 class StandInCudart:
-    """cuda-bindings' runtime as the runner and export.runtime.gpu use it: every call returns (cudaError_t,
+    """cuda-bindings' runtime as the runner and export.serving.gpu use it: every call returns (cudaError_t,
     values...); ``devices`` GPUs named "Stand-in GPU <ordinal>", or cudaGetDeviceCount failing with
     ``count_error``; versions as CUDA encodes them (12090 = 12.9). Device memory is host memory here
     (ctypes buffers), so copies really move bytes; ``set_devices`` records every cudaSetDevice."""
@@ -334,11 +334,11 @@ def stand_in_tensorrt(version: str, engine: Any) -> types.ModuleType:
     trt.Logger = type("Logger", (), {"WARNING": 2, "__init__": lambda self, level: None})
     trt.TensorIOMode = types.SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT")
     runtime = type(
-        "Runtime",
+        "ModelLifecycle",
         (),
         {"__init__": lambda self, logger: None, "deserialize_cuda_engine": lambda self, data: engine},
     )
-    trt.Runtime = runtime
+    trt.ModelLifecycle = runtime
     trt.builders = []
     trt.Builder = type("Builder", (StandInBuilder,), {"made": trt.builders})
     trt.OnnxParser = StandInParser
@@ -359,7 +359,7 @@ def install(
     fail: str | None = None,
     **cudart_options: Any,
 ) -> tuple[StandInCudart, StandInEngine]:
-    """TensorRT, cuda-bindings and GPUs, as far as export.runtime.gpu and TRTRunner can tell: the stand-ins are
+    """TensorRT, cuda-bindings and GPUs, as far as export.serving.gpu and TRTRunner can tell: the stand-ins are
     imported as ``tensorrt`` and ``cuda.bindings.runtime`` (``set_module(name, module)`` puts them in
     sys.modules), so the stack checks run for real against them."""
     cudart = StandInCudart(fail, **cudart_options)

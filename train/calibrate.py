@@ -3,7 +3,7 @@
 For a fine-tuned checkpoint (ours, or an older one that decides by a plain threshold): predicts the
 labelled held-out questions of ``--data`` (articles the model never trained on, e.g. the official
 dev file), fits the answerability model on them by cross-fitting over articles
-(:mod:`train.recipes.answerability`: a question verifier from ``--train-file``, combined with the model's
+(:mod:`train.answerability.fit`: a question verifier from ``--train-file``, combined with the model's
 scores, calibrated, and a decision rule chosen by cross-validation) and stores it in the checkpoint's
 ``metadata.json``, where `train.evaluate`, the exporters and the server read it. Fine-tuning does the
 same at its end on its ``--dev-file``; this command redoes it on other data. Score the result on yet
@@ -17,11 +17,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from train.answerability.fit import ANSWERABILITY_CHOICES, CALIBRATION_METHODS, FEATURE_SETS, fit_for
 from train.common.atomic_dir import atomic_write_text
 from train.common.cli import Parser, run
-from train.engine.predict import predict_checkpoint
+from train.evaluation.predict import predict_checkpoint
 from train.model import checkpoint
-from train.recipes.answerability import ANSWERABILITY_CHOICES, CALIBRATION_METHODS, FEATURE_SETS, fit_for
 from train.squad import VERIFIER_LOGIT, read_squad
 from train.squad.answerability import from_metadata
 

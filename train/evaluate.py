@@ -7,7 +7,7 @@ and the answerability model (verifier, calibration and decision rule, or a plain
 threshold) default to what the checkpoint's metadata says (set by fine-tuning or `train.calibrate`).
 Articles the checkpoint was fine-tuned on, or whose questions chose its no-answer decision, make the
 scores in-sample: one warning line each on stderr, and ``in_sample`` in metrics.json. The work is
-:func:`train.engine.predict.evaluate_checkpoint`; this module parses the flags and prints the metrics.
+:func:`train.evaluation.predict.evaluate_checkpoint`; this module parses the flags and prints the metrics.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from train.common.cli import Parser, run
 from train.common.contract import DEFAULTS
-from train.engine.predict import evaluate_checkpoint
+from train.evaluation.predict import evaluate_checkpoint
 
 
 def build_parser() -> Parser:

@@ -16,13 +16,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from train.answerability.fit import ANSWERABILITY_CHOICES, CALIBRATION_METHODS
 from train.common.cli import Parser, run
 from train.engine.flags import add_shared_flags, add_step_compute_flags
 from train.engine.optim import LAYER_DECAY_MODES
 from train.engine.run_record import add_run_flags, explicit_flags
 from train.model import HEADS
 from train.model.config import ANSWER_CLASS_INPUTS
-from train.recipes.answerability import ANSWERABILITY_CHOICES, CALIBRATION_METHODS
 from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
 from train.recipes.presets import RECIPES, recipe_defaults
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from export.onnx.verify import compare
-from export.runtime.runner import Runner
+from export.serving.runner import Runner
 from train.common.contract import INPUT_NAMES
 from train.squad import (
     Answerability,

@@ -3,7 +3,7 @@
     python -m export.onnx --checkpoint runs/squad --out runs/export-fp32 [--opset 17] [--precision fp32|fp16|int8]
         [--head H] [--no-verify] [--optimize/--no-optimize] [--agreement-data dev.json --agreement-max N]
 
-The command line of `export.onnx.pipeline` (the steps and why they are so are described there): flags ->
+The command line of `export.onnx.exporter` (the steps and why they are so are described there): flags ->
 :class:`OnnxExportOptions`, progress on stdout, warnings on stderr. Exit codes: 0 written; 1 the export
 does not verify (nothing written) or writing failed; 2 a user error (one line, no traceback).
 """
@@ -14,10 +14,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from export.onnx.exporter import export_onnx
 from export.onnx.options import PROG, OnnxExportOptions, VerificationFailed
-from export.onnx.pipeline import export_onnx
-from export.runtime.providers import canonical_provider
-from export.runtime.sidecar import PRECISIONS
+from export.serving.providers import canonical_provider
+from export.serving.sidecar import PRECISIONS
 from train.common.cli import Failure, OptionsCommand, Parser, to_stderr
 from train.model import HEADS
 

@@ -1,4 +1,4 @@
-"""What `export.onnx.pipeline` takes and gives: :class:`OnnxExportOptions` (checked on construction),
+"""What `export.onnx.exporter` takes and gives: :class:`OnnxExportOptions` (checked on construction),
 :class:`ExportResult`, the file names of an export directory, the progress callbacks and
 :class:`VerificationFailed`."""
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from export.runtime.providers import GPU_PROVIDERS, INT8_CPU_ONLY, canonical_provider
-from export.runtime.sidecar import PRECISIONS, SIDECAR_FILE, Sidecar
+from export.serving.providers import GPU_PROVIDERS, INT8_CPU_ONLY, canonical_provider
+from export.serving.sidecar import PRECISIONS, SIDECAR_FILE, Sidecar
 from train.model import HEADS
 
 PROG = "python -m export.onnx"  # the command that runs this pipeline; its first progress line names it

@@ -1,4 +1,4 @@
-"""The steps of one ONNX export (`export.onnx.pipeline` describes them and why they are so): export and
+"""The steps of one ONNX export (`export.onnx.exporter` describes them and why they are so): export and
 check the portable fp32 graph, verify it against PyTorch, then the graph of the requested precision, the
 optional measurements (`export.onnx.measurements`) and the files of the export directory."""
 
@@ -23,7 +23,7 @@ from export.onnx.options import MODEL_FILE, PORTABLE_FILE, VerificationFailed
 from export.onnx.precision import quantize_int8, to_fp16
 from export.onnx.torch_export import export_graph
 from export.onnx.verify import DEFAULT_TOLERANCE, Comparison, compare, run_all, sample_batches
-from export.runtime.sessions import runner, session
+from export.serving.sessions import runner, session
 
 
 class ExportSteps(ExportContext):

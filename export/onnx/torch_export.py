@@ -12,7 +12,7 @@ import onnx
 import torch
 
 from export.onnx.graph import ensure_node_names, fold_static_ifs
-from export.runtime.runner import Feeds, Runner
+from export.serving.runner import Feeds, Runner
 from train.common.contract import INPUT_NAMES
 from train.model import HEADS
 from train.model import checkpoint as ckpt_io

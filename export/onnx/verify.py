@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from export.runtime.runner import Feeds, Runner
+from export.serving.runner import Feeds, Runner
 from train.common import contract
 from train.common.contract import INDEX_OUTPUTS, INPUT_NAMES
 from train.squad import featurize_one, pad_batch

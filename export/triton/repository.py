@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from export.gpu_versions import TENSORRT_VERSION, TRITON_GUIDANCE, release_problem, tensorrt_version_problem
-from export.runtime.backends import ONNX, TRT
-from export.runtime.providers import gpu_graph
-from export.runtime.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
+from export.serving.backends import ONNX, TRT
+from export.serving.providers import gpu_graph
+from export.serving.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.triton import pbtxt
 from export.trt.profile import min_sequence
 from train.common.atomic_dir import atomic_directory

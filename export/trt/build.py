@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from export.gpu_versions import tensorrt_release
-from export.runtime.backends import TRT
-from export.runtime.gpu import gpu_stack_problem
-from export.runtime.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
+from export.serving.backends import TRT
+from export.serving.gpu import gpu_stack_problem
+from export.serving.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.trt.profile import (
     Profile,
     Shape,
@@ -312,7 +312,7 @@ def keep_fp32(
 def verify_engine(runner_: Any, plan: BuildPlan, report: Report = print) -> dict[str, Any]:
     """Engine (TRTRunner) vs onnxruntime CPU on the source graph at shapes spanning the profile."""
     from export.onnx.verify import compare, run_all, sample_batches
-    from export.runtime.sessions import runner, session
+    from export.serving.sessions import runner, session
     from train.tokenizer import XLNetTokenizer
 
     graph, precision = plan.graph, plan.precision

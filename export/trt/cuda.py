@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from export.gpu_versions import STACKS
-from export.runtime.gpu import INSTALL_HINT, error_string, import_cudart
+from export.serving.gpu import INSTALL_HINT, error_string, import_cudart
 
 
 class CudaError(RuntimeError):

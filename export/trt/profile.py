@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from export.runtime.sidecar import Sidecar
+from export.serving.sidecar import Sidecar
 from train.common.contract import shortest_sequence
 
 Shape = tuple[int, int]  # batch x sequence

@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from export.gpu_versions import tensorrt_version_problem
-from export.runtime.backends import TRT
-from export.runtime.gpu import gpu_stack_problem
-from export.runtime.runner import Feeds, Runner
-from export.runtime.sidecar import Sidecar
+from export.serving.backends import TRT
+from export.serving.gpu import gpu_stack_problem
+from export.serving.runner import Feeds, Runner
+from export.serving.sidecar import Sidecar
 from train.common.contract import INDEX_OUTPUTS, INPUT_NAMES, PAD_ID, SEG_ID_PAD
 
 PER_TOKEN_OUTPUTS = ("start_logits", "end_logits")
@@ -156,7 +156,7 @@ class TRTRunner:
         return {name: _to_numpy(name, host) for name, (_, host) in outputs.items()}
 
     def runner(self) -> Runner:
-        """As an `export.runtime.runner.Runner` (feeds -> outputs in sidecar order)."""
+        """As an `export.serving.runner.Runner` (feeds -> outputs in sidecar order)."""
 
         def run_feeds(feeds: Feeds) -> list[np.ndarray]:
             out = self.run(*(feeds[n] for n in INPUT_NAMES))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from train.engine.runtime import Dist, StopFlag, agree_any, all_reduce_mean
+from train.engine.execution import Dist, StopFlag, agree_any, all_reduce_mean
 from train.engine.step import MicroLoss, StepOutcome, TrainStep
 
 

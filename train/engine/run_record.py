@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import torch.distributed
 
 from train.common.atomic_dir import atomic_write_text, recover_interrupted
-from train.engine.runtime import Dist
+from train.engine.execution import Dist
 from train.model.checkpoint import STAGED_FILES, finish_interrupted_save
 
 RUN_FILE = "run.json"

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from train.engine.execution import Dist, init_distributed
 from train.engine.run_record import open_run
-from train.engine.runtime import Dist, init_distributed
 from train.engine.state import latest_checkpoint, load_training_state, save_training_state
 from train.engine.step import TrainStep
 

@@ -21,8 +21,8 @@ from typing import cast
 
 import torch
 
+from train.engine.execution import Dist, autocast
 from train.engine.optim import MicroBatchClipping, apply_update, clip_gradients
-from train.engine.runtime import Dist, autocast
 
 MAX_BAD_STEPS = 8  # skipped steps in a row before a run is declared diverged (fp16 warm-up needs a few)
 PRECISIONS = ("fp32", "bf16", "fp16")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from train.common.cli import Parser
 from train.common.sample_data import SAMPLE_CORPUS
-from train.engine.predict import evaluate_predictions, redecide
 from train.engine.runlog import read_series
+from train.evaluation.predict import evaluate_predictions, redecide
 from train.experiments.heldout import predict_file, score_rule, span_f1
 from train.experiments.runs import given, short_pretraining
 from train.model import ACTIVATIONS

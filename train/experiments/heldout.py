@@ -27,9 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from train.engine.predict import predict_ensemble, redecide
-from train.model import checkpoint
-from train.recipes.answerability import (
+from train.answerability.fit import (
     FEATURE_SETS,
     FitOptions,
     best_threshold,
@@ -39,6 +37,8 @@ from train.recipes.answerability import (
     fit_question_verifier,
     roc_auc,
 )
+from train.evaluation.predict import predict_ensemble, redecide
+from train.model import checkpoint
 from train.squad import (
     Answerability,
     Prediction,

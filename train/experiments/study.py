@@ -34,8 +34,8 @@ from typing import Any
 from train.common.cli import Parser
 from train.common.sample_data import SAMPLE_DIR as SAMPLE
 from train.engine.optim import OPTIMIZERS
-from train.engine.predict import evaluate_checkpoint
 from train.engine.runlog import read_series
+from train.evaluation.predict import evaluate_checkpoint
 from train.experiments.heldout import compare_rules, plot_reliability, predict_files
 from train.experiments.runs import given, short_pretraining
 from train.experiments.study_report import (

@@ -6,16 +6,13 @@ batch sizes and accumulation its config asks for (a ``--recipe`` reproduces the 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from train.model import XLNetConfig, XLNetForQuestionAnswering, checkpoint
+from train.recipes.finetune_config import FinetuneConfig
 from train.recipes.presets import RECIPES
 from train.tokenizer import XLNetTokenizer, train_spm
-
-if TYPE_CHECKING:
-    from train.recipes.finetune import FinetuneConfig
 
 
 def load_tokenizer_and_model(config: FinetuneConfig, out: Path):

@@ -11,7 +11,6 @@ and ``cleanup`` (the final model, the process group). The training state lives o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,50 +23,16 @@ from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_TRAIN
 from train.data import PretrainBatches, PretrainDataConfig
 from train.data.prepare import prepare_directory
 from train.data.shards import TOKENIZER_DIR, ShardedCorpus
+from train.engine.execution import Dist, autocast, seed_everything, to_tensors
 from train.engine.loop import LoopPlan, StepReport
 from train.engine.optim import make_optimizer, make_scheduler
 from train.engine.recipe import Recipe
 from train.engine.runlog import LogInterval, MetricsLog
-from train.engine.runtime import Dist, autocast, seed_everything, to_tensors
-from train.engine.session import Resumed, Session, TrainingConfig
+from train.engine.session import Resumed, Session
 from train.model import XLNetConfig, XLNetLMHeadModel, checkpoint
+from train.recipes.pretrain_config import PretrainConfig
 from train.recipes.pretrain_init import InitSource
 from train.tokenizer import XLNetTokenizer, train_spm
-
-
-@dataclass(kw_only=True)
-class PretrainConfig(TrainingConfig):
-    """Every setting of a pretraining run (the flags' help says what each does): the training settings
-    of :class:`TrainingConfig` with pretraining's defaults, and its own."""
-
-    # data
-    corpus: list[str] | None = None
-    data: str | None = None
-    lower: bool = False
-    seq_len: int = 128
-    reuse_len: int = 64
-    mem_len: int = 64
-    perm_size: int | None = None
-    num_predict: int | None = None
-    mask_alpha: int = 6
-    mask_beta: int = 1
-    max_gram: int = 5
-    bi_data: bool = False
-    # model
-    config: str = "small"
-    n_layer: int | None = None
-    d_model: int | None = None
-    n_head: int | None = None
-    d_inner: int | None = None
-    activation: str = "gelu"
-    clamp_len: int = -1
-    # optimisation
-    steps: int = 500
-    grad_accum: int = 1
-    lr: float = 5e-4
-    warmup: int = 50
-    # run
-    save_every: int = 200
 
 
 def pretrain_loss(model, batch: dict[str, torch.Tensor], mems=None, precision: str = "fp32", **forward):

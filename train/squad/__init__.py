@@ -14,6 +14,7 @@ from .alignment import (
 )
 from .answerability import Answerability
 from .answerability_features import VERIFIER_LOGIT, ContextIndex, SpanScores
+from .answerability_params import AnswerabilityError
 from .batches import pad_batch, subsample_out_of_window
 from .data import (
     Answer,
@@ -38,7 +39,6 @@ from .head_outputs import (
     group_features,
     simple_null_logit,
 )
-from .linear import AnswerabilityError
 from .metrics import (
     apply_no_answer_threshold,
     compute_exact,

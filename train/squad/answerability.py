@@ -24,7 +24,7 @@ Platt or isotonic calibration) and decides:
 the training side's fits all call it.
 
 Everything here is numpy and plain JSON: the numbers are fitted on the training side
-(:mod:`train.recipes.answerability`, scikit-learn) and stored in the checkpoint's metadata and the
+(:mod:`train.answerability.fit`, scikit-learn) and stored in the checkpoint's metadata and the
 export's sidecar; the server only applies them. A model without a fitted one gets
 :meth:`Answerability.cls_only`: ``sigmoid(min over windows of cls_logit)`` against a threshold.
 
@@ -51,7 +51,7 @@ from .answerability_features import (
     SpanScores,
     all_features,
 )
-from .linear import AnswerabilityError, Linear, parse_curve, parse_number, parse_object
+from .answerability_params import AnswerabilityError, Linear, parse_curve, parse_number, parse_object
 
 FORMAT = 1
 FITTED_RULES = ("threshold", "expected_gain")  # the rules a fit chooses between

@@ -29,7 +29,7 @@ from train.common.text import (
     words,
 )
 
-from .linear import AnswerabilityError, Linear
+from .answerability_params import AnswerabilityError, Linear
 
 # The QA model's own scores (every head has cls_logit; null_margin needs start/end logits at <cls>).
 MODEL_FEATURES = ("cls_logit", "null_margin", "span_log_prob", "span_top_prob")

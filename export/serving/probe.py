@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from export.gpu_versions import TENSORRT_VERSION, GpuStack, stack_for_cuda
-from export.runtime.gpu import cuda_device_count, cuda_device_problem, installed_stack
-from export.runtime.providers import (
+from export.serving.gpu import cuda_device_count, cuda_device_problem, installed_stack
+from export.serving.providers import (
     CUDA,
     GPU_PROVIDERS,
     TENSORRT,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from export.runtime.backends import EXPORT_BACKENDS, TRT, canonical_backend
+from export.serving.backends import EXPORT_BACKENDS, TRT, canonical_backend
 from train.common.contract import DEFAULTS, END_N_TOP, INPUT_NAMES, OUTPUT_NAMES, START_N_TOP
 from train.common.digests import sha256_file
 from train.squad.answerability import Answerability, AnswerabilityError, from_metadata

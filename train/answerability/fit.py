@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from train.recipes.answerability_crossfit import (
+from train.answerability.crossfit import (
     CrossFit,
     answers,
     best_threshold,
@@ -38,7 +38,7 @@ from train.recipes.answerability_crossfit import (
     f1_at,
     fit_rules,
 )
-from train.recipes.answerability_models import (
+from train.answerability.estimators import (
     CALIBRATION_METHODS,
     FEATURE_SETS,
     FitOptions,
@@ -48,7 +48,7 @@ from train.recipes.answerability_models import (
     fit_question_verifier,
     roc_auc,
 )
-from train.recipes.answerability_table import (
+from train.answerability.table import (
     Table,
     build_table,
     fittable,
@@ -59,7 +59,7 @@ from train.recipes.answerability_table import (
 from train.squad import Prediction, SquadExample
 from train.squad.answerability import NONE_RULE, Answerability
 from train.squad.answerability_features import VERIFIER_LOGIT
-from train.squad.linear import Linear
+from train.squad.answerability_params import Linear
 
 # The recipe's public names, also those defined beside it (imported from here by the commands,
 # the held-out comparison and the tests).

@@ -1,5 +1,5 @@
 """scikit-learn estimators fitted for the answerability, turned into the plain numbers the torch- and
-scikit-learn-free decoder applies (:class:`train.squad.linear.Linear`, :class:`Answerability`).
+scikit-learn-free decoder applies (:class:`train.squad.answerability_params.Linear`, :class:`Answerability`).
 
 The question verifier (stage 1) and the combining model with its calibration (stage 2), plus the
 span-F1 model of the expected-gain rule; scikit-learn is imported only inside the functions that fit.
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from train.recipes.answerability_table import (
+from train.answerability.table import (
     SPAN_F1_FEATURES,
     Table,
     fold_groups,
@@ -29,7 +29,7 @@ from train.squad.answerability_features import (
     SPAN_FEATURES,
     VERIFIER_LOGIT,
 )
-from train.squad.linear import Linear
+from train.squad.answerability_params import Linear
 
 # The combining model's inputs, by name (`--answerability` in train.finetune).
 FEATURE_SETS: dict[str, tuple[str, ...]] = {

@@ -23,7 +23,7 @@ to callbacks, so a caller chooses where they land. Intermediate files live in a 
    `quantize_heads`): convert the verified fp32 graph and verify it with a tolerance relative to each
    output's magnitude; `agreement_data` decodes SQuAD questions with it and with
    PyTorch fp32 and reports how often the answers are identical.
-5. Write `model.onnx`, the tokenizer and `export.json` (`export.runtime.sidecar`).
+5. Write `model.onnx`, the tokenizer and `export.json` (`export.serving.sidecar`).
 
 Error messages name the command-line flags (``--out``, ``--threads``): the command line is the main user.
 The options and results are in `export.onnx.options`, the steps in `export.onnx.steps`, the optional
@@ -53,7 +53,7 @@ from export.onnx.options import (
 )
 from export.onnx.steps import ExportSteps
 from export.onnx.torch_export import load_qa_checkpoint, weights_file
-from export.runtime.sidecar import SIDECAR_FILE, Sidecar, settings_from_metadata
+from export.serving.sidecar import SIDECAR_FILE, Sidecar, settings_from_metadata
 from train.common.atomic_dir import atomic_directory
 from train.common.digests import sha256_file
 from train.model import XLNetForQuestionAnswering

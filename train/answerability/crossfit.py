@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from train.recipes.answerability_models import (
+from train.answerability.estimators import (
     FitOptions,
     answerable_probs,
     as_answerability,
@@ -16,9 +16,9 @@ from train.recipes.answerability_models import (
     fit_span_f1,
     out_of_fold_probs,
 )
-from train.recipes.answerability_table import Table, fittable, table_folds
+from train.answerability.table import Table, fittable, table_folds
 from train.squad.answerability import Answerability
-from train.squad.linear import Linear
+from train.squad.answerability_params import Linear
 
 
 def answers(a: Answerability, t: Table) -> np.ndarray:

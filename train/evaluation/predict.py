@@ -76,7 +76,7 @@ def predict_features(
     precision: str = "fp32",
 ) -> FeatureOutputs:
     """Run the QA model over features in length-sorted batches (less padding), return per-feature rows."""
-    from train.engine.runtime import autocast, to_tensors
+    from train.engine.execution import autocast, to_tensors
 
     model.eval()
     device = torch.device(device)

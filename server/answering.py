@@ -98,7 +98,7 @@ class Answered:
     rule: str  # what set the prediction's threshold (AnswerResponse.rule)
 
 
-class QAPipeline:
+class AnswerService:
     """Answers questions with a tokenizer, a model spec and a running :class:`MicroBatcher`."""
 
     def __init__(

@@ -2,7 +2,7 @@
 
 A single server listens while the model loads, so ``/healthz`` answers at once and ``/readyz`` stays
 503 until the model is loaded *and* has answered a dummy request through the whole path (load balancers
-only route to warm replicas). A worker under ``--workers`` waits for :meth:`Runtime.until_loaded` before
+only route to warm replicas). A worker under ``--workers`` waits for :meth:`ModelLifecycle.until_loaded` before
 it takes connections (``server.app.create_app``), so a respawned worker never answers 503 while its
 siblings could have answered. On shutdown the micro-batcher is drained, so every admitted question is
 still answered, within what is left of one graceful timeout.
@@ -24,12 +24,12 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from server.answering import AnswerService, Question, WorkLimits
 from server.backends import Backend, BackendUnavailable, batch_limit
 from server.batching import BatcherClosed, BatchStats, MicroBatcher
 from server.errors import ApiError
 from server.metrics import Metrics
 from server.model_spec import ModelSpec
-from server.pipeline import QAPipeline, Question, WorkLimits
 from server.settings import ServerSettings
 from train.tokenizer import XLNetTokenizer
 
@@ -39,7 +39,7 @@ LOAD_PROGRESS_S = 15.0  # how often a long load says it is still going
 BackendFactory = Callable[[ModelSpec, ServerSettings], Backend]
 
 
-class Runtime:
+class ModelLifecycle:
     """Owns the model: loads it in the background, warms it up, serves it, drains it on shutdown."""
 
     def __init__(
@@ -58,7 +58,7 @@ class Runtime:
         self._state = "starting"
         self.error: str | None = None  # for the log only: it may hold paths and exception text
         self.backend: Backend | None = None
-        self.pipeline: QAPipeline | None = None
+        self.pipeline: AnswerService | None = None
         self.batcher: MicroBatcher | None = None
         self._loader: asyncio.Task | None = None
         self.max_batch_size = batch_limit(spec, settings)
@@ -211,7 +211,7 @@ class Runtime:
         tokenizer = await asyncio.to_thread(XLNetTokenizer.from_dir, spec.tokenizer_dir)
         self.backend = await asyncio.to_thread(self.backend_factory, spec, s)
         assert self.batcher is not None
-        self.pipeline = QAPipeline(
+        self.pipeline = AnswerService(
             spec,
             tokenizer,
             self.batcher,
@@ -272,7 +272,7 @@ class Runtime:
         facts = self.backend.describe() if self.backend is not None else {}
         return {k: facts[k] for k in ("providers", "device") if facts.get(k) is not None}
 
-    def require_ready(self) -> QAPipeline:
+    def require_ready(self) -> AnswerService:
         """The pipeline, or the 503 that says why there is none (never internals: they are logged)."""
         if self.ready and self.pipeline is not None:
             return self.pipeline

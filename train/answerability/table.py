@@ -18,7 +18,7 @@ from train.squad.answerability_features import (
     all_features,
     question_features,
 )
-from train.squad.linear import Linear
+from train.squad.answerability_params import Linear
 from train.squad.metrics import compute_f1, gold_answers
 
 # What the span-F1 model (the expected-gain rule's E[F1 of the best span]) reads.
