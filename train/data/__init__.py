@@ -8,7 +8,6 @@ pipeline     -- `PretrainBatches`: resumable, deterministic batches of numpy arr
 """
 
 from train.common.contract import CLS_ID, EOD_ID, SEP_ID
-from train.data.batches import PretrainBatches, batches_per_pass
 from train.data.config import PretrainDataConfig
 from train.data.permutation import (
     content_stream_can_see,
@@ -16,6 +15,7 @@ from train.data.permutation import (
     query_stream_can_see,
     target_arrays,
 )
+from train.data.pretrain_batches import PretrainBatches, batches_per_pass
 from train.data.segments import SegmentPair, assemble_example, split_a_and_b
 from train.data.spans import SpanMask, sample_span_mask
 from train.data.streams import StreamRows, TokenStream, stream_rows, tokenize_documents

@@ -2,7 +2,7 @@
 
 B is the true continuation of A with probability 0.5, otherwise a random run of whole sentences drawn
 from the same stream (as in the original). Either way the stream itself only advances by `reuse_len`
-per example (the original ignores the `new_begin` it computes), see `train.data.batches`.
+per example (the original ignores the `new_begin` it computes), see `train.data.pretrain_batches`.
 """
 
 from __future__ import annotations
