@@ -83,3 +83,50 @@ def test_the_top_of_train_and_export_holds_only_commands(room: str) -> None:
             continue
         assert is_command(module), f"{room}/{module.name} is not a command: move it into a package"
         assert f"`{module.name}`" in architecture, f"{room}/{module.name} missing from ARCHITECTURE.md"
+
+
+def modules() -> list[Path]:
+    """Every module of the code rooms and the harness (package markers and ``__main__`` aside)."""
+    found = []
+    for room in (*ROOMS, "harness"):
+        for path in sorted((REPO / room).rglob("*.py")):
+            if path.name not in ("__init__.py", "__main__.py") and "__pycache__" not in path.parts:
+                found.append(path)
+    return found
+
+
+def test_every_module_is_named_in_the_architecture() -> None:
+    """A newcomer finds every module on the map (by its file name, in its package's entry)."""
+    architecture = (REPO / "ARCHITECTURE.md").read_text()
+    missing = [
+        p.relative_to(REPO).as_posix()
+        for p in modules()
+        if p.name not in architecture and p.relative_to(REPO).as_posix() not in architecture
+    ]
+    assert not missing, f"modules ARCHITECTURE.md never names: {missing}"
+
+
+def test_every_path_the_architecture_names_exists() -> None:
+    architecture = (REPO / "ARCHITECTURE.md").read_text()
+    named = set(re.findall(r"`((?:train|export|server|harness|clients|bench|tests)/[\w/.]*)`", architecture))
+    missing = sorted(p for p in named if not (REPO / p.rstrip("/")).exists())
+    assert named and not missing, f"ARCHITECTURE.md names paths that do not exist: {missing}"
+
+
+def test_scikit_learn_is_imported_only_where_answerability_is_fitted() -> None:
+    """ARCHITECTURE.md: scikit-learn lives in train/answerability/ and nowhere else in the product."""
+    importers = []
+    for room in ("train", "export", "server", "harness", "clients", "bench"):
+        for path in sorted((REPO / room).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
+                if any(n == "sklearn" or n.startswith("sklearn.") for n in names):
+                    importers.append(path.relative_to(REPO).as_posix())
+    outside = sorted({p for p in importers if not p.startswith("train/answerability/")})
+    assert importers and not outside, f"scikit-learn imported outside train/answerability/: {outside}"
