@@ -311,6 +311,16 @@ class _Policy:
         key = _api_key(api_key)
         self._auth = _BearerAuth(key) if key is not None else None
 
+    def _http_options(self, timeout: float) -> dict[str, Any]:
+        """What the blocking and the asyncio httpx clients are both built with."""
+        return {
+            "base_url": self.base_url,
+            "timeout": timeout,
+            "headers": self.headers,
+            "verify": self.verify,
+            "auth": self._auth,
+        }
+
     def __repr__(self) -> str:  # never the key (nor any header)
         return f"{type(self).__name__}({self.base_url!r}, timeout={self.timeout}, retries={self.retries})"
 
@@ -344,13 +354,7 @@ class XLNetQAClient(_Policy):
         self, base_url: str, timeout: float = 10.0, retries: int = 3, backoff: float = 0.1, **kw: Any
     ) -> None:
         super().__init__(base_url, timeout, retries, backoff, **kw)
-        self._http = httpx.Client(
-            base_url=self.base_url,
-            timeout=timeout,
-            headers=self.headers,
-            verify=self.verify,
-            auth=self._auth,
-        )
+        self._http = httpx.Client(**self._http_options(timeout))
 
     def __enter__(self) -> XLNetQAClient:
         return self
@@ -434,13 +438,7 @@ class AsyncXLNetQAClient(_Policy):
         self, base_url: str, timeout: float = 10.0, retries: int = 3, backoff: float = 0.1, **kw: Any
     ) -> None:
         super().__init__(base_url, timeout, retries, backoff, **kw)
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=timeout,
-            headers=self.headers,
-            verify=self.verify,
-            auth=self._auth,
-        )
+        self._http = httpx.AsyncClient(**self._http_options(timeout))
 
     async def __aenter__(self) -> AsyncXLNetQAClient:
         return self

@@ -22,6 +22,19 @@ from train.squad import featurize_one
 from train.tokenizer import XLNetTokenizer
 
 WINDOWS = {"max_seq_len": 128, "doc_stride": 64, "max_query_len": 32}
+
+
+def stand_in_spec(directory: Path, name: str = "t", head: str = "shallow"):
+    """A ModelSpec for a backend the test provides itself (no model files read): the test's windows."""
+    from export.serving.sidecar import ServingSettings
+    from server.model_spec import ModelSpec
+
+    serving = ServingSettings(**WINDOWS)
+    return ModelSpec(
+        name=name, directory=directory, tokenizer_dir=directory, head=head, kind="export", serving=serving
+    )
+
+
 METADATA = {"no_answer_threshold": 0.5, **WINDOWS, "max_answer_len": 30, "head": "shallow"}
 OK = {"question": "What?", "context": "Something happened."}  # a request every server answers
 

@@ -18,9 +18,9 @@ import httpx
 import numpy as np
 from hostile_server import FAULTY, app_server, faulty_backend, post_many
 from paths import REPO
-from server_helpers import OK, WINDOWS, ServerProcess, long_context, post
+from server_helpers import OK, ServerProcess, long_context, post, stand_in_spec
 
-from export.serving.sidecar import ServingSettings, Sidecar
+from export.serving.sidecar import Sidecar
 from harness.server_process import free_port
 from server.metrics import sample_total
 
@@ -175,7 +175,6 @@ def test_draining_gets_what_is_left_of_the_one_graceful_timeout(onnx_export: Pat
     one each): when open requests took 1 s of 1.5 s, the batcher is drained within the 0.5 s left."""
     from server.lifecycle import ModelLifecycle
     from server.metrics import Metrics
-    from server.model_spec import ModelSpec
     from server.settings import ServerSettings
 
     drained: list[float | None] = []
@@ -187,14 +186,7 @@ def test_draining_gets_what_is_left_of_the_one_graceful_timeout(onnx_export: Pat
             drained.append(timeout)
 
     settings = ServerSettings(model=onnx_export, graceful_timeout_s=1.5)
-    spec = ModelSpec(
-        name="t",
-        directory=REPO,
-        tokenizer_dir=REPO,
-        head="shallow",
-        kind="export",
-        serving=ServingSettings(**WINDOWS),
-    )
+    spec = stand_in_spec(REPO)
     runtime = ModelLifecycle(settings, spec, Metrics(), backend_factory=lambda *_: None)
     runtime.batcher = Batcher()
     runtime._shutdown_started = time.monotonic() - 1.0  # SIGTERM came 1 s ago

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from hostile_server import app_server, slow_backend
 from paths import REPO
-from server_helpers import OK, WINDOWS, long_context, post
+from server_helpers import OK, WINDOWS, long_context, post, stand_in_spec
 
 from server.metrics import sample_total
 from train.squad import featurize_one
@@ -142,10 +142,8 @@ def test_windows_of_a_departed_client_are_dropped(onnx_export: Path, xlnet_tok) 
 def test_the_deadline_covers_featurizing_queueing_and_inference(xlnet_tok) -> None:
     """request_timeout_s bounds the whole path (the route answers 504): a timeout while tokenizing queues
     nothing; one during inference drops the question's windows still queued."""
-    from export.serving.sidecar import ServingSettings
     from server.answering import AnswerService, Question, RequestTimeout
     from server.batching import MicroBatcher
-    from server.model_spec import ModelSpec
 
     calls: list[int] = []
 
@@ -155,14 +153,7 @@ def test_the_deadline_covers_featurizing_queueing_and_inference(xlnet_tok) -> No
         b, t = batch["input_ids"].shape
         return {"start_logits": np.zeros((b, t)), "end_logits": np.zeros((b, t)), "cls_logits": np.zeros(b)}
 
-    spec = ModelSpec(
-        name="t",
-        directory=REPO,
-        tokenizer_dir=REPO,
-        head="shallow",
-        kind="export",
-        serving=ServingSettings(**WINDOWS),
-    )
+    spec = stand_in_spec(REPO)
     long_text = long_context(xlnet_tok, "Why?", 30)  # tokenizing it takes well over a millisecond
 
     async def scenario() -> None:
@@ -194,23 +185,14 @@ def test_the_deadline_covers_featurizing_queueing_and_inference(xlnet_tok) -> No
 def test_the_tokenizing_backlog_is_bounded(xlnet_tok) -> None:
     """Long inputs wait for one featurizing thread; beyond 32 maximal requests' worth of characters a
     request is refused at once (QueueFull: 503 + Retry-After) instead of queueing more tokenizing."""
-    from export.serving.sidecar import ServingSettings
     from server.answering import AnswerService, Question, WorkLimits
     from server.batching import MicroBatcher, QueueFull
-    from server.model_spec import ModelSpec
 
     def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         b, t = batch["input_ids"].shape
         return {"start_logits": np.zeros((b, t)), "end_logits": np.zeros((b, t)), "cls_logits": np.zeros(b)}
 
-    spec = ModelSpec(
-        name="t",
-        directory=REPO,
-        tokenizer_dir=REPO,
-        head="shallow",
-        kind="export",
-        serving=ServingSettings(**WINDOWS),
-    )
+    spec = stand_in_spec(REPO)
     context = long_context(xlnet_tok, "Why?", 10)  # over the inline limit: the featurizing thread
     limits = WorkLimits(max_normalized_chars=len(context) + 10, max_tokens=10**6, max_windows=10**4)
 
