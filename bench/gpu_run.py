@@ -114,7 +114,7 @@ def plan_runs(parts_dir: str, manifest: dict[str, Any], python: str = "python3")
 def pack(out_dir: Path, python_version: str, part_mib: int, wheels_dir: Path | None) -> Path:
     """Download the wheels the lent machine lacks (onnxruntime-gpu for the default stack, the server's
     packages) for its Python, tar them and split the tar into ``out_dir``; returns the manifest."""
-    from export.gpu_versions import DEFAULT_STACK
+    from export.serving.gpu_stacks import DEFAULT_STACK
 
     wanted = [f"onnxruntime-gpu=={DEFAULT_STACK.onnxruntime_gpu}", *SERVER_WHEELS]
     with tempfile.TemporaryDirectory(prefix="gpu-wheels-") as tmp:

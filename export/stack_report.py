@@ -19,14 +19,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from export.gpu_versions import (
+from export.serving.gpu import cuda_device_count, cuda_device_problem, nvidia_driver_version
+from export.serving.gpu_stacks import (
     STACKS,
     TENSORRT_VERSION,
     driver_advice,
     stack_for_driver,
     tensorrt_version_problem,
 )
-from export.serving.gpu import cuda_device_count, cuda_device_problem, nvidia_driver_version
 from export.serving.providers import (
     CUDA,
     GPU_PROVIDERS,
@@ -106,7 +106,7 @@ def collect(quiet: bool = True) -> dict[str, Any]:
 
 
 def pinned() -> dict[str, Any]:
-    """This project's pins, per GPU extra (export/gpu_versions.py)."""
+    """This project's pins, per GPU extra (export/serving/gpu_stacks.py)."""
     stacks = {
         s.extra: {
             "cuda": s.cuda_major,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from export.gpu_versions import TENSORRT_VERSION, TRITON_GUIDANCE
+from export.serving.gpu_stacks import TENSORRT_VERSION, TRITON_GUIDANCE
 from export.serving.sessions import session
 from export.serving.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.triton import pbtxt

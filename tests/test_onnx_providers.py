@@ -94,7 +94,7 @@ def _resolve(extra: str, extras: dict[str, list[str]]) -> set[str]:
 
 
 def test_no_extra_installs_both_onnxruntime_wheels_and_gpu_pins_agree() -> None:
-    from export.gpu_versions import CUDA12, CUDA13, STACKS, TENSORRT_VERSION
+    from export.serving.gpu_stacks import CUDA12, CUDA13, STACKS, TENSORRT_VERSION
 
     extras = _extras()
     for extra in extras:
@@ -106,7 +106,7 @@ def test_no_extra_installs_both_onnxruntime_wheels_and_gpu_pins_agree() -> None:
         # the onnxruntime-gpu part installs from PyPI alone; TensorRT (NVIDIA's index) is its own extra
         assert {"onnxruntime-gpu", "cuda-bindings"} <= gpu and not {"torch", stack.tensorrt_package} & gpu
         assert _resolve(stack.tensorrt_extra, extras) == {stack.tensorrt_package}
-        assert stack.onnxruntime_gpu_wheel in extras[stack.extra]  # one home: export/gpu_versions.py
+        assert stack.onnxruntime_gpu_wheel in extras[stack.extra]  # one home: export/serving/gpu_stacks.py
         assert stack.cuda_bindings in extras[stack.extra]
         assert extras[stack.tensorrt_extra] == [stack.tensorrt_wheel]
         assert stack.tensorrt_wheel_version.startswith(TENSORRT_VERSION)  # one engine format for both
@@ -129,7 +129,7 @@ def test_no_extra_installs_both_onnxruntime_wheels_and_gpu_pins_agree() -> None:
 )
 def test_a_driver_version_names_the_extra_it_runs(driver: str, extra: str | None) -> None:
     """Driver -> the newest CUDA major it runs -> the extra; one line from the command, exit 1 for none."""
-    from export.gpu_versions import stack_for_driver
+    from export.serving.gpu_stacks import stack_for_driver
 
     stack = stack_for_driver(driver)
     assert (stack.extra if stack else None) == extra
@@ -173,7 +173,7 @@ def test_the_driver_question_without_a_driver_or_with_nonsense_is_one_line() -> 
 
 def test_gpu_wheels_name_the_pythons_and_platforms_they_exist_for() -> None:
     """pip only says "no matching distribution"; `make gpu-venv` asks this first."""
-    from export.gpu_versions import CUDA12, python_problem
+    from export.serving.gpu_stacks import CUDA12, python_problem
 
     assert python_problem((3, 12), "Linux", "x86_64", tensorrt=True) is None
     assert python_problem((3, 14), "Linux", "x86_64") is None  # onnxruntime-gpu alone

@@ -18,7 +18,7 @@ from paths import REPO
 from server_helpers import ServerProcess, check_answer, dev_questions, post, server_env
 from trt_stand_in import fake_nvidia_smi, fake_trt_export
 
-from export.gpu_versions import TENSORRT_VERSION
+from export.serving.gpu_stacks import TENSORRT_VERSION
 from server.backends import BackendUnavailable, create_backend, dummy_batch
 from server.model_spec import load_export_spec
 from server.settings import ServerSettings

@@ -21,9 +21,9 @@ from onnx import TensorProto, helper, numpy_helper
 from paths import REPO
 from trt_stand_in import STRONGLY_TYPED, StandInBuilderConfig
 
-from export.gpu_versions import TENSORRT_VERSION, tensorrt_release
 from export.onnx.verify import compare
 from export.serving import gpu
+from export.serving.gpu_stacks import TENSORRT_VERSION, tensorrt_release
 from export.serving.sidecar import TOKENIZER_FILES, Sidecar
 from export.trt.build import (
     StackUnavailable,

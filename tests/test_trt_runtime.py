@@ -15,15 +15,15 @@ import pytest
 from paths import REPO
 from trt_stand_in import StandInCudart, fake_nvidia_smi, fake_trt_export
 
-from export.gpu_versions import (
+from export.onnx.verify import compare
+from export.serving import gpu
+from export.serving.gpu_stacks import (
     CUDA13,
     TENSORRT_VERSION,
     TENSORRT_WHEEL,
     tensorrt_release,
     tensorrt_version_problem,
 )
-from export.onnx.verify import compare
-from export.serving import gpu
 from export.serving.sidecar import Sidecar
 from export.trt import cuda as cuda_runtime
 from export.trt import runtime as trt_runtime

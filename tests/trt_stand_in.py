@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from export.gpu_versions import TENSORRT_VERSION
+from export.serving.gpu_stacks import TENSORRT_VERSION
 from export.serving.sidecar import TOKENIZER_FILES, Sidecar
 from export.trt import runtime as trt_runtime
 from train.common.contract import INPUT_NAMES

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from export.gpu_versions import TENSORRT_VERSION, GpuStack, stack_for_cuda
 from export.serving.gpu import cuda_device_count, cuda_device_problem, installed_stack
+from export.serving.gpu_stacks import TENSORRT_VERSION, GpuStack, stack_for_cuda
 from export.serving.providers import (
     CUDA,
     GPU_PROVIDERS,

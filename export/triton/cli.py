@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from export.gpu_versions import TENSORRT_VERSION, release_problem
+from export.serving.gpu_stacks import TENSORRT_VERSION, release_problem
 from export.triton.repository import INSTANCE_KINDS, TritonOptions, write_repository
 from train.common.cli import OptionsCommand, Parser
 

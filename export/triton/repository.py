@@ -15,7 +15,7 @@ sequence length: clients should pad to `max_seq_len` (or to a few fixed lengths)
 
 A TensorRT plan only loads on the TensorRT release that built it, so the plan's `trt.version` must match
 the TensorRT inside the Triton container (`--triton-tensorrt`, default the version this project pins,
-`export.gpu_versions`). Triton serves the plan's optimisation profile as it is: a request outside it is
+`export.serving.gpu_stacks`). Triton serves the plan's optimisation profile as it is: a request outside it is
 rejected, not padded, so a plan whose profile starts above batch 1 or above the shortest sequence the
 graph accepts is refused here.
 """
@@ -29,8 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from export.gpu_versions import TENSORRT_VERSION, TRITON_GUIDANCE, release_problem, tensorrt_version_problem
 from export.serving.backends import ONNX, TRT
+from export.serving.gpu_stacks import (
+    TENSORRT_VERSION,
+    TRITON_GUIDANCE,
+    release_problem,
+    tensorrt_version_problem,
+)
 from export.serving.providers import gpu_graph
 from export.serving.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.triton import pbtxt

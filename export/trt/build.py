@@ -21,7 +21,7 @@ Precision paths (printed, and recorded as `trt.path` in export.json):
 - "fp16-flag":      TensorRT 10.0-10.11 only (an engine for an older Triton container) with --fp16 on an
                     fp32 graph: `BuilderFlag.FP16` (weak typing). Sinusoid nodes, where a graph computes
                     them, are constrained to fp32 (PREFER_PRECISION_CONSTRAINTS). The pinned TensorRT
-                    (export/gpu_versions.py) never takes this path.
+                    (export/serving/gpu_stacks.py) never takes this path.
 
 Exports of `QAInference` have no sinusoid nodes: their position tables were computed in fp32 at export
 and are constants (weights) like any other.
@@ -43,9 +43,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from export.gpu_versions import tensorrt_release
 from export.serving.backends import TRT
 from export.serving.gpu import gpu_stack_problem
+from export.serving.gpu_stacks import tensorrt_release
 from export.serving.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.trt.profile import (
     Profile,

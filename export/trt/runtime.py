@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from export.gpu_versions import tensorrt_version_problem
 from export.serving.backends import TRT
 from export.serving.gpu import gpu_stack_problem
+from export.serving.gpu_stacks import tensorrt_version_problem
 from export.serving.runner import Feeds, Runner
 from export.serving.sidecar import Sidecar
 from train.common.contract import INDEX_OUTPUTS, INPUT_NAMES, PAD_ID, SEG_ID_PAD

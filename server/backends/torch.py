@@ -47,7 +47,7 @@ class TorchBackend(Backend):
         try:
             import torch
 
-            from server.backends import torch_graphs
+            import server.backends.torch_graphs as torch_graphs
             from train.model.checkpoint import load
             from train.model.inference import QAInference
         except ImportError as exc:
