@@ -334,11 +334,11 @@ def stand_in_tensorrt(version: str, engine: Any) -> types.ModuleType:
     trt.Logger = type("Logger", (), {"WARNING": 2, "__init__": lambda self, level: None})
     trt.TensorIOMode = types.SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT")
     runtime = type(
-        "ModelLifecycle",
+        "Runtime",
         (),
         {"__init__": lambda self, logger: None, "deserialize_cuda_engine": lambda self, data: engine},
     )
-    trt.ModelLifecycle = runtime
+    trt.Runtime = runtime
     trt.builders = []
     trt.Builder = type("Builder", (StandInBuilder,), {"made": trt.builders})
     trt.OnnxParser = StandInParser

@@ -40,7 +40,7 @@ class Backend(abc.ABC):
         """
 
     def describe(self) -> dict[str, Any]:
-        """ModelLifecycle facts for ``/v1/model`` and the startup log (providers, device, threads)."""
+        """What the backend runs on, for ``/v1/model`` and the startup log (providers, device, threads)."""
         return {"backend": self.name}
 
     def warmup(self, lengths: tuple[int, ...] = (16,), batch_sizes: tuple[int, ...] = (1,)) -> None:
