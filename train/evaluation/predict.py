@@ -115,7 +115,7 @@ def decode_outputs(
     threshold: float | None = None,
     answerability: Answerability | None = None,
 ) -> dict[str, Prediction]:
-    named: dict[str, Sequence[Any]] = outputs.values
+    named: Mapping[str, Sequence[Any]] = outputs.values
     kw: dict[str, Any] = {"n_best": n_best, "max_answer_len": max_answer_len, "threshold": threshold}
     kw["answerability"] = answerability
     return decode_all_head_outputs(outputs.head, examples, features, named, **kw)

@@ -196,6 +196,15 @@ if set(HEAD_MODULES) != set(HEADS):
 class XLNetForQuestionAnswering(nn.Module):
     """Backbone + one of the registered heads; state-dict names match HF for simple and beam."""
 
+    # The head's modules, which its builder in HEAD_MODULES sets (only those of the chosen head exist).
+    qa_outputs: nn.Linear
+    start_head: nn.Module
+    end_head: nn.Module
+    cls_head: nn.Module
+    start_logits: PoolerStartLogits
+    end_logits: PoolerEndLogits
+    answer_class: PoolerAnswerClass
+
     def __init__(self, config: XLNetConfig, head: str = "simple") -> None:
         super().__init__()
         self.spec = head_spec(head)
