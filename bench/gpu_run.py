@@ -52,7 +52,10 @@ PART_MIB = 60
 PARTS_DIR = ".gpu-parts"
 WORK_DIR = ".gpu-work"
 TARGET_DIR = ".gpu-target"
-OUT = "$OUT/gpu-run"
+# Stage results accumulate on the warm machine (outside $OUT, which each call empties) and travel back as
+# one archive: a call returns at most 8 files, and a run writes two per stage.
+OUT = ".gpu-work/stages"
+BUNDLE = "$OUT/gpu-run.tgz"
 # What the lent machines' image lacks for these stages (the device tool's KINDS.md lists what it has:
 # torch 2.11 for CUDA 13, transformers, onnx, onnxscript, sentencepiece, httpx, prometheus-client,
 # pytest; CPython 3.12), pinned to the versions the CPU venv serves and tests with.
@@ -66,6 +69,7 @@ SERVER_WHEELS = (
     "python-dotenv==1.2.4",
     "annotated-types==0.8.0",
     "typing-inspection==0.4.5",
+    "opentelemetry-api==1.45.2",  # fastapi imports it at start-up
 )
 PLATFORMS = (
     "manylinux_2_28_x86_64",
@@ -73,8 +77,13 @@ PLATFORMS = (
     "manylinux_2_17_x86_64",
     "manylinux2014_x86_64",
 )
-STAGES_BEFORE_INSTALL = (("probe", "latency-torch"), ("serve-torch",))
-STAGES_AFTER_INSTALL = (("install", "latency-ort", "serve-ort"), ("gpu-test", "gpu-check", "report"))
+# The image lacks the server's packages, so every stage that starts a server (or imports server code:
+# graphs) comes after ``install``; the torch latency and the memory levers need nothing carried.
+STAGES_BEFORE_INSTALL = (("probe", "latency-torch"), ("memory",))
+STAGES_AFTER_INSTALL = (
+    ("install", "serve-torch", "graphs", "latency-ort", "serve-ort"),
+    ("gpu-test", "gpu-check", "report"),
+)
 
 
 @dataclass(frozen=True)
@@ -87,7 +96,8 @@ class Run:
 
 
 def stages_command(stages: Sequence[str], python: str = "python3") -> str:
-    return f"PYTHONUNBUFFERED=1 {python} -m bench.gpu_run stages {' '.join(stages)} --out {OUT}"
+    run = f"PYTHONUNBUFFERED=1 {python} -m bench.gpu_run stages {' '.join(stages)} --out {OUT}"
+    return f"{run}; rc=$?; tar czf {BUNDLE} {OUT}; exit $rc"
 
 
 def plan_runs(parts_dir: str, manifest: dict[str, Any], python: str = "python3") -> list[Run]:

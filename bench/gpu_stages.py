@@ -182,6 +182,29 @@ def serve(ctx: StageContext, stage: str, configs: dict[str, tuple[str, str, str]
     return results
 
 
+def memory(ctx: StageContext) -> dict[str, Any]:
+    """bench.memory with real steps on this device: the levers' peak memory and step time (xlnet-large
+    and -base shapes on a GPU; the preset alone on a CPU dry run)."""
+    presets = "large,base" if ctx.device == "cuda" else ctx.preset
+    args = ["--presets", presets, "--device", ctx.device, "--time", "--runs", str(max(2, ctx.runs // 4))]
+    result = run_child(ctx, "memory", python_module(ctx, "bench.memory", *args), 900)
+    lines = (ctx.out / "memory.log").read_text(errors="replace").splitlines()
+    start = next((k for k, line in enumerate(lines) if line.startswith("Machine:")), None)
+    return (
+        {"table": "\n".join(lines[start:])} if result["rc"] == 0 and start is not None else {"error": result}
+    )
+
+
+def graphs(ctx: StageContext) -> dict[str, Any]:
+    """bench.gpu_graphs: CUDA graphs against torch.compile per shape, and one forward's kernels."""
+    out = ctx.work / "graphs.json"
+    out.unlink(missing_ok=True)
+    shapes = ",".join(s for s in ctx.shapes.split(",") if not s.startswith("32x"))  # compile: ~30 s a shape
+    args = ["--config", ctx.preset, "--shapes", shapes or ctx.shapes, "--kernels", "--json", str(out)]
+    result = run_child(ctx, "graphs", python_module(ctx, "bench.gpu_graphs", *args), 600)
+    return json.loads(out.read_text()) if out.is_file() else {"error": result}
+
+
 def install_wheels(ctx: StageContext) -> dict[str, Any]:
     """Join the carried parts and install their wheels into the target directory."""
     try:
@@ -199,6 +222,8 @@ STAGES: dict[str, Callable[[StageContext], dict[str, Any]]] = {
     "probe": probe,
     "latency-torch": lambda ctx: latency(ctx, "latency-torch", "a,c,g"),
     "serve-torch": lambda ctx: serve(ctx, "serve-torch", SERVE_TORCH),
+    "memory": memory,
+    "graphs": graphs,
     "install": install_wheels,
     "latency-ort": lambda ctx: latency(ctx, "latency-ort", "h"),
     "serve-ort": lambda ctx: serve(ctx, "serve-ort", SERVE_ORT),
@@ -311,6 +336,31 @@ def error_line(result: Any) -> str:
     return str(error)
 
 
+def graphs_lines(stages: dict[str, Any]) -> list[str]:
+    """The CUDA graphs / torch.compile table and the kernel profile's first lines, if that stage ran."""
+    result = stages.get("graphs", {}).get("result") or {}
+    if "error" in result:
+        return [f"- graphs: not run: {error_line(result)}", ""]
+    rows = [
+        [r["BxT"], r["dtype"], name, r[name]["p50 ms"], r[name]["p90 ms"], r[name]["prepare s"]]
+        for r in result.get("captures", [])
+        for name in ("cuda-graphs", "compile")
+    ]
+    if not rows:
+        return []
+    header = ["BxT", "dtype", "capture", "p50 ms", "p90 ms", "prepare s"]
+    lines = ["## Whole-graph torch paths (bench.gpu_graphs)", "", markdown_table(header, rows), ""]
+    kernels = result.get("kernels")
+    if kernels:
+        top = ", ".join(f"{op['op']} {op['share']:.0%}" for op in kernels["top ops"][:5])
+        lines += [
+            f"One eager {kernels['dtype']} forward at {kernels['BxT']}: {kernels['kernels per forward']} kernels, "
+            f"{kernels['summed kernel ms']:.3f} ms of kernel time (top: {top}).",
+            "",
+        ]
+    return lines
+
+
 def write_report(dirs: Sequence[Path], out: Path) -> list[Path]:
     """``summary.json`` (every stage) and ``summary.md`` (the tables) in ``out``."""
     stages = collect(dirs)
@@ -336,6 +386,10 @@ def write_report(dirs: Sequence[Path], out: Path) -> list[Path]:
             markdown_table(header, srv),
             "",
         ]
+    lines += graphs_lines(stages)
+    table = (stages.get("memory", {}).get("result") or {}).get("table")
+    if table:
+        lines += ["## Training memory and step time per lever (bench.memory)", "", table, ""]
     for name in ("install", "gpu-test", "gpu-check"):
         if name in stages:
             result = stages[name]["result"]

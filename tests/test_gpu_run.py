@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 from paths import REPO
 from server_helpers import server_env
 
@@ -114,13 +115,16 @@ def test_the_plan_carries_each_part_once_and_runs_each_stage_once_in_order(n_par
     ]
     every = [s for group in (*STAGES_BEFORE_INSTALL, *STAGES_AFTER_INSTALL) for s in group]
     assert sorted(stages) == sorted(every)  # each exactly once
-    assert stages.index("install") > max(stages.index(s) for s in ("probe", "latency-torch", "serve-torch"))
-    assert stages.index("install") < min(stages.index(s) for s in ("latency-ort", "serve-ort", "gpu-test"))
+    assert stages.index("install") > max(stages.index(s) for s in ("probe", "latency-torch", "memory"))
+    # the image has no fastapi / uvicorn / pydantic: whatever serves or imports the server waits for them
+    needs_server = ("serve-torch", "graphs", "latency-ort", "serve-ort", "gpu-test", "gpu-check")
+    assert stages.index("install") < min(stages.index(s) for s in needs_server)
     assert stages[-1] == "report"
     install_call = next(r for r in runs if "install" in r.command)
     assert install_call is runs[-2]  # the call that brings the last part
     assert all(r.timeout_s <= 600 and len(r.command) < 2000 for r in runs)
-    assert all(OUT in r.command for r in runs if " stages " in r.command)
+    # results stay on the warm machine and come back as one archive (a call returns at most 8 files)
+    assert all(OUT in r.command and "$OUT/" in r.command for r in runs if " stages " in r.command)
 
 
 def test_the_stages_run_on_the_cpu_on_tiny_shapes(carried_parts: Path, tmp_path: Path) -> None:
@@ -166,3 +170,20 @@ def test_the_stages_run_on_the_cpu_on_tiny_shapes(carried_parts: Path, tmp_path:
     assert "## Latency" in summary and "## Server" in summary and "| torch fp32 eager | 1 |" in summary
     assert "| onnx fp32 CUDA provider | - |" in summary and "onnxruntime-gpu" in summary
     assert "- install: exit 0" in summary
+
+
+def test_the_graphs_tool_without_a_gpu_is_one_line_and_a_bad_shape_is_a_usage_error() -> None:
+    """``bench.gpu_graphs`` on this CPU: exit 2 with one line naming the missing CUDA device (no
+    traceback); a malformed shape is refused by the parser before torch is asked anything."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: the tool measures instead")
+    base = [sys.executable, "-m", "bench.gpu_graphs"]
+    no_gpu = subprocess.run(base, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert no_gpu.returncode == 2
+    assert no_gpu.stderr.strip().splitlines() == [
+        f"python -m bench.gpu_graphs: error: needs a CUDA device (torch {torch.__version__} sees none)"
+    ]
+    bad = subprocess.run(
+        [*base, "--shapes", "1x384,8by384"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert bad.returncode == 2 and "a shape is BxT" in bad.stderr and "Traceback" not in bad.stderr
