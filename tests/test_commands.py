@@ -148,3 +148,43 @@ def test_the_study_shows_its_step_counts() -> None:
         "--finetune-steps FINETUNE_STEPS",
     ):
         assert re.search(re.escape(flag) + r" \(default: \d+\)", text), flag
+
+
+@pytest.mark.parametrize(
+    ("command", "flag", "value"),
+    [
+        ("pretrain", "--log-every", "0"),
+        ("pretrain", "--save-every", "0"),
+        ("pretrain", "--stop-after", "0"),
+        ("finetune", "--batch-size", "0"),
+        ("finetune", "--steps", "0"),
+        ("finetune", "--eval-every", "0"),
+        ("finetune", "--eval-batch-size", "0"),
+        ("finetune", "--n-best", "0"),
+        ("finetune", "--warmup", "-5"),
+        ("finetune", "--threads", "0"),
+    ],
+)
+def test_a_count_a_run_cannot_use_is_one_line_before_anything_runs(
+    command: str, flag: str, value: str, tmp_path
+) -> None:
+    """A count the run would divide by or loop over (0 steps, log every 0 steps, 0 candidate spans)
+    was a ZeroDivisionError mid-run or a run that silently did nothing: now one line naming the flag,
+    exit 2, and no run directory."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    data = ["--train-file", "data/sample/train.json", "--dev-file", "data/sample/dev.json"]
+    args = ["--config", "tiny", "--train-spm", "500", "--out", str(tmp_path / "run"), flag, value]
+    r = subprocess.run(
+        [sys.executable, "-m", f"train.{command}", *args, *(data if command == "finetune" else [])],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    least = "0" if flag == "--warmup" else "1"
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"train.{command}: error: {flag} must be at least {least}, got {value}"
+    )
+    assert not (tmp_path / "run").exists()

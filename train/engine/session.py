@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -87,9 +87,27 @@ class TrainingConfig(RunConfig):
     save_every: int
     keep_last: int = 2
 
+    # The counts a run divides by, loops over or slices with: below these it would crash mid-run or
+    # silently do nothing. (--keep-last 0 keeps every checkpoint.) A recipe's config adds its own.
+    AT_LEAST: ClassVar[dict[str, int]] = {
+        "steps": 1,
+        "batch_size": 1,
+        "grad_accum": 1,
+        "warmup": 0,
+        "log_every": 1,
+        "save_every": 1,
+        "keep_last": 0,
+        "stop_after": 1,
+        "threads": 1,
+    }
+
     def __post_init__(self) -> None:
         if self.spm and self.train_spm:
             raise ValueError("give either --spm or --train-spm, not both")
+        for name, least in self.AT_LEAST.items():
+            value = getattr(self, name, None)
+            if value is not None and value < least:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ experiments, the recipe and its set-up, so it sits apart from all of them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from train.common.contract import DEFAULTS
 from train.engine.session import TrainingConfig
@@ -13,6 +14,14 @@ from train.engine.session import TrainingConfig
 class FinetuneConfig(TrainingConfig):
     """Every setting of a fine-tuning run (the flags' help says what each does): the training settings
     of :class:`TrainingConfig` with fine-tuning's defaults, and its own."""
+
+    AT_LEAST: ClassVar[dict[str, int]] = {
+        **TrainingConfig.AT_LEAST,
+        "eval_every": 1,
+        "eval_batch_size": 1,
+        "n_best": 1,
+        "max_answer_len": 1,
+    }
 
     recipe: str | None = None
     # data
