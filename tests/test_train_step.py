@@ -205,3 +205,24 @@ def test_a_nan_in_a_later_micro_batch_is_caught_with_per_micro_batch_clipping() 
     assert trainer.step(micro).skipped and calls["n"] == 2
     hook.remove()
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_a_run_off_cuda_reports_no_gpu_peak() -> None:
+    from train.engine.memory import gpu_peak_line
+
+    assert gpu_peak_line(torch.device("cpu")) is None
+
+
+@pytest.mark.gpu
+def test_the_gpu_peak_line_is_the_allocators_own_peak_after_a_step() -> None:
+    """The line a run prints at its end on CUDA: the allocator's peak over the run, in GiB."""
+    from train.engine.memory import gpu_peak_line
+
+    require_torch_cuda()
+    torch.cuda.reset_peak_memory_stats()
+    _, trainer, rows = cuda_setup("fp32")
+    trainer.step(loss_of(rows))
+    line = gpu_peak_line(torch.device("cuda"))
+    assert line is not None and line.startswith("Peak GPU memory on cuda")
+    allocated = float(line.split(": ")[1].split(" GiB allocated")[0])
+    assert allocated > 0 and abs(allocated - torch.cuda.max_memory_allocated() / 2**30) < 0.01

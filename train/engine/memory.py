@@ -18,6 +18,7 @@ any size without allocating it.
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -71,3 +72,19 @@ class LiveTensors(TorchDispatchMode):
             self.current += nbytes
         self.peak = max(self.peak, self.current)
         return out
+
+
+def gpu_peak_line(device: torch.device) -> str | None:
+    """One line for the end of a run on a CUDA device: the allocator's peak, allocated and reserved,
+    since that (not the model's size) says whether the run fits a smaller card. None off CUDA."""
+    if device.type != "cuda":
+        return None
+    gib = 2**30
+    allocated = torch.cuda.max_memory_allocated(device) / gib
+    reserved = torch.cuda.max_memory_reserved(device) / gib
+    line = f"Peak GPU memory on {device}: {allocated:.2f} GiB allocated, {reserved:.2f} GiB reserved"
+    if reserved > 1.25 * allocated and "expandable_segments:True" not in os.environ.get(
+        "PYTORCH_CUDA_ALLOC_CONF", ""
+    ):
+        line += " (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True keeps the reserve near the allocation)"
+    return line
