@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -37,23 +36,21 @@ def parse_shape(text: str) -> tuple[int, int]:
     return int(rows), int(length)
 
 
-def replay_times(replay: Any, runs: int, warmup: int) -> list[float]:
-    """Milliseconds per replay, each ending in a synchronize (the kernels are timed, not the launch)."""
-    times = []
-    for k in range(warmup + runs):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
+def synchronized(replay: Any) -> Any:
+    """``replay`` ending in a synchronize, so the kernels are timed, not their launch."""
+
+    def run() -> None:
         replay()
         torch.cuda.synchronize()
-        if k >= warmup:
-            times.append((time.perf_counter() - start) * 1000)
-    return times
+
+    return run
 
 
 def compare_captures(
     model: torch.nn.Module, shape: tuple[int, int], vocab: int, dtype: str, runs: int
 ) -> dict:
     """Both captures of one bucket of ``shape``: p50/p90 per replay, prepare seconds, max |difference|."""
+    from bench.common import pct, time_runs
     from bench.gpu_paths import cast_model
     from bench.latency import make_inputs
     from server.backends.buckets import Bucket, BucketGrid
@@ -75,11 +72,11 @@ def compare_captures(
         prepare_s = time.monotonic() - start
         slot = runner.slots[Bucket(rows, length)]
         fill(slot.inputs, feeds)
-        times = replay_times(slot.replay, runs, warmup=10)
+        times = 1000 * time_runs(synchronized(slot.replay), warmup=10, runs=runs)
         outputs[name] = [o.float().clone() for o in slot.outputs]
         found[name] = {
-            "p50 ms": statistics.median(times),
-            "p90 ms": statistics.quantiles(times, n=10)[-1],
+            "p50 ms": pct(times, 50),
+            "p90 ms": pct(times, 90),
             "prepare s": prepare_s,
         }
         del runner, cast

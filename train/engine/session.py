@@ -19,6 +19,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from train.engine.execution import Dist, init_distributed
+from train.engine.memory import gpu_peak_line
 from train.engine.run_record import open_run
 from train.engine.state import latest_checkpoint, load_training_state, save_training_state
 from train.engine.step import TrainStep
@@ -179,7 +180,11 @@ class Session:
             dist.barrier()
 
     def close(self) -> None:
-        """End torchrun's process group once every rank is done."""
+        """Report the GPU memory peak of a run on CUDA (main rank), then end torchrun's process group once
+        every rank is done."""
+        peak = gpu_peak_line(self.dist.device)
+        if peak and self.dist.is_main:
+            print(peak, flush=True)
         if self.dist.enabled:
             dist.barrier()
             dist.destroy_process_group()

@@ -26,7 +26,6 @@ from tqdm import tqdm
 from train.answerability.fit import fit_for
 from train.engine.execution import seed_everything, to_tensors
 from train.engine.loop import LoopPlan, StepReport
-from train.engine.memory import gpu_peak_line
 from train.engine.optim import make_optimizer, make_scheduler
 from train.engine.recipe import Recipe
 from train.engine.runlog import LogInterval, MetricsLog
@@ -364,9 +363,6 @@ class FinetuneRecipe(Recipe):
                 f"the same questions, as the original reports){best if c.keep_best else ''}",
                 flush=True,
             )
-        peak = gpu_peak_line(self.session.dist.device)
-        if peak and self.session.dist.is_main:
-            print(peak, flush=True)
         self.session.close()
         return {
             "step": self.step,

@@ -25,7 +25,6 @@ from train.data.prepare import prepare_directory
 from train.data.shards import TOKENIZER_DIR, ShardedCorpus
 from train.engine.execution import Dist, autocast, seed_everything, to_tensors
 from train.engine.loop import LoopPlan, StepReport
-from train.engine.memory import gpu_peak_line
 from train.engine.optim import make_optimizer, make_scheduler
 from train.engine.recipe import Recipe
 from train.engine.runlog import LogInterval, MetricsLog
@@ -338,8 +337,5 @@ class PretrainRecipe(Recipe):
                 flush=True,
             )
         self.log.close()
-        peak = gpu_peak_line(self.session.dist.device)
-        if peak and self.session.dist.is_main:
-            print(peak, flush=True)
         self.session.close()
         return {"step": self.step, "loss": self.last_loss, "baseline": self.baseline}
