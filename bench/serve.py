@@ -1,7 +1,13 @@
 """`python -m bench.serve`: the HTTP server against the bare backend, then under concurrent load.
 
     python -m bench.serve --model runs/demo/onnx --backend onnx --clients 1,4,16,64 --seconds 10
+    python -m bench.serve --model models/squad2-small-int8 --backend null   # the host path alone
 
+0. Host path. One client, one request at a time, against the batched server: the median of each
+   stage the server reports (parse + validate, auth, featurize, queue, engine, decode, serialize), the
+   server's total, and what lies outside it (HTTP parsing, the loopback, the client); beside it the
+   echo floor (:mod:`bench.echo_app`, FastAPI + uvicorn alone) under the same client. With ``--backend
+   null`` (fixed outputs, no model) the engine costs nothing, so every millisecond is the host's.
 1. Overhead. The same questions, one at a time, (a) in this process through exactly the server's
    work minus HTTP (featurize -> pad -> ``Backend.run`` -> decode, the backend built by the server's
    own factory with the same threads) and (b) through ``POST /answer`` of a server started here with
@@ -9,18 +15,20 @@
    per-question differences (b - a): HTTP, JSON, validation, asyncio and the batcher's queue.
 2. Load. Closed-loop clients (1/4/16/64 by default) against the server with micro-batching on and
    off; throughput, p50/p99 latency, errors, windows per backend call.
-3. The issue's targets, each as measured: overhead < 3 ms p50 at one client; batching >= 1.5x the
-   throughput at 16 clients; batched p99 at 16 clients against twice the single-client latency.
+   The echo floor is loaded by the same clients at the same levels.
+3. The targets, each as measured: overhead p50 <= 1 ms and end to end minus the engine alone <= 1.5 ms
+   at one client; queue p50 at one client <= 0.1 ms; batching >= 1.5x the throughput at 16 clients;
+   batched p99 at 16 clients against twice the single-client latency.
 
 Client and server share this machine (loopback only), so the client's CPU use is part of the
-numbers; on 2 cores, pin the backend to 1 thread to leave one for the client and the event loop.
+numbers: the client is :mod:`bench.http_load` (requests encoded once, keep-alive, little parsing); on
+2 cores, pin the backend to 1 thread to leave one for the client and the event loop.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import sys
@@ -31,7 +39,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import percentile
+from bench.common import cpu_summary, markdown_table, percentile
+from bench.host_path import StageTable, answer_bodies, echo_server, encoded_requests, measure_stages
+from bench.http_load import one_at_a_time, run_async
 from bench.serve_load import (
     DEV,
     Result,
@@ -39,9 +49,10 @@ from bench.serve_load import (
     check_load_arguments,
     load_pairs,
     markdown,
+    measure,
     run_modes,
 )
-from harness.server_process import ServerProcess
+from harness.server_process import LOOPBACK, ServerProcess
 from server.model_spec import ModelSpecError
 
 
@@ -52,6 +63,8 @@ class Overhead:
     http_p50_ms: float
     overhead_p50_ms: float
     overhead_p90_ms: float
+    engine_p50_ms: float | None = None  # the backend calls alone, summed per question
+    host_p50_ms: float | None = None  # HTTP end to end minus the engine alone, question by question
 
 
 def seconds_each(answer: Callable[[str, str], object], pairs: Sequence[tuple[str, str]]) -> list[float]:
@@ -68,9 +81,10 @@ def seconds_each(answer: Callable[[str, str], object], pairs: Sequence[tuple[str
 
 def bare_latencies(
     model: str, backend: str, threads: int, pairs: Sequence[tuple[str, str]], server_args: str = ""
-) -> list[float]:
+) -> tuple[list[float], list[float]]:
     """Seconds per question through the server's own functions, in process, one window per call (the
-    backend as ``--server-args`` configure it, e.g. the torch backend on CUDA with graphs)."""
+    backend as ``--server-args`` configure it, e.g. the torch backend on CUDA with graphs), and the
+    seconds of its backend calls alone."""
     from server.__main__ import load_settings
     from server.backends import create_backend
     from server.model_spec import resolve_spec
@@ -83,6 +97,7 @@ def bare_latencies(
     engine = create_backend(spec, settings)
     tokenizer = XLNetTokenizer.from_dir(spec.tokenizer_dir)
     engine.warmup((max(16, spec.min_engine_seq_len or 0), spec.serving.max_seq_len), (1,))
+    engine_seconds: list[float] = []
 
     def answer(question: str, context: str) -> None:
         features = featurize_one(
@@ -93,11 +108,14 @@ def bare_latencies(
             spec.serving.doc_stride,
             spec.serving.max_query_len,
         )
-        rows = []
+        rows, spent = [], 0.0
         for feature in features:  # one window per call, like the server with batching off
             batch = pad_batch([feature], pad_to=max(spec.min_engine_seq_len or 0, len(feature.input_ids)))
+            start = time.perf_counter()
             out = engine.run(batch)
+            spent += time.perf_counter() - start
             rows.append({name: value[0] for name, value in out.items()})
+        engine_seconds.append(spent)
         decode_head_outputs(
             spec.head,
             context,
@@ -109,34 +127,40 @@ def bare_latencies(
         )
 
     try:
-        return seconds_each(answer, pairs)
+        total = seconds_each(answer, pairs)
+        return total, engine_seconds[-len(total) :]
     finally:
         engine.close()
 
 
-def http_latencies(url: str, pairs: Sequence[tuple[str, str]]) -> list[float]:
+def http_latencies(port: int, pairs: Sequence[tuple[str, str]]) -> list[float]:
     """Seconds per question through ``POST /answer``, one request at a time on a kept-alive connection."""
-    with httpx.Client(base_url=url, timeout=60) as client:
+    requests = encoded_requests(port, answer_bodies(pairs))
+    replies = run_async(one_at_a_time(LOOPBACK, port, requests))
+    bad = [r.status for r, _ in replies if r.status != 200]
+    if bad:
+        raise RuntimeError(f"{len(bad)} of {len(replies)} requests failed (statuses {sorted(set(bad))})")
+    return [seconds for _, seconds in replies]
 
-        def answer(question: str, context: str) -> None:
-            client.post("/answer", json={"question": question, "context": context}).raise_for_status()
 
-        return seconds_each(answer, pairs)
-
-
-def overhead(bare: Sequence[float], http: Sequence[float]) -> Overhead:
+def overhead(bare: Sequence[float], http: Sequence[float], engine: Sequence[float] | None = None) -> Overhead:
     diffs = [(h - b) * 1000 for b, h in zip(bare, http, strict=True)]
+    host = [(h - e) * 1000 for e, h in zip(engine, http, strict=True)] if engine else None
     return Overhead(
         questions=len(diffs),
         bare_p50_ms=statistics.median(bare) * 1000,
         http_p50_ms=statistics.median(http) * 1000,
         overhead_p50_ms=statistics.median(diffs),
         overhead_p90_ms=percentile(diffs, 90),
+        engine_p50_ms=statistics.median(engine) * 1000 if engine else None,
+        host_p50_ms=statistics.median(host) if host else None,
     )
 
 
-def target_lines(over: Overhead | None, results: Sequence[Result]) -> list[str]:
-    """The issue's serving targets, each with the measured value and met / not met."""
+def target_lines(
+    over: Overhead | None, results: Sequence[Result], stages: StageTable | None = None
+) -> list[str]:
+    """The serving targets, each with the measured value and met / not met."""
 
     def find(mode: str, clients: int) -> Result | None:
         return next((r for r in results if r.mode == mode and r.clients == clients), None)
@@ -146,8 +170,17 @@ def target_lines(over: Overhead | None, results: Sequence[Result]) -> list[str]:
 
     lines = []
     if over is not None:
-        ok = over.overhead_p50_ms < 3.0
-        lines.append(f"- server overhead p50 {over.overhead_p50_ms:.2f} ms (target < 3 ms): {verdict(ok)}")
+        ok = over.overhead_p50_ms <= 1.0
+        lines.append(f"- server overhead p50 {over.overhead_p50_ms:.2f} ms (target <= 1 ms): {verdict(ok)}")
+        if over.host_p50_ms is not None:
+            ok = over.host_p50_ms <= 1.5
+            lines.append(
+                f"- one client, end to end minus the engine alone p50 {over.host_p50_ms:.2f} ms "
+                f"(target <= 1.5 ms): {verdict(ok)}"
+            )
+    if stages is not None and "queue" in stages.stages:
+        queue = stages.stages["queue"]
+        lines.append(f"- queue p50 at 1 client {queue:.3f} ms (target <= 0.1 ms): {verdict(queue <= 0.1)}")
     on, off = find("batched", 16), find("unbatched", 16)
     if on and off and off.throughput > 0:
         ratio = on.throughput / off.throughput
@@ -177,12 +210,21 @@ def closed_loop_floor(result: Result) -> str:
     return f"{result.clients} closed-loop clients at {result.throughput:.1f} req/s mean {floor_ms:.0f} ms (Little's law)"
 
 
+def stage_markdown(stages: StageTable, echo: StageTable | None) -> str:
+    rows = [list(r) for r in stages.rows()]
+    if echo is not None:
+        rows.append(["echo floor (FastAPI + uvicorn alone), end to end", f"{echo.end_to_end:.3f}"])
+    title = f"**Host path: one client, one request at a time, {stages.requests} requests (p50 ms)**"
+    return f"{title}\n\n" + markdown_table(["stage", "p50 ms"], rows)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="export dir (onnx/trt) or checkpoint dir (torch)")
+    p.add_argument("--model", required=True, help="export dir (onnx/trt/null) or checkpoint dir (torch)")
     p.add_argument("--data", type=Path, default=DEV, help="SQuAD JSON whose questions are asked")
     p.add_argument("--questions", type=int, default=100, help="questions in the overhead comparison")
     p.add_argument("--skip-overhead", action="store_true", help="only the load table")
+    p.add_argument("--no-echo", action="store_true", help="leave out the FastAPI + uvicorn echo floor")
     add_load_arguments(p, clients="1,4,16,64")
     args = p.parse_args(argv)
     if not Path(args.model).exists():
@@ -227,36 +269,57 @@ def run(args: argparse.Namespace) -> int:
     pairs = load_pairs(args.data)
     asked = (pairs * (args.questions // len(pairs) + 1))[: args.questions]
     over: Overhead | None = None
+    stages: StageTable | None = None
     bare: list[float] = []
+    engine: list[float] = []
     if not args.skip_overhead:
         print(f"bare backend: {len(asked)} questions ...", file=sys.stderr, flush=True)
-        bare = bare_latencies(args.model, args.backend, args.threads, asked, args.server_args)
+        bare, engine = bare_latencies(args.model, args.backend, args.threads, asked, args.server_args)
+    stage_mode = "batched" if "batched" in args.mode_list else args.mode_list[0]
 
-    def measure_overhead(mode: str, server: ServerProcess) -> None:
-        nonlocal over
+    def on_ready(mode: str, server: ServerProcess) -> None:
+        nonlocal over, stages
+        if mode == stage_mode and not args.skip_overhead:
+            print(f"host path ({mode}): {len(asked)} questions ...", file=sys.stderr, flush=True)
+            stages = measure_stages(server.port, answer_bodies(asked))
         if mode == "unbatched" and not args.skip_overhead:
             print(f"HTTP, batching off: {len(asked)} questions ...", file=sys.stderr, flush=True)
-            over = overhead(bare, http_latencies(server.url, asked))
+            over = overhead(bare, http_latencies(server.port, asked), engine)
 
-    results = run_modes(args, pairs, "bench-serve", measure_overhead)
+    results = run_modes(args, pairs, "bench-serve", on_ready)
     if (
         not args.skip_overhead and over is None
     ):  # unbatched mode not requested: start it for the overhead alone
         only_overhead = argparse.Namespace(**{**vars(args), "mode_list": ["unbatched"], "levels": []})
-        run_modes(only_overhead, pairs, "bench-serve-overhead", measure_overhead)
+        run_modes(only_overhead, pairs, "bench-serve-overhead", on_ready)
+    echo_stages: StageTable | None = None
+    if not args.no_echo:
+        with echo_server(args.log_dir) as port:
+            if not args.skip_overhead:
+                echo_stages = measure_stages(port, answer_bodies(asked))
+            for n in args.levels:
+                results.append(
+                    measure(f"http://{LOOPBACK}:{port}", "echo floor", n, args.seconds, args.warmup, pairs)
+                )
+                print(f"  echo floor clients={n:3d}: {results[-1].throughput:.1f} req/s", file=sys.stderr)
 
     print(
-        f"# bench.serve: {args.backend} backend {args.server_args}, {args.threads} backend thread(s), "
-        f"{os.cpu_count()} CPU(s)\n"
+        f"# bench.serve: {args.backend} backend {args.server_args}, {args.threads} backend thread(s); "
+        f"{cpu_summary()}\n"
     )
+    if stages is not None:
+        print(stage_markdown(stages, echo_stages) + "\n")
     if over is not None:
         print(
             f"**Overhead: server (HTTP, batching off) vs bare backend, {over.questions} questions one at a time**\n"
         )
-        print("| bare p50 ms | HTTP p50 ms | overhead p50 ms | overhead p90 ms |")
-        print("|---:|---:|---:|---:|")
         print(
-            f"| {over.bare_p50_ms:.2f} | {over.http_p50_ms:.2f} | {over.overhead_p50_ms:.2f} | {over.overhead_p90_ms:.2f} |\n"
+            "| bare p50 ms | engine alone p50 ms | HTTP p50 ms | overhead p50 ms | overhead p90 ms | HTTP minus engine p50 ms |"
+        )
+        print("|---:|---:|---:|---:|---:|---:|")
+        print(
+            f"| {over.bare_p50_ms:.2f} | {over.engine_p50_ms or 0:.2f} | {over.http_p50_ms:.2f} | "
+            f"{over.overhead_p50_ms:.2f} | {over.overhead_p90_ms:.2f} | {over.host_p50_ms or 0:.2f} |\n"
         )
     if results:
         print(
@@ -266,16 +329,19 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         print()
-    lines = target_lines(over, results)
+    lines = target_lines(over, results, stages)
     if lines:
         print("**Targets**\n")
         print("\n".join(lines))
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {"overhead": asdict(over) if over else None, "load": [asdict(r) for r in results]}, indent=2
-            )
-        )
+        report = {
+            "machine": cpu_summary(),
+            "overhead": asdict(over) if over else None,
+            "stages": asdict(stages) if stages else None,
+            "echo_stages": asdict(echo_stages) if echo_stages else None,
+            "load": [asdict(r) for r in results],
+        }
+        args.json.write_text(json.dumps(report, indent=2))
     return 0
 
 

@@ -29,6 +29,9 @@ from urllib.parse import urlparse
 import httpx
 
 from bench.common import markdown_table, percentile
+from bench.host_path import answer_bodies
+from bench.http_load import closed_loop as lean_closed_loop
+from bench.http_load import encode_post, run_async
 from export.serving.backends import SERVER_BACKENDS
 from harness.server_process import ServerProcess
 from server.metrics import sample_total
@@ -97,44 +100,37 @@ async def closed_loop(
         await asyncio.gather(*(worker(i, client) for i in range(clients)))
 
 
-async def _run_clients(
-    url: str, clients: int, seconds: float, pairs: list[tuple[str, str]]
-) -> tuple[list[float], int]:
-    latencies: list[float] = []
-    errors = 0
-
-    def record(outcome: Outcome, latency: float) -> None:
-        nonlocal errors
-        if isinstance(outcome, httpx.Response) and outcome.status_code == 200:
-            latencies.append(latency)
-        else:
-            errors += 1
-
-    await closed_loop(url, clients, seconds, pairs, record)
-    return latencies, errors
-
-
 def measure(url: str, mode: str, clients: int, seconds: float, warmup: float, pairs) -> Result:
+    """``clients`` closed-loop clients (:mod:`bench.http_load`) for ``seconds`` after ``warmup``;
+    windows per backend call from the server's ``/metrics`` (NaN for a server without them)."""
+    parsed = urlparse(url)
+    if parsed.scheme != "http" or parsed.hostname is None or parsed.port is None:
+        raise ValueError(f"the load client speaks plain HTTP to host:port, not {url!r}")
+    host, port = parsed.hostname, parsed.port
+    requests = [encode_post(host, port, "/answer", body) for body in answer_bodies(pairs)]
     if warmup > 0:
-        asyncio.run(_run_clients(url, clients, warmup, pairs))
-    before = httpx.get(url + "/metrics").text
-    start = time.perf_counter()
-    latencies, errors = asyncio.run(_run_clients(url, clients, seconds, pairs))
-    elapsed = time.perf_counter() - start
-    after = httpx.get(url + "/metrics").text
+        run_async(lean_closed_loop(host, port, requests, clients, warmup))
+    before = _metrics_text(url)
+    load = run_async(lean_closed_loop(host, port, requests, clients, seconds))
+    after = _metrics_text(url)
     windows = sample_total(after, "xlnetqa_batch_size_sum") - sample_total(before, "xlnetqa_batch_size_sum")
     calls = sample_total(after, "xlnetqa_batch_size_count") - sample_total(before, "xlnetqa_batch_size_count")
     return Result(
         mode=mode,
         clients=clients,
-        seconds=round(elapsed, 2),
-        requests=len(latencies),
-        errors=errors,
-        throughput=len(latencies) / elapsed,
-        p50_ms=percentile(latencies, 50) * 1000,
-        p99_ms=percentile(latencies, 99) * 1000,
+        seconds=round(load.seconds, 2),
+        requests=len(load.latencies),
+        errors=load.errors,
+        throughput=len(load.latencies) / load.seconds,
+        p50_ms=percentile(load.latencies, 50) * 1000,
+        p99_ms=percentile(load.latencies, 99) * 1000,
         windows_per_call=windows / calls if calls else float("nan"),
     )
+
+
+def _metrics_text(url: str) -> str:
+    response = httpx.get(url + "/metrics")
+    return response.text if response.status_code == 200 else ""
 
 
 def markdown(results: Sequence[Result], title: str) -> str:

@@ -1,11 +1,14 @@
 """Dynamic micro-batching: windows of concurrent requests share one backend call.
 
 A request (one HTTP call: one question, or a batch of them) is submitted as all of its windows. A
-collector task in the event loop waits at most ``max_delay_s`` (counted from the first waiting
-request's arrival) for ``max_batch_size`` windows, pads the batch to its longest window (not to
-``max_seq_len``) and runs the backend in a worker thread, so the event loop keeps accepting requests
-while the model runs (onnxruntime and torch release the GIL). While a batch runs, new windows queue up
-and form the next batch ("batch while busy"), which is where the throughput gain comes from.
+collector task in the event loop hands waiting windows to the backend as soon as an inference slot is
+free and the engine is idle: a lone request never waits for company (continuous batching, as Triton's
+dynamic batcher and vLLM's scheduler do). While a backend call runs, new windows queue up and form the
+next call ("batch while busy"), which is where the throughput gain comes from. Only with more than
+one inference slot, while another call is in flight, does the collector wait for a fuller batch, at
+most ``max_delay_s`` from the first waiting request's arrival: an upper bound, never a floor. A batch
+is padded to its longest window (not to ``max_seq_len``) and run in a worker thread, so the event
+loop keeps accepting requests while the model runs (onnxruntime and torch release the GIL).
 
 What is admitted and which windows form the next batch (fair queueing, aging, deadlines of large
 requests, the padding cap, the queue bound) is decided by :class:`server.scheduling.Scheduler`; this
@@ -157,6 +160,7 @@ class MicroBatcher:
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="inference")
         self._running: set[asyncio.Task] = set()
         self._calls: set[_Call] = set()
+        self._dispatched = 0  # batches handed to _execute and not finished (the engine is idle at 0)
         self._closed = False
         self.crashed = False
         self._collector: asyncio.Task | None = None
@@ -299,16 +303,18 @@ class MicroBatcher:
                 self._slots.release()
                 await asyncio.sleep(0)
                 continue
+            self._dispatched += 1
             task = asyncio.get_running_loop().create_task(self._execute(batch))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
     async def _wait_for_fill(self) -> None:
-        """Wait up to max_delay, counted from the first waiting request's arrival, for a full batch."""
+        """While another backend call is in flight, wait for a full batch, at most max_delay from the
+        first waiting request's arrival; with the engine idle, never (its end wakes this wait too)."""
         deadline = self.policy.fill_deadline()
         if deadline is None:
             return
-        while not self.policy.full and not self._closed:
+        while self._dispatched and not self.policy.full and not self._closed:
             left = deadline - time.perf_counter()
             if left <= 0:
                 return
@@ -317,7 +323,7 @@ class MicroBatcher:
                 await asyncio.wait_for(self._wakeup.wait(), left)
 
     async def _form_batch(self) -> list[tuple[_Job, int]]:
-        """The policy's next batch once it is full or the delay is over; the questions of large requests
+        """The policy's next batch, at once when the engine is idle; the questions of large requests
         that can no longer meet their deadlines fail here."""
         await self._wait_for_fill()
         batch = self.policy.next_batch(time.perf_counter())
@@ -358,6 +364,7 @@ class MicroBatcher:
         finally:
             if call is not None:
                 self._calls.discard(call)
+            self._dispatched -= 1
             self._slots.release()
             self._wakeup.set()
         try:

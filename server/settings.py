@@ -88,7 +88,12 @@ class ServerSettings(BaseSettings):
     )
     trt_fp16: bool = Field(False, description="onnxruntime TensorRT provider: allow fp16 kernels")
     max_batch_size: int = Field(8, ge=1, description="Most windows (features) in one backend call")
-    max_batch_delay_ms: float = Field(2.0, ge=0.0, description="Longest wait for a batch to fill")
+    max_batch_delay_ms: float = Field(
+        2.0,
+        ge=0.0,
+        description="Longest a window waits for others while another backend call is in flight (more than "
+        "one --inference-workers); an idle engine runs what is queued at once: an upper bound, never a floor",
+    )
     max_batch_padding: float = Field(
         0.25, ge=0.0, description="Most padding a batch may carry, as a fraction of its real tokens"
     )

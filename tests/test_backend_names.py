@@ -11,7 +11,7 @@ from server.settings import ServerSettings
 
 
 def test_one_name_per_backend():
-    assert SERVER_BACKENDS == ("onnx", "trt", "torch") == BACKENDS
+    assert SERVER_BACKENDS == ("onnx", "trt", "torch", "null") == BACKENDS
     assert get_args(ServerSettings.model_fields["backend"].annotation) == SERVER_BACKENDS
     assert sidecar.BACKENDS == EXPORT_BACKENDS and set(EXPORT_BACKENDS) < set(SERVER_BACKENDS)
 

@@ -149,3 +149,49 @@ def test_pad_multiple_never_rounds_past_the_models_longest_input(xlnet_tok) -> N
     asyncio.run(scenario(long_))  # no cap: rounded to the multiple
     asyncio.run(scenario(short, min_length=100, max_length=128))
     assert shapes == [(1, 128), (1, 192), (1, 128)]
+
+
+def test_an_idle_engine_runs_a_lone_request_at_once_and_a_busy_one_groups(xlnet_tok) -> None:
+    """max_batch_delay is an upper bound, never a floor: with the engine idle a lone request runs at once
+    (a 60 s delay would time this test out); while another call is in flight (two inference slots),
+    windows wait for company up to the delay, and the end of that call does not hold them further."""
+    from server.batching import MicroBatcher
+
+    gate = threading.Event()
+    shapes: list[tuple[int, int]] = []
+
+    def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not gate.is_set() and len(shapes) == 0:
+            shapes.append((-1, -1))  # the first call blocks until the gate opens
+            gate.wait(10)
+        else:
+            shapes.append(batch["input_ids"].shape)
+        return {"n": batch["attention_mask"].sum(axis=1)}
+
+    (one,) = _features(xlnet_tok, [3])
+
+    async def idle() -> None:
+        b = MicroBatcher(run, max_batch_size=8, max_delay_s=60.0)
+        b.start()
+        gate.set()
+        res = await asyncio.wait_for(b.submit(one), 5)
+        assert res.queue_s < 1.0
+        await b.drain()
+
+    async def busy() -> None:
+        b = MicroBatcher(run, max_batch_size=8, max_delay_s=60.0, workers=2)
+        b.start()
+        first = asyncio.ensure_future(b.submit(one))  # takes one slot and blocks in the backend
+        await asyncio.sleep(0.1)
+        second = asyncio.ensure_future(b.submit(one))
+        await asyncio.sleep(0.2)
+        assert not second.done()  # a slot is free, but the engine is busy: it waits for company
+        gate.set()  # the busy call ends: the engine is idle, the waiting window runs at once
+        await asyncio.wait_for(asyncio.gather(first, second), 5)
+        await b.drain()
+
+    asyncio.run(idle())
+    gate.clear()
+    shapes.clear()
+    asyncio.run(busy())
+    assert shapes[0] == (-1, -1) and shapes[1][0] == 1

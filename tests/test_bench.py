@@ -41,13 +41,20 @@ def test_bench_serve_reports_overhead_load_and_targets(onnx_export: Path, tmp_pa
     assert over["questions"] == 6
     assert over["bare_p50_ms"] > 0 and over["http_p50_ms"] > 0
     assert np.isfinite(over["overhead_p50_ms"])
+    assert over["engine_p50_ms"] > 0 and over["host_p50_ms"] is not None
     rows = {(r["mode"], r["clients"]): r for r in report["load"]}
-    assert set(rows) == {("batched", 1), ("batched", 3), ("unbatched", 1), ("unbatched", 3)}
+    modes = ("batched", "unbatched", "echo floor")
+    assert set(rows) == {(mode, n) for mode in modes for n in (1, 3)}
     for r in rows.values():
         assert r["requests"] > 0 and r["errors"] == 0 and r["p99_ms"] >= r["p50_ms"] > 0
     assert rows[("unbatched", 3)]["windows_per_call"] == 1.0
+    # The host path: every stage the server reports, its total, and the echo floor of the same run.
+    stages = report["stages"]
+    assert stages["requests"] == 6 and set(stages["stages"]) >= {"featurize", "queue", "engine", "decode"}
+    assert report["echo_stages"]["end_to_end"] > 0
     text = capsys.readouterr().out
     assert "overhead p50" in text and "**Targets**" in text and "server overhead p50" in text
+    assert "**Host path" in text and "echo floor" in text and "queue p50 at 1 client" in text
 
 
 def test_serve_targets_report_values_verdicts_and_the_closed_loop_floor() -> None:
@@ -63,7 +70,7 @@ def test_serve_targets_report_values_verdicts_and_the_closed_loop_floor() -> Non
         result("batched", 16, 40.0, 400.0, 500.0),
     ]
     lines = serve.target_lines(over, results)
-    assert lines[0] == "- server overhead p50 1.50 ms (target < 3 ms): met"
+    assert lines[0] == "- server overhead p50 1.50 ms (target <= 1 ms): NOT met"
     assert lines[1] == "- micro-batching throughput at 16 clients 1.60x (target >= 1.5x): met"
     assert lines[2].startswith("- batched p99 at 16 clients 500 ms vs 2x single-client p50 80 ms: NOT met")
     assert (

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-ServerBackend = Literal["onnx", "trt", "torch"]
-"""What ``python -m server --backend`` runs (onnxruntime, TensorRT engines, torch eager)."""
+ServerBackend = Literal["onnx", "trt", "torch", "null"]
+"""What ``python -m server --backend`` runs (onnxruntime, TensorRT engines, torch eager; ``null``: fixed
+outputs and no model, to measure the server itself)."""
 
 SERVER_BACKENDS: tuple[str, ...] = get_args(ServerBackend)
-ONNX, TRT, TORCH = SERVER_BACKENDS
+ONNX, TRT, TORCH, NULL = SERVER_BACKENDS
 EXPORT_BACKENDS: tuple[str, ...] = (ONNX, TRT)
 """What an export directory can hold (``export.json``'s ``backend``); torch serves checkpoints."""
 

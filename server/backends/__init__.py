@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from export.serving.backends import ONNX, SERVER_BACKENDS, TORCH, TRT
+from export.serving.backends import NULL, ONNX, SERVER_BACKENDS, TORCH, TRT
 from server.backends.base import Backend, BackendUnavailable, dummy_batch
 from server.model_spec import ModelSpec
 from server.settings import ServerSettings
@@ -86,6 +86,10 @@ def create_backend(spec: ModelSpec, settings: ServerSettings) -> Backend:
             graphs=settings.torch_graphs,
             grid=grid,
         )
+    if settings.backend == NULL:
+        from server.backends.null import NullBackend
+
+        return NullBackend(spec)
     raise BackendUnavailable(f"unknown backend {settings.backend!r}; choose one of {BACKENDS}")
 
 

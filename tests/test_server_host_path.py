@@ -1,0 +1,60 @@
+"""The server's host path: the null backend (the real path with a free engine), no idle wait in the
+batcher through a live server, and the stages a response reports. (The answers themselves against the
+evaluation path are in test_server_answers.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from server_helpers import OK, WINDOWS, ServerProcess, check_answer, dev_questions, stand_in_spec
+
+from server.backends.base import dummy_batch
+from train.common.heads import HEADS
+from train.squad import decode_head_outputs, featurize_one
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_null_backend_gives_every_head_its_outputs_and_they_decode(
+    head: str, xlnet_tok, tmp_path: Path
+) -> None:
+    from server.backends.null import NullBackend
+    from train.common.heads import head_spec
+
+    spec = stand_in_spec(tmp_path, head=head)
+    spec = type(spec)(**{**spec.__dict__, "output_names": head_spec(head).outputs})
+    backend = NullBackend(spec)
+    out = backend.run(dummy_batch(3, 40))
+    assert tuple(out) == head_spec(head).outputs
+    assert all(v.shape[0] == 3 and np.isfinite(v).all() for v in out.values())
+    question, context = dev_questions()[0]
+    features = featurize_one(question, context, xlnet_tok, **WINDOWS)
+    rows = []
+    for f in features:
+        outputs = backend.run({"input_ids": f.input_ids[None, :]})
+        rows.append({name: value[0] for name, value in outputs.items()})
+    prediction = decode_head_outputs(head, context, features, rows, question=question)
+    best = prediction.n_best[0]  # a real span of the context, mapped back to its characters
+    assert context[best.start : best.end] == best.text and best.text.strip()
+
+
+def test_null_backend_serves_the_real_path_and_says_what_it_is(onnx_export: Path, tmp_path: Path) -> None:
+    with ServerProcess(onnx_export, tmp_path, backend="null") as server:
+        question, context = dev_questions()[1]
+        r = httpx.post(server.url + "/answer", json={"question": question, "context": context, "top_k": 3})
+        assert r.status_code == 200, r.text
+        check_answer(r.json(), context, top_k=3)
+        info = httpx.get(server.url + "/v1/model").json()
+        assert info["backend"] == "null" and info["runtime"]["note"].startswith("fixed outputs")
+    assert "backend null: answers are a fixed pattern" in server.log()
+
+
+def test_an_idle_server_answers_without_waiting_for_a_batch(onnx_export: Path, tmp_path: Path) -> None:
+    """A delay of a minute is an upper bound: one client on an idle engine is answered at once."""
+    with ServerProcess(onnx_export, tmp_path, "--max-batch-delay-ms", "60000", "--max-batch-size", "8") as s:
+        for _ in range(3):
+            r = httpx.post(s.url + "/answer", json=OK, timeout=20)
+            assert r.status_code == 200, r.text
+            assert r.json()["timing_ms"]["queue"] < 1000
