@@ -82,49 +82,46 @@ def seconds_each(answer: Callable[[str, str], object], pairs: Sequence[tuple[str
 def bare_latencies(
     model: str, backend: str, threads: int, pairs: Sequence[tuple[str, str]], server_args: str = ""
 ) -> tuple[list[float], list[float]]:
-    """Seconds per question through the server's own functions, in process, one window per call (the
-    backend as ``--server-args`` configure it, e.g. the torch backend on CUDA with graphs), and the
-    seconds of its backend calls alone."""
+    """Seconds per question through the server's own host path (:class:`server.host_path.HostPath`,
+    built from the same settings, its context cache included), in process, one window per backend
+    call (the backend as ``--server-args`` configure it, e.g. the torch backend on CUDA with graphs),
+    and the seconds of its backend calls alone."""
     from server.__main__ import load_settings
     from server.backends import create_backend
+    from server.context_cache import ContextCache
+    from server.guard import ANONYMOUS
+    from server.host_path import HostPath, Question, WorkLimits
     from server.model_spec import resolve_spec
-    from train.squad import decode_head_outputs, featurize_one, pad_batch
+    from train.squad import pad_batch
     from train.tokenizer import XLNetTokenizer
 
     spec = resolve_spec(model, backend)
     flags = ["--model", model, "--backend", backend, "--threads", str(threads), *shlex.split(server_args)]
-    settings = load_settings(flags)
-    engine = create_backend(spec, settings)
-    tokenizer = XLNetTokenizer.from_dir(spec.tokenizer_dir)
+    s = load_settings(flags)
+    engine = create_backend(spec, s)
+    host = HostPath(
+        spec,
+        XLNetTokenizer.from_dir(spec.tokenizer_dir),
+        n_best_pool=s.n_best_pool,
+        threshold=s.no_answer_threshold,
+        limits=WorkLimits(s.max_normalized_chars, s.max_request_tokens, s.max_request_windows),
+        contexts=ContextCache(s.context_cache_tokens),
+    )
     engine.warmup((max(16, spec.min_engine_seq_len or 0), spec.serving.max_seq_len), (1,))
     engine_seconds: list[float] = []
 
     def answer(question: str, context: str) -> None:
-        features = featurize_one(
-            question,
-            context,
-            tokenizer,
-            spec.serving.max_seq_len,
-            spec.serving.doc_stride,
-            spec.serving.max_query_len,
-        )
+        items = [Question(question, context)]
+        groups, _, contexts = host.featurize_checked(items, ANONYMOUS)
         rows, spent = [], 0.0
-        for feature in features:  # one window per call, like the server with batching off
+        for feature in groups[0]:  # one window per call, like the server with batching off
             batch = pad_batch([feature], pad_to=max(spec.min_engine_seq_len or 0, len(feature.input_ids)))
             start = time.perf_counter()
             out = engine.run(batch)
             spent += time.perf_counter() - start
             rows.append({name: value[0] for name, value in out.items()})
         engine_seconds.append(spent)
-        decode_head_outputs(
-            spec.head,
-            context,
-            features,
-            rows,
-            n_best=settings.n_best_pool,
-            max_answer_len=spec.serving.max_answer_len,
-            threshold=spec.serving.no_answer_threshold,  # as the server started here (no XLNETQA_* overrides)
-        )
+        host.decode_answers(items, groups, contexts, [rows])
 
     try:
         total = seconds_each(answer, pairs)

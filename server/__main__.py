@@ -66,9 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from server.auth import KeyFileError, KeyRing
     from server.backends import BackendUnavailable, check_spec, preflight
+    from server.connection import configure_connections, connection_protocol
     from server.hosts import is_loopback
     from server.model_spec import ModelSpecError, resolve_spec
-    from server.slow_clients import configure_connections, connection_protocol
     from server.tls import TlsSetupError
 
     try:
@@ -96,14 +96,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "limit_concurrency": settings.connection_limit,
         "server_header": False,  # no "server: uvicorn" (nothing to fingerprint)
         "access_log": False,  # ours (server.access_log) names routes and keys, never raw paths
-        # h11 with a deadline on request headers (slowloris) and TLS handshakes; TLS is done there too
+        # httptools with a deadline on request headers (slowloris) and TLS handshakes, header caps and
+        # framing rules (server.connection); TLS is done there too
         "http": connection_protocol,
         "ws": "none",  # no WebSocket: an upgrade request is a plain request for the door to answer
         # X-Forwarded-* only from the named proxies (uvicorn's default believes loopback)
         "proxy_headers": settings.forwarded_allow_ips is not None,
         "forwarded_allow_ips": settings.forwarded_allow_ips or "",
     }
-    configure_connections(settings.header_timeout_s, tls)
+    configure_connections(settings.header_timeout_s, tls, settings.max_headers, settings.max_header_bytes)
     if settings.workers > 1:
         return _run_workers(settings, common)
 

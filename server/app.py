@@ -21,6 +21,7 @@ from server.access_log import AccessLogMiddleware
 from server.auth import KeyRing
 from server.backends import create_backend
 from server.body_limit import BodyLimitMiddleware
+from server.connection import configure_connections, count_refusals_with
 from server.errors import install_error_handlers
 from server.framing import FramingMiddleware
 from server.guard import DOCS_PATHS, METRICS_PATHS, PLAYGROUND_PATHS, PROBES, GuardMiddleware, OpenPaths
@@ -33,7 +34,7 @@ from server.quotas import CallerLimits, CallerQuotas, FailureLimiter
 from server.request_ids import RequestIdMiddleware, configure_logging
 from server.routes import answer_router, batch_router, ops_router
 from server.settings import ServerSettings
-from server.slow_clients import configure_connections
+from server.timing import TimingMiddleware
 
 # ---- the app ----------------------------------------------------------------------------------------
 
@@ -59,6 +60,7 @@ def create_app(
         spec = resolve_spec(settings.model, settings.backend, allow_unhashed=settings.allow_unhashed_model)
     keys = KeyRing.from_settings(settings.api_keys_file)  # KeyFileError: refuse to start
     metrics = Metrics()
+    count_refusals_with(lambda kind: metrics.errors.labels(kind).inc())  # refused before the app
     runtime = ModelLifecycle(settings, spec, metrics, backend_factory or create_backend, on_fatal)
     metrics.model_info.labels(runtime.name, settings.backend, spec.head, spec.precision).set(1)
 
@@ -108,7 +110,8 @@ def create_app(
     if settings.access_log:
         app.add_middleware(AccessLogMiddleware)
     app.add_middleware(RequestIdMiddleware)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: sees every response
+    app.add_middleware(MetricsMiddleware, metrics=metrics)  # sees every response
+    app.add_middleware(TimingMiddleware)  # outermost: each request's clock starts first
     install_error_handlers(app, metrics, settings)
     app.include_router(answer_router)
     app.include_router(batch_router(settings.max_batch_items))
@@ -167,5 +170,7 @@ def create_app_from_env() -> FastAPI:
     takes connections only once its model is ready (a respawned one leaves them to its siblings)."""
     settings = ServerSettings()
     configure_logging(settings.log_level)
-    configure_connections(settings.header_timeout_s, settings.tls_context())  # this worker's connections
+    configure_connections(  # this worker's connections
+        settings.header_timeout_s, settings.tls_context(), settings.max_headers, settings.max_header_bytes
+    )
     return create_app(settings, on_fatal=_exit_worker, listen_while_loading=False)

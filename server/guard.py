@@ -17,6 +17,7 @@ the routes (per-key limits) and the access log read it; it is ``anonymous`` when
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ from server.body_limit import LINGER_S, discard_body
 from server.errors import error_response, rate_limited_response
 from server.metrics import Metrics
 from server.quotas import CallerQuotas, FailureLimiter, OverLimit
+from server.timing import stage_clock
 
 ANONYMOUS = "anonymous"
 PROBES = ("/healthz", "/readyz")
@@ -90,15 +92,16 @@ class GuardMiddleware:
             return
         state = scope.setdefault("state", {})
         headers = dict(scope.get("headers") or [])
+        entered = time.perf_counter()
         if self.keys is None:
             state["api_key"] = ANONYMOUS
-            await self._admitted(ANONYMOUS, scope, receive, send, headers)
+            await self._admitted(ANONYMOUS, scope, receive, send, headers, entered)
             return
         presented = presented_key(headers)
         name = self.keys.identify(presented)  # the key decides first: a valid one is always let in
         if name is not None:
             state["api_key"] = name
-            await self._admitted(name, scope, receive, send, headers)
+            await self._admitted(name, scope, receive, send, headers, entered)
             return
         if scope.get("path") in self.open_paths:
             state["api_key"] = ANONYMOUS
@@ -123,7 +126,13 @@ class GuardMiddleware:
         await _refuse(response, scope, receive, send, headers)
 
     async def _admitted(
-        self, name: str, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes]
+        self,
+        name: str,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        headers: dict[bytes, bytes],
+        entered: float,
     ) -> None:
         """A caller let in: its request rate and daily quota (the probes are free), then the app."""
         if scope.get("path") not in PROBES:
@@ -134,6 +143,9 @@ class GuardMiddleware:
                     rate_limited_response(self.metrics, exc, close=True), scope, receive, send, headers
                 )
                 return
+        clock = stage_clock(scope)
+        if clock is not None:
+            clock.admitted = clock.since("auth", entered)
         await self.app(scope, receive, send)
 
 

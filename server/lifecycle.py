@@ -24,10 +24,12 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from server.answering import AnswerService, Question, WorkLimits
+from server.answering import AnswerService
 from server.backends import Backend, BackendUnavailable, batch_limit
 from server.batching import BatcherClosed, BatchStats, MicroBatcher
+from server.context_cache import ContextCache
 from server.errors import ApiError
+from server.host_path import HostPath, Question, WorkLimits
 from server.metrics import Metrics
 from server.model_spec import ModelSpec
 from server.settings import ServerSettings
@@ -211,15 +213,15 @@ class ModelLifecycle:
         tokenizer = await asyncio.to_thread(XLNetTokenizer.from_dir, spec.tokenizer_dir)
         self.backend = await asyncio.to_thread(self.backend_factory, spec, s)
         assert self.batcher is not None
-        self.pipeline = AnswerService(
+        host = HostPath(
             spec,
             tokenizer,
-            self.batcher,
             n_best_pool=s.n_best_pool,
             threshold=s.no_answer_threshold,
-            timeout_s=s.request_timeout_s,
             limits=WorkLimits(s.max_normalized_chars, s.max_request_tokens, s.max_request_windows),
+            contexts=ContextCache(s.context_cache_tokens),
         )
+        self.pipeline = AnswerService(host, self.batcher, timeout_s=s.request_timeout_s)
         self._state = "warming"
         if s.warmup_delay_s:
             await asyncio.sleep(s.warmup_delay_s)

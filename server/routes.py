@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from server.answering import Answered, Question, RejectedInput, RequestTimeout
+from server.answering import Answered, RequestTimeout
 from server.batching import BatcherClosed, BatcherUnhealthy, InferenceError, NonFiniteOutput, QueueFull
 from server.errors import ERROR_RESPONSES, ApiError
 from server.guard import caller_name
+from server.host_path import Question, RejectedInput
 from server.lifecycle import ModelLifecycle
 from server.metrics import Metrics
 from server.quotas import CallerBudget, CallerQuotas
@@ -27,26 +30,25 @@ from server.schemas import (
     BatchResponse,
     HealthResponse,
     ModelInfoResponse,
-    NBestEntry,
-    Timing,
     batch_request_model,
 )
 from server.schemas import BatchRequest as BaseBatchRequest
 from server.settings import ServerSettings
+from server.timing import StageClock, stage_clock
 
 # ---- dependencies -----------------------------------------------------------------------------------
 
 
-def get_runtime(request: Request) -> ModelLifecycle:
+async def get_runtime(request: Request) -> ModelLifecycle:
     """The app's model runtime (set by create_app)."""
     return request.app.state.runtime
 
 
-def get_settings(request: Request) -> ServerSettings:
+async def get_settings(request: Request) -> ServerSettings:
     return request.app.state.runtime.settings
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
@@ -80,7 +82,8 @@ def _to_question(item: AnswerRequest) -> Question:
     return Question(item.question, item.context, item.top_k, item.max_answer_len, item.threshold)
 
 
-def _to_response(answered: Answered, top_k: int, model: str) -> AnswerResponse:
+def _answer_fields(answered: Answered, top_k: int, model: str) -> dict[str, Any]:
+    """An :class:`AnswerResponse` as a JSON-ready dict, in its field order (serialised once, by orjson)."""
     p = answered.prediction
     fields: dict[str, Any] = {
         "answer": p.text,
@@ -93,16 +96,40 @@ def _to_response(answered: Answered, top_k: int, model: str) -> AnswerResponse:
         "rule": answered.rule,
         "is_impossible": p.is_impossible,
         "best_span": _entry(p.n_best[0]) if p.n_best else None,
-        "model": model,
-        "timing_ms": Timing(**answered.timing_ms),
     }
     if top_k > 1:
         fields["n_best"] = [_entry(e) for e in p.n_best[:top_k]]
-    return AnswerResponse(**fields)
+    fields["model"] = model
+    fields["timing_ms"] = answered.timing_ms
+    return fields
 
 
-def _entry(e) -> NBestEntry:
-    return NBestEntry(text=e.text, start=e.start, end=e.end, score=e.score, probability=e.probability)
+def _entry(e) -> dict[str, Any]:
+    return {"text": e.text, "start": e.start, "end": e.end, "score": e.score, "probability": e.probability}
+
+
+def json_response(content: Any) -> Response:
+    """A 200 JSON response serialised once (the route's ``response_model`` documents its shape)."""
+    return Response(orjson.dumps(content), media_type="application/json")
+
+
+def _record_stages(clock: StageClock | None, answered: list[Answered]) -> None:
+    """The request's stages from its questions' timings: featurize and decode summed, queue and engine
+    the slowest question's (they ran side by side)."""
+    if clock is None:
+        return
+    clock.add("featurize", sum(a.timing_ms["featurize"] for a in answered))
+    clock.add("queue", max(a.timing_ms["queue"] for a in answered))
+    clock.add("engine", max(a.timing_ms["inference"] for a in answered))
+    clock.add("decode", sum(a.timing_ms["decode"] for a in answered))
+
+
+def _parsed(request: Request) -> StageClock | None:
+    """The request's clock, charged with routing and reading + validating the body (since the door)."""
+    clock = stage_clock(request.scope)
+    if clock is not None and clock.admitted is not None:
+        clock.since("parse", clock.admitted)
+    return clock
 
 
 async def _client_gone(request: Request) -> None:
@@ -113,7 +140,7 @@ async def _client_gone(request: Request) -> None:
 
 async def answer_items(
     runtime: ModelLifecycle, items: list[AnswerRequest], request: Request
-) -> list[AnswerResponse]:
+) -> list[dict[str, Any]]:
     """Run the pipeline for one request, racing the client: if it leaves, its queued windows are dropped."""
     pipeline = runtime.require_ready()
     retry = {"Retry-After": str(runtime.settings.retry_after_s)}
@@ -121,7 +148,9 @@ async def answer_items(
     quotas: CallerQuotas = request.app.state.quotas
     budget = CallerBudget(quotas, caller)
     work = asyncio.ensure_future(
-        pipeline.answer_many([_to_question(x) for x in items], tag=request_id_var.get(), budget=budget)
+        pipeline.answer_many(
+            [_to_question(x) for x in items], tag=request_id_var.get(), budget=budget, caller=caller
+        )
     )
     gone = asyncio.ensure_future(_client_gone(request))
     try:
@@ -163,7 +192,8 @@ async def answer_items(
     for a in answered:
         runtime.metrics.windows.observe(a.windows)
         runtime.metrics.queue_time.observe(a.timing_ms["queue"] / 1000.0)
-    return [_to_response(a, x.top_k, runtime.name) for a, x in zip(answered, items, strict=True)]
+    _record_stages(stage_clock(request.scope), answered)
+    return [_answer_fields(a, x.top_k, runtime.name) for a, x in zip(answered, items, strict=True)]
 
 
 # ---- routes -----------------------------------------------------------------------------------------
@@ -175,20 +205,32 @@ ops_router = APIRouter(tags=["operations"])
 @answer_router.post(
     "/answer", response_model=AnswerResponse, response_model_exclude_unset=True, responses=ERROR_RESPONSES
 )
-async def answer(body: AnswerRequest, request: Request, runtime: RuntimeDep) -> AnswerResponse:
+async def answer(body: AnswerRequest, request: Request, runtime: RuntimeDep) -> Response:
     """Answer one question. ``context[start:end] == answer``; unanswerable: answer "" and start = end = -1."""
+    clock = _parsed(request)
     check_sizes([body], runtime.settings)
-    return (await answer_items(runtime, [body], request))[0]
+    fields = (await answer_items(runtime, [body], request))[0]
+    start = time.perf_counter()
+    response = json_response(fields)
+    if clock is not None:
+        clock.since("serialize", start)
+    return response
 
 
 def batch_router(max_items: int) -> APIRouter:
     """``POST /answer/batch`` with a body model that states ``max_items`` in the schema."""
     router = APIRouter(tags=["answers"])
 
-    async def answer_batch(body: BaseBatchRequest, request: Request, runtime: RuntimeDep) -> BatchResponse:
+    async def answer_batch(body: BaseBatchRequest, request: Request, runtime: RuntimeDep) -> Response:
         """Answer several questions (at most ``max_batch_items``, else 413); results in request order."""
+        clock = _parsed(request)
         check_sizes(body.items, runtime.settings)
-        return BatchResponse(results=await answer_items(runtime, body.items, request))
+        results = await answer_items(runtime, body.items, request)
+        start = time.perf_counter()
+        response = json_response({"results": results})
+        if clock is not None:
+            clock.since("serialize", start)
+        return response
 
     # The body model is built for this limit, so its annotation is the class itself, not a name.
     answer_batch.__annotations__["body"] = batch_request_model(max_items)

@@ -118,6 +118,12 @@ class ServerSettings(BaseSettings):
     max_request_windows: int = Field(
         128, ge=1, description="Windows (model inputs of max_seq_len) of a request, summed over batch items"
     )
+    context_cache_tokens: int = Field(
+        262144,
+        ge=0,
+        description="Tokens of recently sent contexts kept tokenized (with their sentence index), per API key: "
+        "a context asked about again skips tokenizing; least recently used first out; 0 = off",
+    )
     max_queue: int = Field(
         1024, ge=1, description="Windows waiting for inference; beyond it 503 + Retry-After"
     )
@@ -202,6 +208,15 @@ class ServerSettings(BaseSettings):
         gt=0.0,
         description="A request's headers (and a TLS handshake before them) must arrive within this of the "
         "connection's start (slow clients are closed)",
+    )
+    max_headers: int = Field(
+        100, ge=1, description="Header lines of one request; more gets 431 and the connection closed"
+    )
+    max_header_bytes: int = Field(
+        16384,
+        ge=256,
+        description="Bytes of one request's request line and headers, however they arrive; more gets 431 "
+        "and the connection closed (counted while parsing, before the door)",
     )
     body_timeout_s: float = Field(
         30.0, gt=0.0, description="A request's body must arrive within this after its headers (else 408)"

@@ -6,7 +6,7 @@ creates the HTTP protocol's connection only once the handshake is done: a client
 connections and never speaks held each for 60 s, past ``--header-timeout-s``, and uncounted by
 ``--max-connections``. Here the HTTP protocol is created (and counted) when the TCP connection is
 accepted, the handshake must finish within the header deadline, and the deadline for the request's
-headers keeps counting from the accept (:mod:`server.slow_clients`).
+headers keeps counting from the accept (:mod:`server.connection`).
 
 The private key is loaded with a password callback that refuses: an encrypted key is one clear error
 before anything listens, never OpenSSL's "Enter PEM pass phrase" prompt on the operator's terminal.

@@ -62,12 +62,27 @@ def test_a_hung_backend_call_makes_the_server_unhealthy_until_it_returns(onnx_ex
 def test_backend_failure_fails_only_its_batch_and_logs_it_under_the_request_ids(
     onnx_export: Path, caplog
 ) -> None:
+    busy = threading.Event()
+
     def fail(run, batch):
+        if busy.is_set():  # the first call: it holds the engine while the others queue up behind it
+            busy.clear()
+            time.sleep(0.5)
+            return run(batch)
         raise RuntimeError("poisoned batch at /secret/path")
 
+    async def behind_a_busy_engine() -> list[httpx.Response]:
+        first = asyncio.ensure_future(post_many(url, [FAULTY]))
+        await asyncio.sleep(0.2)
+        shared = await post_many(url, [FAULTY, OK, OK, OK])
+        assert [r.status_code for r in await first] == [200]
+        return shared
+
     with app_server(onnx_export, faulty_backend(fail), max_batch_size=8, max_batch_delay_ms=300) as (url, _):
-        # The faulty question shares its backend call (300 ms delay, room for 8) with three others.
-        shared = asyncio.run(post_many(url, [FAULTY, OK, OK, OK]))
+        # The faulty question shares its backend call (room for 8) with three others: they queued up
+        # together while the engine was busy.
+        busy.set()
+        shared = asyncio.run(behind_a_busy_engine())
         assert [r.status_code for r in shared] == [500] * 4
         failed = [r.json() for r in shared]
         assert all(b["error"] == "inference_failed" for b in failed)

@@ -142,8 +142,9 @@ def test_windows_of_a_departed_client_are_dropped(onnx_export: Path, xlnet_tok) 
 def test_the_deadline_covers_featurizing_queueing_and_inference(xlnet_tok) -> None:
     """request_timeout_s bounds the whole path (the route answers 504): a timeout while tokenizing queues
     nothing; one during inference drops the question's windows still queued."""
-    from server.answering import AnswerService, Question, RequestTimeout
+    from server.answering import AnswerService, RequestTimeout
     from server.batching import MicroBatcher
+    from server.host_path import HostPath, Question
 
     calls: list[int] = []
 
@@ -159,7 +160,7 @@ def test_the_deadline_covers_featurizing_queueing_and_inference(xlnet_tok) -> No
     async def scenario() -> None:
         batcher = MicroBatcher(run, max_batch_size=1, max_delay_s=0.0)
         batcher.start()
-        pipeline = AnswerService(spec, xlnet_tok, batcher, timeout_s=0.001)
+        pipeline = AnswerService(HostPath(spec, xlnet_tok), batcher, timeout_s=0.001)
         with pytest.raises(RequestTimeout):
             await pipeline.answer(Question("Why?", long_text))
         await asyncio.sleep(0.1)
@@ -185,8 +186,9 @@ def test_the_deadline_covers_featurizing_queueing_and_inference(xlnet_tok) -> No
 def test_the_tokenizing_backlog_is_bounded(xlnet_tok) -> None:
     """Long inputs wait for one featurizing thread; beyond 32 maximal requests' worth of characters a
     request is refused at once (QueueFull: 503 + Retry-After) instead of queueing more tokenizing."""
-    from server.answering import AnswerService, Question, WorkLimits
+    from server.answering import AnswerService
     from server.batching import MicroBatcher, QueueFull
+    from server.host_path import HostPath, Question, WorkLimits
 
     def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         b, t = batch["input_ids"].shape
@@ -199,7 +201,7 @@ def test_the_tokenizing_backlog_is_bounded(xlnet_tok) -> None:
     async def scenario() -> None:
         batcher = MicroBatcher(run, max_batch_size=8, max_delay_s=0.0, max_queue=10**5)
         batcher.start()
-        pipeline = AnswerService(spec, xlnet_tok, batcher, limits=limits)
+        pipeline = AnswerService(HostPath(spec, xlnet_tok, limits=limits), batcher)
         outcomes = await asyncio.gather(
             *(pipeline.answer(Question("Why?", context)) for _ in range(48)), return_exceptions=True
         )

@@ -9,6 +9,7 @@ not a model: what they get wrong they get wrong the same way in training and in 
 
 from __future__ import annotations
 
+import functools
 import re
 
 # ---------------------------------------------------------------- sentences
@@ -161,9 +162,16 @@ _NUMBER_WORDS = _wordset(
 
 def words(text: str) -> list[str]:
     """Lower-cased word tokens; "didn't" gives "did" and "n't" so negation is its own word."""
+    text = text.replace("\u2019", "'")
+    if text.isascii():  # lower-casing first finds the same words, lower-cased, in one pass
+        lowered = text.lower()
+        found = WORD.findall(lowered)
+        if "n't" not in lowered:
+            return found
+    else:
+        found = [w.lower() for w in WORD.findall(text)]
     out: list[str] = []
-    for w in WORD.findall(text.replace("\u2019", "'")):
-        low = w.lower()
+    for low in found:
         if low.endswith("n't") and low != "n't":
             out += [low[:-3], "n't"]
         else:
@@ -171,6 +179,7 @@ def words(text: str) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def stem(word: str) -> str:
     """A crude suffix stripper (plural, past, gerund, adverb, possessive) for lemma overlap:
     "emperors" / "emperor", "ruled" / "rules" / "ruling" / "rule" all meet."""
@@ -192,15 +201,21 @@ def stem(word: str) -> str:
     return w[:-1] if len(w) > 3 and w.endswith("e") else w
 
 
-def content_stems(text: str) -> list[str]:
-    """Stems of the words that carry content (stopwords and negations left out), in order."""
-    return [stem(w) for w in words(text) if w not in STOPWORDS and w not in NEGATIONS]
+def content_stems(text: str, tokens: list[str] | None = None) -> list[str]:
+    """Stems of the words that carry content (stopwords and negations left out), in order;
+    ``tokens``: ``words(text)`` when the caller has them already."""
+    return [
+        stem(w)
+        for w in (words(text) if tokens is None else tokens)
+        if w not in STOPWORDS and w not in NEGATIONS
+    ]
 
 
-def numbers(text: str) -> set[str]:
-    """Numbers written with digits, normalised ("1,000" and "1000" are one), plus number words."""
+def numbers(text: str, tokens: list[str] | None = None) -> set[str]:
+    """Numbers written with digits, normalised ("1,000" and "1000" are one), plus number words;
+    ``tokens``: ``words(text)`` when the caller has them already."""
     found = {m.group().strip("$£€%").replace(",", "") for m in NUMBER.finditer(text)}
-    return found | {w for w in words(text) if w in _NUMBER_WORDS}
+    return found | {w for w in (words(text) if tokens is None else tokens) if w in _NUMBER_WORDS}
 
 
 def capitalised(text: str) -> set[str]:

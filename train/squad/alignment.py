@@ -35,7 +35,7 @@ class AlignmentFailure:
     recovered_text: str | None
 
 
-def offsets_array(offsets: Sequence[tuple[int, int]]) -> np.ndarray:
+def offsets_array(offsets: Sequence[tuple[int, int]] | np.ndarray) -> np.ndarray:
     """Tokenizer offsets as an int64 array of shape [n, 2] (also for n == 0).
 
     ``np.fromiter`` over the flattened pairs is ~3x faster than ``np.asarray`` on a list of tuples,

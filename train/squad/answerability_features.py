@@ -77,8 +77,9 @@ class ContextIndex:
     def __init__(self, context: str) -> None:
         self.context = context
         self.sentences = sentence_bounds(context) or [(0, len(context))]
-        self.sentence_stems = [set(content_stems(context[a:b])) for a, b in self.sentences]
-        self.sentence_words = [set(words(context[a:b])) for a, b in self.sentences]
+        tokens = [words(context[a:b]) for a, b in self.sentences]  # one pass of the word pattern each
+        self.sentence_stems = [set(content_stems("", t)) for t in tokens]
+        self.sentence_words = [set(t) for t in tokens]
         self.stems: set[str] = set().union(*self.sentence_stems)
         self.words: set[str] = set().union(*self.sentence_words)
         self.numbers = numbers(context)

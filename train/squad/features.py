@@ -124,12 +124,14 @@ def _featurize_example(
     max_query_len: int,
     label: tuple[int, int] | None | Literal[False],
     label_is_plausible: bool = False,
+    question_ids: Sequence[int] | None = None,
 ) -> list[Feature]:
     """Windows of one question/paragraph. ``label``: False = no labels, None = unanswerable,
     else the answer's inclusive token span in the whole paragraph; with ``label_is_plausible`` that
     span is an unanswerable question's plausible answer: windows holding it point at it, but every
-    window stays labelled unanswerable."""
-    q_ids = tokenizer.encode(question)[:max_query_len]
+    window stays labelled unanswerable. ``question_ids``: ``tokenizer.encode(question)`` when the
+    caller has it already."""
+    q_ids = list(tokenizer.encode(question) if question_ids is None else question_ids)[:max_query_len]
     n_q = len(q_ids)
     room = max_seq_len - n_q - 3
     n_tokens = len(ctx_ids)
@@ -261,15 +263,17 @@ def featurize_one(
 
 def featurize_encoded(
     question: str,
-    context_ids: Sequence[int],
-    context_offsets: Sequence[tuple[int, int]],
+    context_ids: Sequence[int] | np.ndarray,
+    context_offsets: Sequence[tuple[int, int]] | np.ndarray,
     tokenizer: TokenizerLike,
     max_seq_len: int = DEFAULTS.max_seq_len,
     doc_stride: int = DEFAULTS.doc_stride,
     max_query_len: int = DEFAULTS.max_query_len,
+    question_ids: Sequence[int] | None = None,
 ) -> list[Feature]:
     """``featurize_one`` for a context already encoded (``tokenizer.encode_with_offsets``), so a caller
-    can look at the token count before any window is built."""
+    can look at the token count before any window is built; ``question_ids`` likewise for the question
+    (``tokenizer.encode(question)``). Offsets may be an ``[n, 2]`` int64 array (used as is)."""
     _check_lengths(max_seq_len, doc_stride, max_query_len)
     return _featurize_example(
         0,
@@ -282,6 +286,7 @@ def featurize_encoded(
         doc_stride,
         max_query_len,
         False,
+        question_ids=question_ids,
     )
 
 
