@@ -1,0 +1,129 @@
+"""The server's answers are the evaluation path's answers, whatever it does to get them fast: every
+sample question through ``POST /answer`` against ``featurize_one`` + one unpadded backend call per window
++ ``decode_head_outputs`` in-process, for the onnx and torch backends, with micro-batching on (questions
+sent together, so windows share padded calls) and off, and for the shipped model, whose answerability
+rule reads the context's sentences (the path the context cache and the sentence index serve)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+from paths import REPO
+from server_helpers import ServerProcess, dev_questions
+
+from harness.server_process import LOOPBACK
+from server.__main__ import load_settings
+from server.backends import create_backend
+from server.model_spec import resolve_spec
+from train.squad import decode_head_outputs, featurize_one, pad_batch
+from train.tokenizer import XLNetTokenizer
+
+SHIPPED = REPO / "models" / "squad2-small-int8"
+TOP_K = 5
+SCORE_TOLERANCE = 1e-5
+# Batched calls pad windows (fp32 logits move in the last bits), and an int8 graph quantizes its
+# activations with one dynamic range per call, so a window's logits depend on its batch mates.
+BATCHED_TOLERANCE = {"tiny": 1e-4, "shipped": None}
+
+
+def reference_answers(model: Path, backend: str, questions: list[tuple[str, str]]) -> list[dict]:
+    """Each question answered in-process the way evaluation does, with the backend the server builds."""
+    spec = resolve_spec(model, backend)
+    engine = create_backend(spec, load_settings(["--model", str(model), "--backend", backend]))
+    tokenizer = XLNetTokenizer.from_dir(spec.tokenizer_dir)
+    s = spec.serving
+    out = []
+    try:
+        for question, context in questions:
+            features = featurize_one(
+                question, context, tokenizer, s.max_seq_len, s.doc_stride, s.max_query_len
+            )
+            rows = []
+            for f in features:
+                outputs = engine.run(pad_batch([f], pad_to=max(spec.min_engine_seq_len or 0, len(f))))
+                rows.append({name: value[0] for name, value in outputs.items()})
+            p = decode_head_outputs(
+                spec.head, context, features, rows, n_best=20, max_answer_len=s.max_answer_len,
+                answerability=spec.decision, question=question,
+            )  # fmt: skip
+            out.append(
+                {
+                    "answer": p.text,
+                    "start": p.start,
+                    "end": p.end,
+                    "is_impossible": p.is_impossible,
+                    "no_answer_prob": p.no_answer_prob,
+                    "n_best": [(e.text, e.start, e.end, e.score) for e in p.n_best[:TOP_K]],
+                }
+            )
+    finally:
+        engine.close()
+    return out
+
+
+async def served_answers(url: str, questions: list[tuple[str, str]], together: int) -> list[dict]:
+    """``together`` requests in flight at a time (1: one by one)."""
+    limits = httpx.Limits(max_connections=together)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        bodies = [{"question": q, "context": c, "top_k": TOP_K} for q, c in questions]
+        replies = []
+        for k in range(0, len(bodies), together):
+            chunk = bodies[k : k + together]
+            replies += await asyncio.gather(*(client.post("/answer", json=b) for b in chunk))
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies if r.status_code != 200][:2]
+    return [r.json() for r in replies]
+
+
+def assert_same(served: list[dict], reference: list[dict], tolerance: float | None) -> None:
+    if tolerance is None:
+        assert_agree(served, reference)
+        return
+    for got, want in zip(served, reference, strict=True):
+        assert (got["answer"], got["start"], got["end"], got["is_impossible"]) == (
+            want["answer"], want["start"], want["end"], want["is_impossible"],
+        )  # fmt: skip
+        assert got["no_answer_prob"] == pytest.approx(want["no_answer_prob"], abs=tolerance)
+        spans = [(e["text"], e["start"], e["end"]) for e in got["n_best"]]
+        assert spans == [entry[:3] for entry in want["n_best"]]
+        for e, entry in zip(got["n_best"], want["n_best"], strict=True):
+            assert e["score"] == pytest.approx(entry[3], abs=tolerance)
+
+
+def assert_agree(served: list[dict], reference: list[dict]) -> None:
+    """int8 batched: every decision the same, the best span the same on nearly every question, the
+    no-answer probability close (the export's own agreement check holds int8 to the same standard)."""
+    decisions = [
+        (g["is_impossible"], g["answer"]) == (w["is_impossible"], w["answer"])
+        for g, w in zip(served, reference, strict=True)
+    ]
+    best = [
+        g["n_best"][:1] and (g["n_best"][0]["start"], g["n_best"][0]["end"]) == w["n_best"][0][1:3]
+        for g, w in zip(served, reference, strict=True)
+        if w["n_best"]
+    ]
+    gaps = [abs(g["no_answer_prob"] - w["no_answer_prob"]) for g, w in zip(served, reference, strict=True)]
+    print(
+        f"int8 batched: decisions {sum(decisions)}/{len(decisions)}, best span {sum(best)}/{len(best)}, max gap {max(gaps):.4f}"
+    )
+    assert all(decisions)
+    assert sum(best) >= 0.95 * len(best)
+    assert max(gaps) < 0.02
+
+
+@pytest.mark.parametrize(("which", "backend"), [("tiny", "onnx"), ("tiny", "torch"), ("shipped", "onnx")])
+def test_served_answers_are_the_evaluation_paths(
+    which: str, backend: str, onnx_export: Path, tmp_path: Path
+) -> None:
+    model = onnx_export if which == "tiny" else SHIPPED
+    questions = dev_questions()
+    reference = reference_answers(model, backend, questions)
+    for flags, together in ((("--max-batch-size", "1"), 1), (("--max-batch-size", "8"), 12)):
+        with ServerProcess(model, tmp_path, *flags, backend=backend) as server:
+            assert server.url.startswith(f"http://{LOOPBACK}")
+            served = asyncio.run(served_answers(server.url, questions, together))
+        assert_same(served, reference, SCORE_TOLERANCE if together == 1 else BATCHED_TOLERANCE[which])
+    # The comparison has spans to compare (these models mostly answer "none", but they rank spans).
+    assert sum(bool(r["n_best"]) for r in reference) > len(reference) // 2
