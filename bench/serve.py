@@ -88,9 +88,8 @@ def bare_latencies(
     and the seconds of its backend calls alone."""
     from server.__main__ import load_settings
     from server.backends import create_backend
-    from server.context_cache import ContextCache
     from server.guard import ANONYMOUS
-    from server.host_path import HostPath, Question, WorkLimits
+    from server.host_path import HostPath, Question
     from server.model_spec import resolve_spec
     from train.squad import pad_batch
     from train.tokenizer import XLNetTokenizer
@@ -99,14 +98,7 @@ def bare_latencies(
     flags = ["--model", model, "--backend", backend, "--threads", str(threads), *shlex.split(server_args)]
     s = load_settings(flags)
     engine = create_backend(spec, s)
-    host = HostPath(
-        spec,
-        XLNetTokenizer.from_dir(spec.tokenizer_dir),
-        n_best_pool=s.n_best_pool,
-        threshold=s.no_answer_threshold,
-        limits=WorkLimits(s.max_normalized_chars, s.max_request_tokens, s.max_request_windows),
-        contexts=ContextCache(s.context_cache_tokens),
-    )
+    host = HostPath.from_settings(spec, XLNetTokenizer.from_dir(spec.tokenizer_dir), s)
     engine.warmup((max(16, spec.min_engine_seq_len or 0), spec.serving.max_seq_len), (1,))
     engine_seconds: list[float] = []
 

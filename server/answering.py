@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from server.batching import DeadlineUnreachable, JobResult, MicroBatcher, QueueFull
+from server.batching import DeadlineUnreachable, JobResult, QueueFull
 from server.host_path import Featurized, HostPath, Question
-from server.quotas import CallerBudget
+from server.window_queue import WindowQueue
 from train.squad import Prediction
 
 # Below this many normalised characters featurizing/decoding inline is cheaper than a thread hop;
@@ -26,6 +26,14 @@ _INLINE_CHARS = 2000
 
 class RequestTimeout(RuntimeError):
     """Featurizing + queue + inference took longer than ``request_timeout_s``."""
+
+
+@dataclass
+class Charge:
+    """Who a request is for, and the windows it was charged once queued (for the log and metrics)."""
+
+    caller: str = ""
+    windows: int = 0
 
 
 @dataclass
@@ -39,11 +47,11 @@ class Answered:
 
 
 class AnswerService:
-    """Answers questions: a :class:`HostPath` around a running :class:`MicroBatcher`."""
+    """Answers questions: a :class:`HostPath` around an engine (:class:`WindowQueue`)."""
 
-    def __init__(self, host: HostPath, batcher: MicroBatcher, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, host: HostPath, queue: WindowQueue, *, timeout_s: float = 30.0) -> None:
         self.host = host
-        self.batcher = batcher
+        self.queue = queue
         self.timeout_s = timeout_s
         # One thread: long inputs are tokenized one at a time, so a flood of them cannot take every core.
         self._featurizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="featurize")
@@ -78,18 +86,20 @@ class AnswerService:
         return result
 
     async def answer_many(
-        self, items: Sequence[Question], tag: str = "", budget: CallerBudget | None = None, caller: str = ""
+        self, items: Sequence[Question], tag: str = "", charge: Charge | None = None
     ) -> list[Answered]:
         """Answer one request's questions; their windows are queued together (all admitted or none).
 
-        Raises RejectedInput (nothing queued), QueueFull/BatcherClosed/BatcherUnhealthy (nothing
-        queued), InferenceError (a batch holding one of them failed) or RequestTimeout. Cancelling it
-        (client gone) drops its windows that are still queued. ``budget`` (the caller's per-key limits)
-        is charged the request's windows before they are queued (OverLimit: nothing queued) and given
-        them back when they are done. ``caller`` keys the context cache (a key's contexts are its own).
+        Raises RejectedInput (nothing queued), OverLimit/QueueFull/BatcherClosed/BatcherUnhealthy
+        (nothing queued), InferenceError (a batch holding one of them failed) or RequestTimeout.
+        Cancelling it (client gone) drops its windows that are still queued. The queue charges the
+        caller (``charge.caller``; its per-key window limits) when they are queued and gives them back
+        when they are done; the caller also keys the context cache (a key's contexts are its own).
         """
         t0 = time.perf_counter()
-        self.batcher.check_admission()  # cheap checks first: no tokenizing for a request that cannot run
+        charge = charge if charge is not None else Charge()
+        caller = charge.caller
+        self.queue.check_admission()  # cheap checks first: no tokenizing for a request that cannot run
         normalized = self.host.check_text_size(items)
         inline = normalized <= _INLINE_CHARS
         futures: list[asyncio.Future] = []
@@ -99,9 +109,8 @@ class AnswerService:
             groups = featurized[0]
             if time.perf_counter() >= t0 + self.timeout_s:  # spent while tokenizing: a timeout, not overload
                 raise asyncio.TimeoutError
-            if budget is not None:
-                budget.acquire(sum(len(g) for g in groups))
-            futures.extend(self.batcher.submit_many(groups, tag=tag, deadline=t0 + self.timeout_s))
+            futures.extend(self.queue.submit(groups, tag=tag, deadline=t0 + self.timeout_s, caller=caller))
+            charge.windows = sum(len(g) for g in groups)
             return featurized, list(await asyncio.gather(*futures))
 
         try:
@@ -118,8 +127,6 @@ class AnswerService:
             for f in futures:  # on any failure, stop the other questions' queued windows
                 if not f.done():
                     f.cancel()
-            if budget is not None:
-                budget.release()
         outputs = [r.rows for r in results]
         if inline:
             preds, dec_ms = self.host.decode_answers(items, groups, contexts, outputs)

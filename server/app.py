@@ -61,7 +61,8 @@ def create_app(
     keys = KeyRing.from_settings(settings.api_keys_file)  # KeyFileError: refuse to start
     metrics = Metrics()
     count_refusals_with(lambda kind: metrics.errors.labels(kind).inc())  # refused before the app
-    runtime = ModelLifecycle(settings, spec, metrics, backend_factory or create_backend, on_fatal)
+    quotas = CallerQuotas(caller_limits(settings), settings.max_request_windows)
+    runtime = ModelLifecycle(settings, spec, metrics, backend_factory or create_backend, on_fatal, quotas)
     metrics.model_info.labels(runtime.name, settings.backend, spec.head, spec.precision).set(1)
 
     @asynccontextmanager
@@ -91,7 +92,6 @@ def create_app(
     app.state.runtime = runtime
     app.state.metrics = metrics
     app.state.keys = keys
-    app.state.quotas = quotas = CallerQuotas(caller_limits(settings), settings.max_request_windows)
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.body_limit, metrics=metrics, timeout_s=settings.body_timeout_s
     )

@@ -20,6 +20,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -28,7 +29,7 @@ from server.auth import KeyRing, presented_key
 from server.body_limit import LINGER_S, discard_body
 from server.errors import error_response, rate_limited_response
 from server.metrics import Metrics
-from server.quotas import CallerQuotas, FailureLimiter, OverLimit
+from server.quotas import FailureLimiter, OverLimit
 from server.timing import stage_clock
 
 ANONYMOUS = "anonymous"
@@ -66,6 +67,14 @@ class OpenPaths:
 UNAUTHENTICATED = "-"  # the caller of a request the door refused
 
 
+class DoorLimits(Protocol):
+    """The per-key limits the door checks: this process's (:class:`server.quotas.CallerQuotas`) or the
+    engine process's (:class:`server.engine.client.EngineClient`)."""
+
+    async def admit(self, name: str) -> None:
+        """Count one request of ``name``; OverLimit when it is over its rate or daily quota."""
+
+
 def caller_name(scope: Scope) -> str:
     """The key name the door recorded for this request (``anonymous`` without keys, ``-`` refused)."""
     return str((scope.get("state") or {}).get("api_key", UNAUTHENTICATED))
@@ -80,7 +89,7 @@ class GuardMiddleware:
         keys: KeyRing | None,
         open_paths: OpenPaths,
         failures: FailureLimiter,
-        quotas: CallerQuotas,
+        quotas: DoorLimits,
         metrics: Metrics,
     ) -> None:
         self.app, self.keys, self.open_paths = app, keys, open_paths
@@ -137,7 +146,7 @@ class GuardMiddleware:
         """A caller let in: its request rate and daily quota (the probes are free), then the app."""
         if scope.get("path") not in PROBES:
             try:
-                self.quotas.admit_request(name)
+                await self.quotas.admit(name)
             except OverLimit as exc:
                 await _refuse(
                     rate_limited_response(self.metrics, exc, close=True), scope, receive, send, headers

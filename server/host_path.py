@@ -25,6 +25,7 @@ import numpy as np
 
 from server.context_cache import ContextCache, EncodedContext, context_key
 from server.model_spec import ModelSpec, decision_rule
+from server.settings import ServerSettings
 from train.squad import Feature, Prediction, decode_head_outputs, featurize_encoded
 from train.squad.alignment import offsets_array
 from train.squad.features import TokenizerLike
@@ -113,6 +114,18 @@ class HostPath:
         self.limits = limits or WorkLimits()
         self.contexts = contexts if contexts is not None else ContextCache(0)
         self._lexical = spec.decision.uses_lexical  # the decision reads the context's sentences
+
+    @classmethod
+    def from_settings(cls, spec: ModelSpec, tokenizer: TokenizerLike, s: ServerSettings) -> HostPath:
+        """The host path a server with settings ``s`` runs (its limits, n-best pool, threshold, cache)."""
+        return cls(
+            spec,
+            tokenizer,
+            n_best_pool=s.n_best_pool,
+            threshold=s.no_answer_threshold,
+            limits=WorkLimits(s.max_normalized_chars, s.max_request_tokens, s.max_request_windows),
+            contexts=ContextCache(s.context_cache_tokens),
+        )
 
     def check_text_size(self, items: Sequence[Question]) -> int:
         """The cheap check, before any tokenizing: characters after normalisation, summed (returned)."""

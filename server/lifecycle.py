@@ -27,12 +27,13 @@ from typing import Any
 from server.answering import AnswerService
 from server.backends import Backend, BackendUnavailable, batch_limit
 from server.batching import BatcherClosed, BatchStats, MicroBatcher
-from server.context_cache import ContextCache
 from server.errors import ApiError
-from server.host_path import HostPath, Question, WorkLimits
+from server.host_path import HostPath, Question
 from server.metrics import Metrics
 from server.model_spec import ModelSpec
+from server.quotas import CallerLimits, CallerQuotas
 from server.settings import ServerSettings
+from server.window_queue import LocalQueue
 from train.tokenizer import XLNetTokenizer
 
 logger = logging.getLogger("server")
@@ -51,7 +52,11 @@ class ModelLifecycle:
         metrics: Metrics,
         backend_factory: BackendFactory,
         on_fatal: Callable[[], None] | None = None,
+        quotas: CallerQuotas | None = None,
+        answers: bool = True,
     ) -> None:
+        """``quotas``: the per-key limits the batcher's queue charges (none: unlimited). ``answers=False``
+        (the engine process) loads no tokenizer and no host path: its fronts have their own."""
         self.settings = settings
         self.spec = spec
         self.metrics = metrics
@@ -65,6 +70,8 @@ class ModelLifecycle:
         self._loader: asyncio.Task | None = None
         self.max_batch_size = batch_limit(spec, settings)
         self.name = settings.model_name or spec.name
+        self.quotas = quotas or CallerQuotas(CallerLimits(), settings.max_request_windows)
+        self.answers = answers
 
         self._shutdown_started: float | None = None
         self._shutdown_begun = asyncio.Event()  # set on the loop once begin_shutdown ran
@@ -210,27 +217,24 @@ class ModelLifecycle:
     async def _load_and_warm_up(self) -> None:
         s, spec = self.settings, self.spec
         self._state = "loading"
-        tokenizer = await asyncio.to_thread(XLNetTokenizer.from_dir, spec.tokenizer_dir)
         self.backend = await asyncio.to_thread(self.backend_factory, spec, s)
         assert self.batcher is not None
-        host = HostPath(
-            spec,
-            tokenizer,
-            n_best_pool=s.n_best_pool,
-            threshold=s.no_answer_threshold,
-            limits=WorkLimits(s.max_normalized_chars, s.max_request_tokens, s.max_request_windows),
-            contexts=ContextCache(s.context_cache_tokens),
-        )
-        self.pipeline = AnswerService(host, self.batcher, timeout_s=s.request_timeout_s)
+        if self.answers:
+            tokenizer = await asyncio.to_thread(XLNetTokenizer.from_dir, spec.tokenizer_dir)
+            host = HostPath.from_settings(spec, tokenizer, s)
+            queue = LocalQueue(self.batcher, self.quotas)
+            self.pipeline = AnswerService(host, queue, timeout_s=s.request_timeout_s)
         self._state = "warming"
         if s.warmup_delay_s:
             await asyncio.sleep(s.warmup_delay_s)
         lengths = tuple(sorted({max(16, spec.min_engine_seq_len or 0), spec.serving.max_seq_len}))
         await asyncio.to_thread(self.backend.warmup, lengths, tuple(sorted({1, self.max_batch_size})))
-        await self.pipeline.answer(Question("What is warmed up?", "The model is warmed up. " * 8))
+        if self.pipeline is not None:
+            await self.pipeline.answer(Question("What is warmed up?", "The model is warmed up. " * 8))
         self._state = "ready"
         self.metrics.runtime_info.labels(**self.runtime_labels()).set(1)
-        self.metrics.ready.set(1)
+        if self.answers:  # an engine process is not an HTTP server: its fronts say whether they are ready
+            self.metrics.ready.set(1)
         logger.info("model %s ready: backend %s, head %s", self.name, self.backend.describe(), spec.head)
 
     async def stop(self) -> None:

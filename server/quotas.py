@@ -8,8 +8,10 @@ context is 40 of them). A request over a limit is refused with :class:`OverLimit
 layer turns into 429 + ``Retry-After`` (the seconds until the bucket holds enough again), before any
 of its windows is queued, so one caller's flood costs the others nothing but the refusals.
 
-Limits live in this process: with ``--workers N`` each worker keeps its own buckets, so a caller gets
-up to N times the configured rates (the README says so).
+Limits live in the process that runs the model: the server's own, or with front processes
+(``--workers N``, ``--engine-process``) the engine process, which every front asks at the door and
+charges windows itself (:mod:`server.engine`), so a host has one set of limits however many fronts
+answer HTTP. Replicas (several hosts) each keep their own: N replicas mean N times the limits.
 """
 
 from __future__ import annotations
@@ -153,6 +155,10 @@ class CallerQuotas:
             if quota is not None:
                 c.today += 1
 
+    async def admit(self, name: str) -> None:
+        """:meth:`admit_request` as the door awaits it (an engine process's limits are a round trip away)."""
+        self.admit_request(name)
+
     def acquire_windows(self, name: str, windows: int) -> None:
         """Once tokenized: the window rate and the windows in flight (OverLimit when over). A success
         must be paired with :meth:`release_windows`."""
@@ -208,22 +214,3 @@ class FailureLimiter:
             b.take(1.0)
             while len(self._buckets) > self.max_addresses:
                 self._buckets.popitem(last=False)
-
-
-class CallerBudget:
-    """One request's claim on its caller's windows: taken once the request is tokenized, given back
-    when its windows are done (answered, failed, or dropped because the client left)."""
-
-    def __init__(self, quotas: CallerQuotas, caller: str) -> None:
-        self.quotas, self.caller = quotas, caller
-        self.windows = 0  # held now
-        self.charged = 0  # charged to this request (for the access log)
-
-    def acquire(self, windows: int) -> None:
-        self.quotas.acquire_windows(self.caller, windows)  # OverLimit: nothing taken
-        self.windows = self.charged = windows
-
-    def release(self) -> None:
-        if self.windows:
-            self.quotas.release_windows(self.caller, self.windows)
-            self.windows = 0

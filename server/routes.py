@@ -15,14 +15,13 @@ import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from server.answering import Answered, RequestTimeout
+from server.answering import Answered, Charge, RequestTimeout
 from server.batching import BatcherClosed, BatcherUnhealthy, InferenceError, NonFiniteOutput, QueueFull
 from server.errors import ERROR_RESPONSES, ApiError
 from server.guard import caller_name
 from server.host_path import Question, RejectedInput
 from server.lifecycle import ModelLifecycle
 from server.metrics import Metrics
-from server.quotas import CallerBudget, CallerQuotas
 from server.request_ids import request_id_var
 from server.schemas import (
     AnswerRequest,
@@ -144,13 +143,9 @@ async def answer_items(
     """Run the pipeline for one request, racing the client: if it leaves, its queued windows are dropped."""
     pipeline = runtime.require_ready()
     retry = {"Retry-After": str(runtime.settings.retry_after_s)}
-    caller = caller_name(request.scope)  # its request rate and daily quota were checked at the door
-    quotas: CallerQuotas = request.app.state.quotas
-    budget = CallerBudget(quotas, caller)
+    charge = Charge(caller_name(request.scope))  # its request rate and daily quota were checked at the door
     work = asyncio.ensure_future(
-        pipeline.answer_many(
-            [_to_question(x) for x in items], tag=request_id_var.get(), budget=budget, caller=caller
-        )
+        pipeline.answer_many([_to_question(x) for x in items], tag=request_id_var.get(), charge=charge)
     )
     gone = asyncio.ensure_future(_client_gone(request))
     try:
@@ -163,9 +158,9 @@ async def answer_items(
         await asyncio.wait({work})  # let the cancellation reach the batcher (its queued windows are dropped)
         runtime.metrics.disconnects.inc()
         raise ApiError(499, "client_disconnected", "the client closed the connection before the answer")
-    request.state.windows = budget.charged
-    if budget.charged:
-        runtime.metrics.key_windows.labels(caller).inc(budget.charged)
+    request.state.windows = charge.windows
+    if charge.windows:
+        runtime.metrics.key_windows.labels(charge.caller).inc(charge.windows)
     try:
         answered = work.result()
     except RejectedInput as exc:

@@ -145,6 +145,8 @@ def test_the_deadline_covers_featurizing_queueing_and_inference(xlnet_tok) -> No
     from server.answering import AnswerService, RequestTimeout
     from server.batching import MicroBatcher
     from server.host_path import HostPath, Question
+    from server.quotas import CallerLimits, CallerQuotas
+    from server.window_queue import LocalQueue
 
     calls: list[int] = []
 
@@ -155,12 +157,13 @@ def test_the_deadline_covers_featurizing_queueing_and_inference(xlnet_tok) -> No
         return {"start_logits": np.zeros((b, t)), "end_logits": np.zeros((b, t)), "cls_logits": np.zeros(b)}
 
     spec = stand_in_spec(REPO)
+    unlimited = CallerQuotas(CallerLimits(), 128)
     long_text = long_context(xlnet_tok, "Why?", 30)  # tokenizing it takes well over a millisecond
 
     async def scenario() -> None:
         batcher = MicroBatcher(run, max_batch_size=1, max_delay_s=0.0)
         batcher.start()
-        pipeline = AnswerService(HostPath(spec, xlnet_tok), batcher, timeout_s=0.001)
+        pipeline = AnswerService(HostPath(spec, xlnet_tok), LocalQueue(batcher, unlimited), timeout_s=0.001)
         with pytest.raises(RequestTimeout):
             await pipeline.answer(Question("Why?", long_text))
         await asyncio.sleep(0.1)
@@ -189,19 +192,22 @@ def test_the_tokenizing_backlog_is_bounded(xlnet_tok) -> None:
     from server.answering import AnswerService
     from server.batching import MicroBatcher, QueueFull
     from server.host_path import HostPath, Question, WorkLimits
+    from server.quotas import CallerLimits, CallerQuotas
+    from server.window_queue import LocalQueue
 
     def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         b, t = batch["input_ids"].shape
         return {"start_logits": np.zeros((b, t)), "end_logits": np.zeros((b, t)), "cls_logits": np.zeros(b)}
 
     spec = stand_in_spec(REPO)
+    unlimited = CallerQuotas(CallerLimits(), 128)
     context = long_context(xlnet_tok, "Why?", 10)  # over the inline limit: the featurizing thread
     limits = WorkLimits(max_normalized_chars=len(context) + 10, max_tokens=10**6, max_windows=10**4)
 
     async def scenario() -> None:
         batcher = MicroBatcher(run, max_batch_size=8, max_delay_s=0.0, max_queue=10**5)
         batcher.start()
-        pipeline = AnswerService(HostPath(spec, xlnet_tok, limits=limits), batcher)
+        pipeline = AnswerService(HostPath(spec, xlnet_tok, limits=limits), LocalQueue(batcher, unlimited))
         outcomes = await asyncio.gather(
             *(pipeline.answer(Question("Why?", context)) for _ in range(48)), return_exceptions=True
         )
