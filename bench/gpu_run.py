@@ -73,6 +73,8 @@ SERVER_WHEELS = (
     "httptools==0.9.0",  # server.connection's parser
     "uvloop==0.23.0",
     "orjson==3.13.0",
+    "pyzmq==27.3.0",  # --workers N: fronts over one engine process
+    "msgspec==0.22.0",
 )
 PLATFORMS = (
     "manylinux_2_28_x86_64",

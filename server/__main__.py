@@ -9,16 +9,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
 from pydantic import ValidationError
 
-from server.metrics import LOAD_FAILED_MARK, MULTIPROC_ENV, multiprocess_dir, reset_multiprocess_dir
 from server.request_ids import configure_logging
 from server.settings import ServerSettings
 
@@ -105,8 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "forwarded_allow_ips": settings.forwarded_allow_ips or "",
     }
     configure_connections(settings.header_timeout_s, tls, settings.max_headers, settings.max_header_bytes)
-    if settings.workers > 1:
-        return _run_workers(settings, common)
+    if settings.fronts_over_engine:
+        from server.supervisor import run_fronts_over_engine
+
+        return run_fronts_over_engine(settings, common)
 
     from server.app import create_app
 
@@ -122,28 +119,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     runtime = app.state.runtime
     if runtime.state == "failed":
         print(f"error: model failed to load: {runtime.error}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _run_workers(settings: ServerSettings, common: dict) -> int:
-    """Worker processes rebuild the app from the environment and share one metrics directory."""
-    import uvicorn
-
-    own_dir = multiprocess_dir() is None
-    directory = tempfile.mkdtemp(prefix="xlnetqa-metrics-") if own_dir else str(multiprocess_dir())
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    reset_multiprocess_dir(directory)
-    os.environ.update(settings.to_env())
-    os.environ[MULTIPROC_ENV] = str(directory)
-    try:
-        uvicorn.run("server.app:create_app_from_env", factory=True, workers=settings.workers, **common)
-        failed = (Path(directory) / LOAD_FAILED_MARK).exists()
-    finally:
-        if own_dir:
-            shutil.rmtree(str(directory), ignore_errors=True)
-    if failed:
-        print("error: model failed to load in a worker (see the log above)", file=sys.stderr)
         return 1
     return 0
 

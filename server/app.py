@@ -24,16 +24,25 @@ from server.body_limit import BodyLimitMiddleware
 from server.connection import configure_connections, count_refusals_with
 from server.errors import install_error_handlers
 from server.framing import FramingMiddleware
-from server.guard import DOCS_PATHS, METRICS_PATHS, PLAYGROUND_PATHS, PROBES, GuardMiddleware, OpenPaths
+from server.front import FrontLifecycle
+from server.guard import (
+    DOCS_PATHS,
+    METRICS_PATHS,
+    PLAYGROUND_PATHS,
+    PROBES,
+    DoorLimits,
+    GuardMiddleware,
+    OpenPaths,
+)
 from server.hosts import HostCheckMiddleware, allowed_hosts, is_loopback
-from server.lifecycle import BackendFactory, ModelLifecycle
+from server.lifecycle import BackendFactory, Lifecycle, ModelLifecycle
 from server.metrics import Metrics, MetricsMiddleware
 from server.model_spec import ModelSpec, resolve_spec
 from server.playground import playground_router
 from server.quotas import CallerLimits, CallerQuotas, FailureLimiter
 from server.request_ids import RequestIdMiddleware, configure_logging
 from server.routes import answer_router, batch_router, ops_router
-from server.settings import ServerSettings
+from server.settings import ENGINE_ADDRESS_ENV, ServerSettings
 from server.timing import TimingMiddleware
 
 # ---- the app ----------------------------------------------------------------------------------------
@@ -46,6 +55,7 @@ def create_app(
     on_fatal: Callable[[], None] | None = None,
     spec: ModelSpec | None = None,
     listen_while_loading: bool = True,
+    engine_address: str | None = None,
 ) -> FastAPI:
     """Build the app for ``settings`` (the model loads when the app starts).
 
@@ -53,6 +63,7 @@ def create_app(
     ``on_fatal`` is called if loading fails (``python -m server`` stops the process with exit 1).
     ``listen_while_loading=False`` makes the lifespan startup wait for the load: uvicorn serves only
     after it, so a worker sharing a socket with ready siblings takes no connection it would answer 503.
+    ``engine_address``: this is a front process; the model is in the engine process there.
     """
     if spec is None:
         if settings.model is None:
@@ -61,8 +72,16 @@ def create_app(
     keys = KeyRing.from_settings(settings.api_keys_file)  # KeyFileError: refuse to start
     metrics = Metrics()
     count_refusals_with(lambda kind: metrics.errors.labels(kind).inc())  # refused before the app
-    quotas = CallerQuotas(caller_limits(settings), settings.max_request_windows)
-    runtime = ModelLifecycle(settings, spec, metrics, backend_factory or create_backend, on_fatal, quotas)
+    runtime: Lifecycle
+    limits: DoorLimits
+    if engine_address is None:
+        quotas = CallerQuotas(CallerLimits.from_settings(settings), settings.max_request_windows)
+        runtime = ModelLifecycle(settings, spec, metrics, backend_factory or create_backend, on_fatal, quotas)
+        limits = quotas
+    else:  # a front: the engine process owns the model and the per-key limits
+        front = FrontLifecycle(settings, spec, metrics, engine_address, on_fatal)
+        runtime, limits = front, front.engine
+
     metrics.model_info.labels(runtime.name, settings.backend, spec.head, spec.precision).set(1)
 
     @asynccontextmanager
@@ -101,7 +120,7 @@ def create_app(
         keys=keys,
         open_paths=open_paths(settings),
         failures=failures,
-        quotas=quotas,
+        quotas=limits,
         metrics=metrics,
     )
     hosts = allowed_hosts(settings.trusted_hosts, is_loopback(settings.host))
@@ -133,17 +152,6 @@ def open_paths(settings: ServerSettings) -> OpenPaths:
     return OpenPaths.of(paths)
 
 
-def caller_limits(settings: ServerSettings) -> CallerLimits:
-    return CallerLimits(
-        requests_per_s=settings.key_requests_per_s,
-        request_burst=settings.key_request_burst,
-        windows_per_s=settings.key_windows_per_s,
-        window_burst=settings.key_window_burst,
-        max_inflight_windows=settings.key_max_inflight_windows,
-        daily_requests=settings.key_daily_requests,
-    )
-
-
 def _on_sighup(callback: Callable[[], object]) -> bool:
     """Run ``callback`` on SIGHUP (keys rotation); False where no handler can be installed (not the main
     thread, or no such signal). Worker processes under ``--workers`` are restarted by uvicorn on SIGHUP."""
@@ -173,4 +181,5 @@ def create_app_from_env() -> FastAPI:
     configure_connections(  # this worker's connections
         settings.header_timeout_s, settings.tls_context(), settings.max_headers, settings.max_header_bytes
     )
-    return create_app(settings, on_fatal=_exit_worker, listen_while_loading=False)
+    address = os.environ.get(ENGINE_ADDRESS_ENV) or None
+    return create_app(settings, on_fatal=_exit_worker, listen_while_loading=False, engine_address=address)

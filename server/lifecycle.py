@@ -42,45 +42,31 @@ LOAD_PROGRESS_S = 15.0  # how often a long load says it is still going
 BackendFactory = Callable[[ModelSpec, ServerSettings], Backend]
 
 
-class ModelLifecycle:
-    """Owns the model: loads it in the background, warms it up, serves it, drains it on shutdown."""
+class Lifecycle:
+    """What every runtime of the app shares: states, the load under its deadline, readiness, and the
+    shutdown that answers what is left with 503 before the graceful timeout ends. Subclasses load
+    (``_load_and_warm_up``), cut off (``_cut_off``) and stop."""
+
+    pipeline: AnswerService | None = None
 
     def __init__(
-        self,
-        settings: ServerSettings,
-        spec: ModelSpec,
-        metrics: Metrics,
-        backend_factory: BackendFactory,
-        on_fatal: Callable[[], None] | None = None,
-        quotas: CallerQuotas | None = None,
-        answers: bool = True,
+        self, settings: ServerSettings, spec: ModelSpec, metrics: Metrics, on_fatal: Callable[[], None] | None
     ) -> None:
-        """``quotas``: the per-key limits the batcher's queue charges (none: unlimited). ``answers=False``
-        (the engine process) loads no tokenizer and no host path: its fronts have their own."""
         self.settings = settings
         self.spec = spec
         self.metrics = metrics
-        self.backend_factory = backend_factory
         self.on_fatal = on_fatal
         self._state = "starting"
         self.error: str | None = None  # for the log only: it may hold paths and exception text
-        self.backend: Backend | None = None
-        self.pipeline: AnswerService | None = None
-        self.batcher: MicroBatcher | None = None
         self._loader: asyncio.Task | None = None
         self.max_batch_size = batch_limit(spec, settings)
         self.name = settings.model_name or spec.name
-        self.quotas = quotas or CallerQuotas(CallerLimits(), settings.max_request_windows)
-        self.answers = answers
-
         self._shutdown_started: float | None = None
         self._shutdown_begun = asyncio.Event()  # set on the loop once begin_shutdown ran
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def state(self) -> str:
-        if self._state in ("ready", "warming") and self.batcher is not None and not self.batcher.healthy:
-            return "unhealthy"
         return self._state
 
     @property
@@ -109,8 +95,7 @@ class ModelLifecycle:
         self._loop.call_later(max(0.0, graceful - min(1.0, 0.2 * graceful)), self._cut_off)
 
     def _cut_off(self) -> None:
-        if self.batcher is not None:
-            self.batcher.abort(BatcherClosed("the server is shutting down"))
+        """Answer what is still waiting (503 shutting_down)."""
 
     def _track_shutdown_signals(self) -> None:
         """Note when SIGTERM/SIGINT arrive, then let uvicorn's handlers (installed before the app
@@ -128,30 +113,10 @@ class ModelLifecycle:
 
             signal.signal(sig, noted)
 
-    async def start(self) -> None:
-        s = self.settings
-        self.batcher = MicroBatcher(
-            self._run_backend,
-            max_batch_size=self.max_batch_size,
-            max_delay_s=s.max_batch_delay_ms / 1000.0,
-            max_queue=s.max_queue,
-            workers=s.inference_workers,
-            pad_multiple_of=s.pad_multiple_of,
-            max_padding=s.max_batch_padding,
-            aging_s=s.queue_aging_s,
-            min_length=self.spec.min_engine_seq_len,
-            max_length=self.spec.serving.max_seq_len,
-            watchdog_factor=s.watchdog_factor,
-            watchdog_min_s=s.watchdog_min_s,
-            on_batch=self._on_batch,
-            on_queue_depth=self.metrics.queue_depth.set,
-            on_dropped=self.metrics.dropped_windows.inc,
-            on_hang=self.metrics.backend_hangs.inc,
-        )
-        self.batcher.start()
+    def _start_loading(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._track_shutdown_signals()
-        self._loader = asyncio.get_running_loop().create_task(self._load(), name="model-loader")
+        self._loader = self._loop.create_task(self._load(), name="model-loader")
 
     async def until_loaded(self) -> None:
         """Return once loading ended (ready, or failed: ``on_fatal`` ran) or shutdown began, whichever is
@@ -162,21 +127,6 @@ class ModelLifecycle:
             await asyncio.wait({self._loader, shutdown}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             shutdown.cancel()
-
-    def _run_backend(self, batch):
-        assert self.backend is not None
-        return self.backend.run(batch)
-
-    def _on_batch(self, stats: BatchStats) -> None:
-        m = self.metrics
-        m.batch_size.observe(stats.size)
-        m.batch_tokens.observe(stats.padded_length)
-        m.padding.observe(stats.padding_ratio)
-        m.inference_time.observe(stats.seconds)
-        if stats.failed:
-            m.batch_failures.inc()
-        if stats.non_finite:
-            m.non_finite.inc(stats.non_finite)
 
     async def _load(self) -> None:
         """Load and warm up within the load deadline; any failure (a hang included) ends in ``failed``.
@@ -203,6 +153,9 @@ class ModelLifecycle:
         finally:
             progress.cancel()
 
+    async def _load_and_warm_up(self) -> None:
+        raise NotImplementedError
+
     async def _report_progress(self, started: float, deadline: float) -> None:
         while True:
             await asyncio.sleep(LOAD_PROGRESS_S)
@@ -213,6 +166,112 @@ class ModelLifecycle:
                 deadline,
                 self.settings.engine_build_note,
             )
+
+    def runtime_labels(self) -> dict[str, str]:
+        """The ``xlnetqa_runtime_info`` labels: backend, providers really in use, device."""
+        facts = self.runs_on()
+        return {
+            "backend": self.settings.backend,
+            "providers": ",".join(facts.get("providers", [])),
+            "device": str(facts.get("device", "")),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """What the backend runs on, for ``/v1/model`` (its state before it is loaded)."""
+        return {"state": self.state}
+
+    def runs_on(self) -> dict[str, Any]:
+        """``providers`` and/or ``device`` as the loaded backend reports them (empty before loading)."""
+        facts = self.describe()
+        return {k: facts[k] for k in ("providers", "device") if facts.get(k) is not None}
+
+    # The 503 a request gets while the runtime cannot answer, by state: (error kind, message).
+    UNREADY: dict[str, tuple[str, str]] = {
+        "failed": ("model_failed", "the model failed to load; see the server log"),
+        "unhealthy": ("unhealthy", "the inference backend is unhealthy; see the server log"),
+        "stopping": ("shutting_down", "the server is shutting down"),
+    }
+
+    def require_ready(self) -> AnswerService:
+        """The pipeline, or the 503 that says why there is none (never internals: they are logged)."""
+        if self.ready and self.pipeline is not None:
+            return self.pipeline
+        retry = {"Retry-After": str(self.settings.retry_after_s)}
+        kind, message = self.UNREADY.get(
+            self.state, ("not_ready", f"the model is not ready yet ({self.state})")
+        )
+        raise ApiError(503, kind, message, retry)
+
+
+class ModelLifecycle(Lifecycle):
+    """Owns the model: loads it in the background, warms it up, serves it, drains it on shutdown."""
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        spec: ModelSpec,
+        metrics: Metrics,
+        backend_factory: BackendFactory,
+        on_fatal: Callable[[], None] | None = None,
+        quotas: CallerQuotas | None = None,
+        answers: bool = True,
+    ) -> None:
+        """``quotas``: the per-key limits the batcher's queue charges (none: unlimited). ``answers=False``
+        (the engine process) loads no tokenizer and no host path: its fronts have their own."""
+        super().__init__(settings, spec, metrics, on_fatal)
+        self.backend_factory = backend_factory
+        self.backend: Backend | None = None
+        self.batcher: MicroBatcher | None = None
+        self.quotas = quotas or CallerQuotas(CallerLimits(), settings.max_request_windows)
+        self.answers = answers
+
+    @property
+    def state(self) -> str:
+        if self._state in ("ready", "warming") and self.batcher is not None and not self.batcher.healthy:
+            return "unhealthy"
+        return self._state
+
+    def _cut_off(self) -> None:
+        if self.batcher is not None:
+            self.batcher.abort(BatcherClosed("the server is shutting down"))
+
+    async def start(self) -> None:
+        s = self.settings
+        self.batcher = MicroBatcher(
+            self._run_backend,
+            max_batch_size=self.max_batch_size,
+            max_delay_s=s.max_batch_delay_ms / 1000.0,
+            max_queue=s.max_queue,
+            workers=s.inference_workers,
+            pad_multiple_of=s.pad_multiple_of,
+            max_padding=s.max_batch_padding,
+            aging_s=s.queue_aging_s,
+            min_length=self.spec.min_engine_seq_len,
+            max_length=self.spec.serving.max_seq_len,
+            watchdog_factor=s.watchdog_factor,
+            watchdog_min_s=s.watchdog_min_s,
+            on_batch=self._on_batch,
+            on_queue_depth=self.metrics.queue_depth.set,
+            on_dropped=self.metrics.dropped_windows.inc,
+            on_hang=self.metrics.backend_hangs.inc,
+        )
+        self.batcher.start()
+        self._start_loading()
+
+    def _run_backend(self, batch):
+        assert self.backend is not None
+        return self.backend.run(batch)
+
+    def _on_batch(self, stats: BatchStats) -> None:
+        m = self.metrics
+        m.batch_size.observe(stats.size)
+        m.batch_tokens.observe(stats.padded_length)
+        m.padding.observe(stats.padding_ratio)
+        m.inference_time.observe(stats.seconds)
+        if stats.failed:
+            m.batch_failures.inc()
+        if stats.non_finite:
+            m.non_finite.inc(stats.non_finite)
 
     async def _load_and_warm_up(self) -> None:
         s, spec = self.settings, self.spec
@@ -264,29 +323,5 @@ class ModelLifecycle:
             logging.shutdown()
             os._exit(1)
 
-    def runtime_labels(self) -> dict[str, str]:
-        """The ``xlnetqa_runtime_info`` labels: backend, providers really in use, device."""
-        facts = self.runs_on()
-        return {
-            "backend": self.settings.backend,
-            "providers": ",".join(facts.get("providers", [])),
-            "device": str(facts.get("device", "")),
-        }
-
-    def runs_on(self) -> dict[str, Any]:
-        """``providers`` and/or ``device`` as the loaded backend reports them (empty before loading)."""
-        facts = self.backend.describe() if self.backend is not None else {}
-        return {k: facts[k] for k in ("providers", "device") if facts.get(k) is not None}
-
-    def require_ready(self) -> AnswerService:
-        """The pipeline, or the 503 that says why there is none (never internals: they are logged)."""
-        if self.ready and self.pipeline is not None:
-            return self.pipeline
-        retry = {"Retry-After": str(self.settings.retry_after_s)}
-        messages = {
-            "failed": ("model_failed", "the model failed to load; see the server log"),
-            "unhealthy": ("unhealthy", "the inference backend is unhealthy; see the server log"),
-            "stopping": ("shutting_down", "the server is shutting down"),
-        }
-        kind, message = messages.get(self.state, ("not_ready", f"the model is not ready yet ({self.state})"))
-        raise ApiError(503, kind, message, retry)
+    def describe(self) -> dict[str, Any]:
+        return self.backend.describe() if self.backend is not None else {"state": self.state}

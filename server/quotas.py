@@ -22,6 +22,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from server.settings import ServerSettings
+
 
 class OverLimit(Exception):
     """A caller is over one of its limits: ``limit`` names which, ``retry_after`` in seconds."""
@@ -76,6 +78,18 @@ class CallerLimits:
     window_burst: float | None = None  # default: 2 seconds' worth, at least one maximal request
     max_inflight_windows: int | None = None
     daily_requests: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings: ServerSettings) -> CallerLimits:
+        """The per-key limits ``--key-*`` configure."""
+        return cls(
+            requests_per_s=settings.key_requests_per_s,
+            request_burst=settings.key_request_burst,
+            windows_per_s=settings.key_windows_per_s,
+            window_burst=settings.key_window_burst,
+            max_inflight_windows=settings.key_max_inflight_windows,
+            daily_requests=settings.key_daily_requests,
+        )
 
     @property
     def active(self) -> bool:

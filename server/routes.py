@@ -17,10 +17,11 @@ from fastapi.responses import JSONResponse, Response
 
 from server.answering import Answered, Charge, RequestTimeout
 from server.batching import BatcherClosed, BatcherUnhealthy, InferenceError, NonFiniteOutput, QueueFull
+from server.engine.failures import EngineUnavailable
 from server.errors import ERROR_RESPONSES, ApiError
 from server.guard import caller_name
 from server.host_path import Question, RejectedInput
-from server.lifecycle import ModelLifecycle
+from server.lifecycle import Lifecycle
 from server.metrics import Metrics
 from server.request_ids import request_id_var
 from server.schemas import (
@@ -38,7 +39,7 @@ from server.timing import StageClock, stage_clock
 # ---- dependencies -----------------------------------------------------------------------------------
 
 
-async def get_runtime(request: Request) -> ModelLifecycle:
+async def get_runtime(request: Request) -> Lifecycle:
     """The app's model runtime (set by create_app)."""
     return request.app.state.runtime
 
@@ -51,7 +52,7 @@ async def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
-RuntimeDep = Annotated[ModelLifecycle, Depends(get_runtime)]
+RuntimeDep = Annotated[Lifecycle, Depends(get_runtime)]
 SettingsDep = Annotated[ServerSettings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
@@ -138,7 +139,7 @@ async def _client_gone(request: Request) -> None:
 
 
 async def answer_items(
-    runtime: ModelLifecycle, items: list[AnswerRequest], request: Request
+    runtime: Lifecycle, items: list[AnswerRequest], request: Request
 ) -> list[dict[str, Any]]:
     """Run the pipeline for one request, racing the client: if it leaves, its queued windows are dropped."""
     pipeline = runtime.require_ready()
@@ -169,6 +170,8 @@ async def answer_items(
         raise ApiError(503, "overloaded", f"server overloaded: {exc}; retry later", retry) from None
     except BatcherClosed:
         raise ApiError(503, "shutting_down", "the server is shutting down", retry) from None
+    except EngineUnavailable as exc:
+        raise ApiError(503, "engine_unavailable", str(exc), retry) from None
     except BatcherUnhealthy:
         raise ApiError(
             503, "unhealthy", "the inference backend is unhealthy; retry on another replica", retry
@@ -287,7 +290,7 @@ async def model_info(runtime: RuntimeDep, settings: SettingsDep) -> ModelInfoRes
         **public,
         backend=settings.backend,
         ready=runtime.ready,
-        runtime=runtime.backend.describe() if runtime.backend is not None else {"state": runtime.state},
+        runtime=runtime.describe(),
         limits={
             "max_context_chars": settings.max_context_chars,
             "max_question_chars": settings.max_question_chars,

@@ -19,6 +19,9 @@ from export.serving.providers import TENSORRT, parse_providers
 from train.common.contract import DEFAULTS
 
 ENV_PREFIX = "XLNETQA_"
+ENGINE_ADDRESS_ENV = (
+    ENV_PREFIX + "ENGINE_ADDRESS"
+)  # set by the supervisor for fronts and the engine (internal)
 JSON_BYTES_PER_CHAR = 12  # the most one character can take in a JSON string ("\ud83d\ude00" is one)
 LOAD_TIMEOUT_S = 600.0
 ENGINE_BUILD_TIMEOUT_S = 3600.0  # xlnet-large engines for several profiles build in tens of minutes
@@ -43,7 +46,17 @@ class ServerSettings(BaseSettings):
     model_name: str | None = Field(None, description="Name reported in responses (default: directory name)")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    workers: int = Field(1, ge=1, description="uvicorn worker processes, each with its own model copy")
+    workers: int = Field(
+        1,
+        ge=1,
+        description="Front processes (HTTP, the door, tokenizing, decoding) over one engine process that owns "
+        "the model and batches for all of them; 1 = one process does both (see --engine-process)",
+    )
+    engine_process: bool = Field(
+        False,
+        description="Run the model in an engine process of its own even with one front (implied by --workers "
+        "> 1): one GIL never holds both the HTTP work and the engine",
+    )
     threads: int = Field(1, ge=1, description="Intra-op threads of the backend (set explicitly, never 'all')")
     inter_op_threads: int = Field(1, ge=1)
     providers: str = Field(
@@ -328,8 +341,13 @@ class ServerSettings(BaseSettings):
         """Explicit onnxruntime providers (full names), or None for automatic selection."""
         return parse_providers(self.providers)
 
+    @property
+    def fronts_over_engine(self) -> bool:
+        """Front processes over an engine process (``--workers > 1`` or ``--engine-process``)."""
+        return self.workers > 1 or self.engine_process
+
     def to_env(self) -> dict[str, str]:
-        """These settings as ``XLNETQA_*`` variables (how ``--workers N`` hands them to worker processes)."""
+        """These settings as ``XLNETQA_*`` variables (how the supervisor hands them to the engine and fronts)."""
         out: dict[str, str] = {}
         for name, value in self.model_dump().items():
             if value is not None:

@@ -1,6 +1,8 @@
-"""``python -m server --workers N`` against real uvicorn on 127.0.0.1: a worker that dies is respawned by
-uvicorn's supervisor, and the new worker takes no connection before its model can answer, so clients
-served by its siblings never see it loading.
+"""``python -m server --workers N``: N front processes over one engine process, against real uvicorn on
+127.0.0.1. A front that dies is respawned by uvicorn's supervisor and takes no connection before it is
+ready; an engine that dies is started again by ours while the fronts answer 503 with Retry-After and
+``/readyz`` says so; the per-key limits are one set for the host whatever front a request reaches; no
+request is ever left without an answer or a closed connection.
 """
 
 from __future__ import annotations
@@ -14,15 +16,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+from auth_helpers import ALICE, bearer, keys_file
 from server_helpers import OK, ServerProcess
 
 from server.metrics import sample_total
 
-WARMUP_DELAY_S = 4.0  # each worker's load takes at least this long: long enough to be seen
+WARMUP_DELAY_S = 4.0  # the engine's load takes at least this long: long enough to be seen
 
 
-def worker_pids(supervisor: int) -> set[int]:
-    """The supervisor's worker processes (multiprocessing spawn children), found through /proc."""
+def children(supervisor: int, marker: bytes) -> set[int]:
+    """The supervisor's child processes whose command line holds ``marker``: ``spawn_main`` for the
+    fronts (uvicorn's multiprocessing children), ``server.engine`` for the engine."""
     pids = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -30,9 +34,17 @@ def worker_pids(supervisor: int) -> set[int]:
             cmdline = (stat.parent / "cmdline").read_bytes()
         except (OSError, IndexError):
             continue  # exited while we looked
-        if int(fields[1]) == supervisor and fields[0] != "Z" and b"spawn_main" in cmdline:
+        if int(fields[1]) == supervisor and fields[0] != "Z" and marker in cmdline:
             pids.add(int(stat.parent.name))
     return pids
+
+
+def fronts(supervisor: int) -> set[int]:
+    return children(supervisor, b"spawn_main")
+
+
+def engines(supervisor: int) -> set[int]:
+    return children(supervisor, b"server.engine")
 
 
 def until(condition: Callable[[], object], what: str, seconds: float, log: Callable[[], str]) -> None:
@@ -42,27 +54,31 @@ def until(condition: Callable[[], object], what: str, seconds: float, log: Calla
         time.sleep(0.05)
 
 
-def ready_lines(s: ServerProcess) -> int:
-    """How many times a worker said its model is loaded and warmed up (the first start, then respawns)."""
-    return s.log().count(" ready: backend ")
+def ready_fronts(s: ServerProcess) -> int:
+    """How many times a front said it is ready (the first starts, then respawns)."""
+    return s.log().count("front of model")
 
 
 class ClosedLoop:
     """``n`` clients, each sending the next request when the last one is answered, on a new connection
-    each time (so the kernel hands every request to whichever worker accepts it)."""
+    each time (so the kernel hands every request to whichever front accepts it). An outcome is the
+    status (with the error kind and Retry-After for a 503) or the transport error."""
 
-    def __init__(self, url: str, n: int) -> None:
-        self.url, self.outcomes = url, Counter[str]()
+    def __init__(self, url: str, n: int, headers: dict[str, str] | None = None) -> None:
+        self.url, self.headers, self.outcomes = url, headers, Counter[str]()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._client) for _ in range(n)]
 
     def _client(self) -> None:
         no_reuse = httpx.Limits(max_keepalive_connections=0)
-        with httpx.Client(base_url=self.url, limits=no_reuse, timeout=15.0) as c:
+        with httpx.Client(base_url=self.url, limits=no_reuse, timeout=15.0, headers=self.headers) as c:
             while not self._stop.is_set():
                 try:
-                    outcome = str(c.post("/answer", json=OK).status_code)
+                    r = c.post("/answer", json=OK)
+                    outcome = str(r.status_code)
+                    if r.status_code == 503:
+                        outcome += f" {r.json()['error']} retry-after={r.headers.get('retry-after')}"
                 except httpx.TransportError as exc:
                     outcome = type(exc).__name__
                 with self._lock:
@@ -79,50 +95,112 @@ class ClosedLoop:
             t.join(30)
 
 
-def test_a_killed_worker_is_respawned_and_takes_no_request_before_its_model_is_ready(
+def test_a_killed_front_is_respawned_and_takes_no_request_before_it_is_ready(
     onnx_export: Path, tmp_path: Path
 ) -> None:
-    flags = ["--workers", "2", "--warmup-delay-s", str(WARMUP_DELAY_S), "--access-log", "false"]
+    flags = ["--workers", "2", "--access-log", "false"]
     s = ServerProcess(onnx_export, tmp_path, *flags, log_level="info", ready_timeout_s=60.0)
     try:
         s.start()
         assert s.proc is not None
-        until(lambda: ready_lines(s) == 2, "both workers never became ready", 60.0, s.log)
+        until(lambda: ready_fronts(s) == 2, "both fronts never became ready", 60.0, s.log)
         supervisor = s.proc.pid
-        first = worker_pids(supervisor)
-        assert len(first) == 2, first
+        first = fronts(supervisor)
+        assert len(first) == 2 and len(engines(supervisor)) == 1, (first, engines(supervisor))
         victim = min(first)
         (survivor,) = first - {victim}
         os.kill(victim, signal.SIGKILL)
-        until(lambda: victim not in worker_pids(supervisor), "the killed worker stayed", 10.0, s.log)
+        until(lambda: victim not in fronts(supervisor), "the killed front stayed", 10.0, s.log)
         with ClosedLoop(s.url, 8) as clients:
-            until(lambda: len(worker_pids(supervisor)) == 2, "no worker was respawned", 15.0, s.log)
-            until(lambda: ready_lines(s) == 3, "the respawned worker never got ready", 45.0, s.log)
-            time.sleep(1.0)  # the respawned worker now shares the load
-        (respawned,) = worker_pids(supervisor) - {survivor}
+            until(lambda: len(fronts(supervisor)) == 2, "no front was respawned", 15.0, s.log)
+            until(lambda: ready_fronts(s) == 3, "the respawned front never got ready", 45.0, s.log)
+            time.sleep(1.0)  # the respawned front now shares the load
+        (respawned,) = fronts(supervisor) - {survivor}
         assert set(clients.outcomes) == {"200"}, clients.outcomes  # no 503 not_ready, no connection error
-        # In service: with its sibling stopped, the respawned worker answers every request.
+        # In service: with its sibling stopped, the respawned front answers every request.
         os.kill(survivor, signal.SIGSTOP)
         try:
             statuses = [httpx.post(s.url + "/answer", json=OK, timeout=3.0).status_code for _ in range(5)]
         finally:
             os.kill(survivor, signal.SIGCONT)
         assert statuses == [200] * 5 and respawned != victim
-        # the killed worker's live gauges are forgotten: two workers are ready, not three
+        # the killed front's live gauges are forgotten: two fronts are ready, not three (nor the engine)
         assert sample_total(httpx.get(s.url + "/metrics", timeout=10).text, "xlnetqa_ready") == 2
     finally:
         s.stop()
 
 
-def test_workers_still_loading_stop_at_once_on_sigterm(onnx_export: Path, tmp_path: Path) -> None:
-    """SIGTERM while every worker waits for its model (no connection taken yet) ends the server within
+def test_the_engine_killed_under_load_is_restarted_and_no_request_is_lost(
+    onnx_export: Path, tmp_path: Path
+) -> None:
+    """kill -9 of the engine: every request in flight or arriving gets its answer or 503
+    engine_unavailable + Retry-After at once (no hang, no 500, no dropped connection); /readyz is 503
+    until a new engine is ready, then 200, and answers flow again."""
+    s = ServerProcess(onnx_export, tmp_path, "--workers", "2", "--access-log", "false", log_level="info")
+    with s:
+        assert s.proc is not None
+        supervisor = s.proc.pid
+        (engine,) = engines(supervisor)
+        states: list[str] = []
+        with ClosedLoop(s.url, 6) as clients:
+            time.sleep(1.0)
+            os.kill(engine, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while not (states and states[-1] == "ready" and "engine_unavailable" in states):
+                assert time.monotonic() < deadline, (states[-5:], s.log()[-3000:])
+                r = httpx.get(s.url + "/readyz", timeout=5)
+                states.append(r.json()["status"] if r.status_code == 503 else "ready")
+                time.sleep(0.05)
+            time.sleep(1.0)
+        answered = clients.outcomes.pop("200", 0)
+        assert answered > 0 and "engine_unavailable" in states
+        refused = {o.split(" retry-after=")[0] for o in clients.outcomes}
+        assert refused <= {"503 engine_unavailable", "503 not_ready"}, clients.outcomes
+        assert all(o.endswith("retry-after=1") for o in clients.outcomes), clients.outcomes
+        (restarted,) = engines(supervisor)
+        assert restarted != engine and "the engine exited with signal SIGKILL" in s.log()
+        assert httpx.post(s.url + "/answer", json=OK, timeout=10).status_code == 200
+
+
+def test_limits_are_one_set_for_the_host_even_when_a_front_is_killed(
+    onnx_export: Path, tmp_path: Path
+) -> None:
+    """A daily quota of 5 with two fronts serves exactly 5 (not 5 per front); a front killed -9 under
+    load loses only its own open connections (its clients see them close), and the count goes on."""
+    keys = keys_file(tmp_path / "keys.txt", f"alice: {ALICE}")
+    flags = ["--workers", "2", "--api-keys-file", str(keys), "--key-daily-requests", "5"]
+    with ServerProcess(onnx_export, tmp_path, *flags, "--access-log", "false") as s:
+        statuses = [
+            httpx.post(
+                s.url + "/answer", json=OK, headers=bearer(ALICE) | {"Connection": "close"}
+            ).status_code
+            for _ in range(10)
+        ]
+        assert statuses == [200] * 5 + [429] * 5, statuses
+    flags = ["--workers", "2", "--api-keys-file", str(keys), "--key-daily-requests", "60"]
+    with ServerProcess(onnx_export, tmp_path, *flags, "--access-log", "false") as s:
+        assert s.proc is not None
+        with ClosedLoop(s.url, 6, headers=bearer(ALICE)) as clients:
+            until(lambda: sum(clients.outcomes.values()) >= 20, "no traffic", 20.0, s.log)
+            os.kill(min(fronts(s.proc.pid)), signal.SIGKILL)
+            until(lambda: clients.outcomes["429"] >= 6, "the quota never ran out", 30.0, s.log)
+        served, closed = clients.outcomes["200"], sum(v for k, v in clients.outcomes.items() if "Error" in k)
+        assert set(clients.outcomes) <= {"200", "429", "RemoteProtocolError", "ReadError", "ConnectError"}
+        # one count for the host: the 200s and the connections the killed front held make up the 60
+        assert served <= 60 and served + closed >= 60 - 6, clients.outcomes
+
+
+def test_fronts_still_waiting_for_the_engine_stop_at_once_on_sigterm(
+    onnx_export: Path, tmp_path: Path
+) -> None:
+    """SIGTERM while the engine loads (no front has taken a connection yet) ends the server within
     seconds, not after the load."""
     flags = ["--workers", "2", "--warmup-delay-s", "120", "--access-log", "false"]
     s = ServerProcess(onnx_export, tmp_path, *flags, log_level="info").launch()
     try:
         assert s.proc is not None
         loading = "onnxruntime "  # the backend's line: the model is loaded, the warm-up sleep begins
-        until(lambda: s.log().count(loading) == 2, "the workers never began loading", 60.0, s.log)
+        until(lambda: s.log().count(loading) == 1, "the engine never began loading", 60.0, s.log)
         began = time.monotonic()
         s.proc.send_signal(signal.SIGTERM)
         assert s.proc.wait(30) == 0, s.log()
@@ -131,7 +209,7 @@ def test_workers_still_loading_stop_at_once_on_sigterm(onnx_export: Path, tmp_pa
         s.stop()
 
 
-def test_a_worker_load_over_the_load_timeout_stops_the_server(onnx_export: Path, tmp_path: Path) -> None:
+def test_an_engine_load_over_the_load_timeout_stops_the_server(onnx_export: Path, tmp_path: Path) -> None:
     flags = ["--workers", "2", "--warmup-delay-s", "120", "--load-timeout-s", "1"]
     s = ServerProcess(onnx_export, tmp_path, *flags).launch()
     try:
@@ -139,4 +217,4 @@ def test_a_worker_load_over_the_load_timeout_stops_the_server(onnx_export: Path,
         assert s.proc.wait(60) == 1, s.log()
     finally:
         s.stop()
-    assert "took longer than 1 s" in s.log() and "model failed to load in a worker" in s.log()
+    assert "took longer than 1 s" in s.log() and "model failed to load in the engine" in s.log()

@@ -25,8 +25,7 @@ class Array(msgspec.Struct, array_like=True):
 
     @classmethod
     def of(cls, value: np.ndarray) -> Array:
-        value = np.ascontiguousarray(value)
-        return cls(value.dtype.str, tuple(value.shape), value.tobytes())
+        return cls(value.dtype.str, tuple(value.shape), np.ascontiguousarray(value).tobytes())
 
     def array(self) -> np.ndarray:
         return np.frombuffer(self.data, dtype=np.dtype(self.dtype)).reshape(self.shape)

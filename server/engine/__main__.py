@@ -1,0 +1,88 @@
+"""``python -m server.engine``: the engine process of a server with front processes.
+
+Started by :mod:`server.supervisor` (never by hand), with the server's settings in ``XLNETQA_*``
+variables and its socket's address in ``XLNETQA_ENGINE_ADDRESS``. It loads and warms up the model
+(``ModelLifecycle`` without a host path), serves fronts (:class:`server.engine.service.EngineService`)
+and, on SIGTERM, refuses new work, finishes what it admitted within the graceful timeout and exits 0.
+A model that fails to load exits :data:`LOAD_FAILED` (the supervisor then stops the server rather
+than restart an engine that would fail again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+
+from server.backends import create_backend
+from server.engine.service import EngineService
+from server.lifecycle import ModelLifecycle
+from server.metrics import Metrics
+from server.model_spec import resolve_spec
+from server.quotas import CallerLimits, CallerQuotas
+from server.request_ids import configure_logging
+from server.settings import ENGINE_ADDRESS_ENV, ServerSettings
+
+LOAD_FAILED = 3
+logger = logging.getLogger("server.engine")
+
+
+async def serve(settings: ServerSettings, address: str) -> int:
+    assert settings.model is not None
+    spec = resolve_spec(settings.model, settings.backend, allow_unhashed=settings.allow_unhashed_model)
+    metrics = Metrics()
+    quotas = CallerQuotas(CallerLimits.from_settings(settings), settings.max_request_windows)
+    stop = asyncio.Event()
+    failed = False
+
+    def fatal() -> None:
+        nonlocal failed
+        failed = True
+        stop.set()
+
+    runtime = ModelLifecycle(settings, spec, metrics, create_backend, fatal, quotas, answers=False)
+    service = EngineService(runtime, quotas, address)
+    await runtime.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    serving = asyncio.create_task(service.serve(), name="engine-serve")
+    logger.info("engine %s listening (pid %d)", service.incarnation[:8], os.getpid())
+    await asyncio.wait({serving, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    if serving.done() and serving.exception() is not None:
+        logger.error("the engine's socket failed", exc_info=serving.exception())
+        failed = True
+    await runtime.stop()  # refuses new work (state stopping), finishes what was admitted
+    await service.close(timeout_s=1.0)  # their answers go out before the socket closes
+    serving.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await serving
+    if failed:
+        Metrics.mark_load_failed()
+        return LOAD_FAILED
+    metrics.process_exiting()
+    return 0
+
+
+def main() -> int:
+    settings = ServerSettings()
+    configure_logging(settings.log_level)
+    address = os.environ.get(ENGINE_ADDRESS_ENV)
+    if not address or settings.model is None:
+        print(
+            f"error: python -m server.engine is started by python -m server ({ENGINE_ADDRESS_ENV} unset)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(serve(settings, address))
+    return uvloop.run(serve(settings, address))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""The engine's side of the wire: a ZeroMQ ROUTER socket over the micro-batcher and the host's per-key
+limits. Every front's windows go into one queue, so a backend call groups windows of requests that
+arrived at different fronts.
+
+A request (``Submit``) is charged to its caller and queued all or nothing, then answered once with its
+questions' output rows (``Done``) or why it failed (``Failed``), never both; a ``Cancel`` drops its
+windows still queued and it is not answered. A front that has sent nothing for ``FRONT_SILENCE_S``
+(it pings several times a second) is gone: its requests are cancelled, so a killed front costs the
+engine only the windows already in a backend call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+
+import msgspec
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from server.batching import JobResult
+from server.engine import wire
+from server.engine.client import sent_now
+from server.engine.failures import kind_of
+from server.lifecycle import ModelLifecycle
+from server.quotas import CallerQuotas, OverLimit
+
+logger = logging.getLogger("server.engine")
+FRONT_SILENCE_S = 3.0
+SWEEP_S = 1.0
+
+
+class EngineWindow:
+    """A window as the batcher reads it (``pad_batch``): ids, an all-ones mask and segment ids."""
+
+    __slots__ = ("attention_mask", "input_ids", "p_mask", "token_type_ids")
+
+    def __init__(self, window: wire.Window) -> None:
+        self.input_ids = np.frombuffer(window.input_ids, dtype="<i4").astype(np.int64)
+        self.token_type_ids = np.frombuffer(window.token_type_ids, dtype="<i4").astype(np.int64)
+        if self.input_ids.shape != self.token_type_ids.shape or not len(self.input_ids):
+            raise ValueError("a window needs as many segment ids as token ids, and at least one")
+        self.attention_mask = np.ones_like(self.input_ids)
+        self.p_mask = np.zeros_like(self.input_ids)  # decoding happens at the front
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+class EngineService:
+    """Serves fronts on ``address`` with ``runtime``'s batcher (a ``ModelLifecycle(answers=False)``)."""
+
+    def __init__(self, runtime: ModelLifecycle, quotas: CallerQuotas, address: str) -> None:
+        self.runtime, self.quotas, self.address = runtime, quotas, address
+        self.incarnation = uuid.uuid4().hex
+        self.jobs: dict[tuple[bytes, int], list[asyncio.Future]] = {}
+        self.seen: dict[bytes, float] = {}  # front identity -> when it last sent anything
+        self._tasks: set[asyncio.Task] = set()
+        self._context = zmq.asyncio.Context()
+        self.socket = self._context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 1000)  # replies still queued at shutdown get a second to leave
+
+    async def serve(self) -> None:
+        """Bind and answer until cancelled."""
+        self.socket.bind(self.address)
+        sweeper = asyncio.create_task(self._sweep())
+        try:
+            while True:
+                identity, payload = await self._receive()
+                if identity is not None:
+                    self._handle(identity, payload)
+        finally:
+            sweeper.cancel()
+
+    async def _receive(self) -> tuple[bytes | None, bytes]:
+        frames = await self.socket.recv_multipart()
+        if len(frames) != 2:
+            return None, b""
+        return frames[0], frames[1]
+
+    def _handle(self, identity: bytes, payload: bytes) -> None:
+        self.seen[identity] = time.monotonic()
+        try:
+            message = wire.to_engine.decode(payload)
+        except msgspec.DecodeError:
+            logger.warning("ignored a message the engine cannot read (%d bytes)", len(payload))
+            return
+        if isinstance(message, wire.Ping):
+            self._send(identity, self._state(message.protocol))
+        elif isinstance(message, wire.Admit):
+            self._admit(identity, message)
+        elif isinstance(message, wire.Submit):
+            self._submit(identity, message)
+        elif isinstance(message, wire.Cancel):
+            for future in self.jobs.pop((identity, message.id), []):
+                future.cancel()
+
+    def _state(self, protocol: int) -> wire.State:
+        batcher = self.runtime.batcher
+        state = self.runtime.state if protocol == wire.PROTOCOL else "incompatible"
+        ready = self.runtime.backend is not None
+        return wire.State(
+            state=state,
+            incarnation=self.incarnation,
+            queued=batcher.queued if batcher is not None else 0,
+            max_queue=self.runtime.settings.max_queue,
+            describe=self.runtime.describe() if ready else None,
+            runs_on=self.runtime.runs_on() if ready else None,
+        )
+
+    def _admit(self, identity: bytes, message: wire.Admit) -> None:
+        try:
+            self.quotas.admit_request(message.caller)
+        except OverLimit as exc:
+            self._send(identity, _over_limit(message.id, exc))
+            return
+        self._send(identity, wire.Done(message.id))
+
+    def _submit(self, identity: bytes, message: wire.Submit) -> None:
+        runtime, batcher = self.runtime, self.runtime.batcher
+        if not runtime.ready or batcher is None:
+            kind = {"stopping": "closed", "unhealthy": "unhealthy"}.get(runtime.state, "engine_unavailable")
+            self._send(identity, wire.Failed(message.id, kind, f"the inference engine is {runtime.state}"))
+            return
+        try:
+            groups = [[EngineWindow(w) for w in question] for question in message.questions]
+        except ValueError as exc:
+            self._send(identity, wire.Failed(message.id, "internal", str(exc)))
+            return
+        windows = sum(len(g) for g in groups)
+        try:
+            self.quotas.acquire_windows(message.caller, windows)
+        except OverLimit as exc:
+            self._send(identity, _over_limit(message.id, exc))
+            return
+        try:
+            deadline = time.perf_counter() + max(0.0, message.seconds_left)
+            futures = batcher.submit_many(groups, tag=message.tag, deadline=deadline)  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001 - QueueFull, BatcherClosed, ... : nothing was queued
+            self.quotas.release_windows(message.caller, windows)
+            self._send(identity, wire.Failed(message.id, kind_of(exc), str(exc)))
+            return
+        key = (identity, message.id)
+        self.jobs[key] = futures
+        task = asyncio.create_task(self._finish(key, futures, message.caller, windows))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _finish(
+        self, key: tuple[bytes, int], futures: Sequence[asyncio.Future], caller: str, windows: int
+    ) -> None:
+        identity, request = key
+        try:
+            results: list[JobResult] = list(await asyncio.gather(*futures))
+        except asyncio.CancelledError:
+            return  # the front cancelled it (or the engine is stopping): nobody waits for an answer
+        except Exception as exc:  # noqa: BLE001 - the request's failure, told to its front
+            for f in futures:
+                f.cancel()
+            if self.jobs.get(key) is futures:
+                self._send(identity, wire.Failed(request, kind_of(exc), str(exc)))
+            return
+        finally:
+            self.quotas.release_windows(caller, windows)
+            if self.jobs.get(key) is futures:
+                del self.jobs[key]
+        questions = [
+            wire.QuestionResult([wire.rows_of(row) for row in r.rows], r.queue_s, r.inference_s)
+            for r in results
+        ]
+        self._send(identity, wire.Done(request, questions, windows))
+
+    def _send(self, identity: bytes, message: wire.State | wire.Done | wire.Failed) -> None:
+        if not sent_now(self.socket.send_multipart([identity, wire.encode(message)], flags=zmq.NOBLOCK)):
+            # the front is not reading (its queue is full): it fails the request itself when it notices
+            logger.warning("a front is not reading its replies; one was dropped")
+
+    async def _sweep(self) -> None:
+        """Cancel the requests of fronts that have gone silent (killed, hung)."""
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            now = time.monotonic()
+            gone = {identity for identity, seen in self.seen.items() if now - seen > FRONT_SILENCE_S}
+            if not gone:
+                continue
+            for identity in gone:
+                del self.seen[identity]
+            dropped = [key for key in self.jobs if key[0] in gone]
+            for key in dropped:
+                for future in self.jobs.pop(key):
+                    future.cancel()
+            logger.warning(
+                "%d front(s) silent for over %g s: their %d request(s) were cancelled",
+                len(gone), FRONT_SILENCE_S, len(dropped),
+            )  # fmt: skip
+
+    async def close(self, timeout_s: float) -> None:
+        """Let the answers of admitted requests go out (within ``timeout_s``), then close the socket."""
+        if self._tasks:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), timeout_s)
+        self.socket.close()
+        self._context.term()
+
+
+def _over_limit(request: int, exc: OverLimit) -> wire.Failed:
+    return wire.Failed(
+        request, "over_limit", exc.message, limit=exc.limit, retry_after=float(exc.retry_after)
+    )

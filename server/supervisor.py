@@ -1,0 +1,132 @@
+"""``python -m server --workers N`` (or ``--engine-process``): N front processes over one engine process.
+
+The supervisor (the ``python -m server`` process) starts the engine (``python -m server.engine``) on a
+ZeroMQ socket in a private directory (mode 0700, so no other local user can connect), then the fronts
+under uvicorn's own supervisor, which restarts a front that dies. A thread here watches the engine: one
+that exits while the server runs (``kill -9``, a crash, the OOM killer) is started again, sooner the
+first time and later if it keeps dying, while the fronts answer 503 ``engine_unavailable`` and
+``/readyz`` says so; one whose model fails to load stops the whole server (it would fail again). On
+SIGTERM the fronts finish their requests first, then the engine drains and exits. The engine also
+dies with the supervisor (Linux parent-death signal), so a killed supervisor leaves no engine behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from server.engine.__main__ import LOAD_FAILED
+from server.metrics import LOAD_FAILED_MARK, MULTIPROC_ENV, multiprocess_dir, reset_multiprocess_dir
+from server.settings import ENGINE_ADDRESS_ENV, ServerSettings
+
+logger = logging.getLogger("server")
+RESTART_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+STABLE_S = 30.0  # an engine that ran this long starts the restart delays over
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the supervisor dies (Linux; elsewhere nothing)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class EngineKeeper:
+    """Runs ``python -m server.engine`` and starts it again whenever it exits unasked."""
+
+    def __init__(self, env: dict[str, str], grace_s: float) -> None:
+        self.env, self.grace_s = env, grace_s
+        self.proc: subprocess.Popen | None = None
+        self.load_failed = False
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._keep, name="engine-keeper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _spawn(self) -> subprocess.Popen:
+        command = [sys.executable, "-m", "server.engine"]
+        return subprocess.Popen(command, env=self.env, preexec_fn=_die_with_parent)  # noqa: PLW1509
+
+    def _keep(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            self.proc = self._spawn()
+            code = self.proc.wait()
+            if self._stopping.is_set():
+                return
+            if code == LOAD_FAILED:
+                self.load_failed = True
+                logger.error("the engine's model failed to load: stopping the server")
+                os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's handler stops the fronts
+                return
+            failures = 0 if time.monotonic() - started > STABLE_S else failures + 1
+            delay = RESTART_DELAYS_S[min(failures - 1, len(RESTART_DELAYS_S) - 1)]
+            self.restarts += 1
+            logger.error("the engine exited with %s; starting it again in %g s", _exit_text(code), delay)
+            self._stopping.wait(delay)
+
+    def stop(self) -> None:
+        """SIGTERM (the engine drains), SIGKILL after the grace period."""
+        self._stopping.set()
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(self.grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        self._thread.join(5)
+
+
+def _exit_text(code: int) -> str:
+    return f"signal {signal.Signals(-code).name}" if code < 0 else f"code {code}"
+
+
+def run_fronts_over_engine(settings: ServerSettings, uvicorn_options: dict) -> int:
+    """Serve with ``settings.workers`` fronts over one engine; the exit status of ``python -m server``."""
+    import uvicorn
+
+    run_dir = Path(tempfile.mkdtemp(prefix="xlnetqa-engine-"))  # 0700: only this user reaches the socket
+    own_metrics = multiprocess_dir() is None
+    metrics_dir = tempfile.mkdtemp(prefix="xlnetqa-metrics-") if own_metrics else str(multiprocess_dir())
+    Path(metrics_dir).mkdir(parents=True, exist_ok=True)
+    reset_multiprocess_dir(metrics_dir)
+    shared = {
+        **settings.to_env(),
+        MULTIPROC_ENV: metrics_dir,
+        ENGINE_ADDRESS_ENV: f"ipc://{run_dir}/engine.sock",
+    }
+    os.environ.update(shared)  # the fronts (uvicorn's workers) inherit them
+    engine = EngineKeeper(dict(os.environ), grace_s=settings.graceful_timeout_s + 5)
+    engine.start()
+    try:
+        uvicorn.run(
+            "server.app:create_app_from_env", factory=True, workers=settings.workers, **uvicorn_options
+        )
+        front_failed = (Path(metrics_dir) / LOAD_FAILED_MARK).exists()
+    finally:
+        engine.stop()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if own_metrics:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+    if engine.load_failed:
+        print("error: model failed to load in the engine (see the log above)", file=sys.stderr)
+        return 1
+    if front_failed:
+        print("error: a front process failed to start (see the log above)", file=sys.stderr)
+        return 1
+    return 0
