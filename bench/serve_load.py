@@ -41,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEV = SAMPLE_DEV
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 MODES = {"batched": None, "unbatched": ("--max-batch-size", "1", "--max-batch-delay-ms", "0")}
+FRONTS = "fronts="  # mode "fronts=N": batched, N front processes over one engine process
 
 
 @dataclass
@@ -162,6 +163,15 @@ def add_load_arguments(p: argparse.ArgumentParser, clients: str) -> None:
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     p.add_argument("--log-dir", type=Path, default=Path("/tmp"), help="where the servers' logs go")
     p.add_argument(
+        "--repo",
+        type=Path,
+        help="serve from this checkout instead (another commit's server, measured by this client)",
+    )
+    p.add_argument(
+        "--server-python",
+        help="the interpreter the servers run under (e.g. a venv with --repo's own dependencies)",
+    )
+    p.add_argument(
         "--server-args",
         default="",
         help="more `python -m server` flags for every server started, one string "
@@ -180,9 +190,19 @@ def check_load_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -
     if not args.levels or min(args.levels) < 1 or max(args.levels) > 256:
         p.error("--clients must be integers in 1..256")
     args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in args.mode_list if m not in MODES]
+    unknown = [m for m in args.mode_list if m not in MODES and not _fronts(m)]
     if unknown:
-        p.error(f"unknown mode(s) {unknown}; choose from {sorted(MODES)}")
+        p.error(f"unknown mode(s) {unknown}; choose from {sorted(MODES)} or {FRONTS}N (N >= 1)")
+    if args.repo is not None and not (args.repo / "server" / "__main__.py").is_file():
+        p.error(f"--repo {args.repo} is not a checkout of this project")
+
+
+def _fronts(mode: str) -> int | None:
+    """N of a ``fronts=N`` mode (None for any other mode or a bad N)."""
+    if not mode.startswith(FRONTS):
+        return None
+    n = mode[len(FRONTS) :]
+    return int(n) if n.isdigit() and int(n) >= 1 else None
 
 
 def server_flags(args: argparse.Namespace, mode: str) -> tuple[str, ...]:
@@ -194,7 +214,10 @@ def server_flags(args: argparse.Namespace, mode: str) -> tuple[str, ...]:
         str(args.max_batch_delay_ms),
     )
     extra = shlex.split(getattr(args, "server_args", "") or "")
-    return (*(MODES[mode] or batched), "--threads", str(args.threads), "--max-queue", "1024", *extra)
+    n = _fronts(mode)
+    fronts = ("--workers", str(n), "--engine-process", "true") if n else ()
+    own = batched if n else (MODES[mode] or batched)
+    return (*own, *fronts, "--threads", str(args.threads), "--max-queue", "1024", *extra)
 
 
 def run_modes(
@@ -206,8 +229,11 @@ def run_modes(
     """Start a server per mode, call ``on_ready(mode, server)``, then measure every client level."""
     results: list[Result] = []
     for mode in args.mode_list:
-        log_path = args.log_dir / f"{log_prefix}-{mode}.log"
-        server = ServerProcess(args.model, *server_flags(args, mode), backend=args.backend, log_path=log_path)
+        log_path = args.log_dir / f"{log_prefix}-{mode.replace('=', '')}.log"
+        server = ServerProcess(
+            args.model, *server_flags(args, mode), backend=args.backend, log_path=log_path,
+            repo=getattr(args, "repo", None), python=getattr(args, "server_python", None),
+        )  # fmt: skip
         try:
             server.launch()
             server.wait()

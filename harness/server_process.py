@@ -32,11 +32,12 @@ def free_port(host: str = LOOPBACK) -> int:
         return s.getsockname()[1]
 
 
-def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This environment without inherited ``XLNETQA_*`` settings (flags decide), plus ``extra``."""
+def child_env(extra: Mapping[str, str] | None = None, repo: Path = REPO) -> dict[str, str]:
+    """This environment without inherited ``XLNETQA_*`` settings (flags decide), plus ``extra``; the
+    child imports the checkout ``repo`` (this one by default)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
     env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
@@ -58,12 +59,14 @@ class ServerProcess:
         stop_grace_s: float = 30.0,
         tls_ca: Path | None = None,
         python: str | None = None,
+        repo: Path | None = None,
     ) -> None:
         self.model, self.flags, self.backend = Path(model), list(flags), backend
         self.python = python or sys.executable  # another venv's interpreter (e.g. onnxruntime-gpu)
+        self.repo = repo or REPO  # another checkout's server (a benchmark's "before")
         self.log_path, self.log_level = log_path, log_level
         self.ready_timeout_s, self.stop_grace_s = ready_timeout_s, stop_grace_s
-        self.env = child_env(env)
+        self.env = child_env(env, self.repo)
         self.port = port or free_port()
         self.tls_ca = tls_ca  # served over HTTPS (flags --ssl-certfile/--ssl-keyfile); probes trust this CA
         self.proc: subprocess.Popen | None = None
@@ -104,7 +107,7 @@ class ServerProcess:
         if self.log_path is not None:
             out = self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            self.command, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT if out else None
+            self.command, cwd=self.repo, env=self.env, stdout=out, stderr=subprocess.STDOUT if out else None
         )
         return self
 

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from server.batching import DeadlineUnreachable, JobResult, QueueFull
+from server.deadline import within
 from server.host_path import Featurized, HostPath, Question
 from server.window_queue import WindowQueue
 from train.squad import Prediction
@@ -114,9 +115,8 @@ class AnswerService:
             return featurized, list(await asyncio.gather(*futures))
 
         try:
-            (groups, feat_ms, contexts), results = await asyncio.wait_for(
-                featurize_and_infer(), self.timeout_s
-            )
+            deadline = asyncio.get_running_loop().time() + self.timeout_s
+            (groups, feat_ms, contexts), results = await within(featurize_and_infer(), deadline)
         except asyncio.TimeoutError:
             raise RequestTimeout(f"no answer within {self.timeout_s:g} s (server overloaded)") from None
         except DeadlineUnreachable:

@@ -10,6 +10,7 @@ import contextlib
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.deadline import within
 from server.errors import error_response
 from server.metrics import Metrics
 
@@ -81,7 +82,7 @@ class BodyLimitMiddleware:
             if body_done:
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
+                message = await within(receive(), deadline)
             except asyncio.TimeoutError:
                 raise BodyTooSlow() from None
             if message["type"] == "http.request":

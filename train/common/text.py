@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterable
 
 # ---------------------------------------------------------------- sentences
 # Candidate boundary: sentence-final punctuation, optional closing quotes/brackets, whitespace, then
@@ -211,7 +212,7 @@ def content_stems(text: str, tokens: list[str] | None = None) -> list[str]:
     ]
 
 
-def numbers(text: str, tokens: list[str] | None = None) -> set[str]:
+def numbers(text: str, tokens: Iterable[str] | None = None) -> set[str]:
     """Numbers written with digits, normalised ("1,000" and "1000" are one), plus number words;
     ``tokens``: ``words(text)`` when the caller has them already."""
     found = {m.group().strip("$£€%").replace(",", "") for m in NUMBER.finditer(text)}
@@ -224,5 +225,6 @@ def capitalised(text: str) -> set[str]:
     return {w.lower() for w in tokens[1:] if w[:1].isupper() and w.lower() not in STOPWORDS}
 
 
-def has_negation(text: str) -> bool:
-    return any(w in NEGATIONS for w in words(text))
+def has_negation(text: str, tokens: Iterable[str] | None = None) -> bool:
+    """Whether ``text`` holds a negation; ``tokens``: its ``words`` (or a set of them) when known."""
+    return any(w in NEGATIONS for w in (words(text) if tokens is None else tokens))

@@ -129,9 +129,10 @@ def question_features(question: str, index: ContextIndex, m: QuestionMatch | Non
     a0, a1 = index.sentences[b]
     sentence = index.context[a0:a1]
     sentence_words = index.sentence_words[b]
-    q_words = words(question)
+    q_words = words(question)  # once: negation, antonyms and numbers read the same tokens
     names = capitalised(question)
     ranked = sorted(m.coverage, reverse=True)
+    negated = has_negation(question, q_words)
     return {
         "best_sentence_coverage": ranked[0],
         "second_sentence_coverage": ranked[1] if len(ranked) > 1 else 0.0,
@@ -140,14 +141,16 @@ def question_features(question: str, index: ContextIndex, m: QuestionMatch | Non
         "window_coverage": sum(m.weights[s] for s in m.stems if s in window) / total,
         "context_coverage": sum(m.weights[s] for s in m.stems if s in index.stems) / total,
         "context_missing": float(min(6, sum(s not in index.stems for s in m.stems))),
-        "question_negated": float(has_negation(question)),
-        "negation_mismatch": float(has_negation(question) != has_negation(sentence)),
+        "question_negated": float(negated),
+        "negation_mismatch": float(negated != has_negation(sentence, sentence_words)),
         "antonym_in_sentence": float(
             any(ANTONYMS[w] in sentence_words and w not in sentence_words for w in q_words if w in ANTONYMS)
         ),
         "names_missing_in_sentence": float(min(3, sum(n not in sentence_words for n in names))),
         "names_missing_in_context": float(min(3, sum(n not in index.words for n in names))),
-        "numbers_missing_in_sentence": float(min(3, len(numbers(question) - numbers(sentence)))),
+        "numbers_missing_in_sentence": float(
+            min(3, len(numbers(question, q_words) - numbers(sentence, sentence_words)))
+        ),
         "question_words": float(min(20, len(m.stems))),
     }
 
@@ -179,7 +182,7 @@ def span_features(
         return dict.fromkeys(SPAN_FEATURES, 0.0)
     span = index.context[start:end]
     span_stems = [stem(w) for w in words(span) if w not in STOPWORDS]
-    q_stems = set(content_stems(question))
+    q_stems = set(m.stems)  # the question's content stems, as match_question found them
     return {
         "span_in_best_sentence": float(index.sentence_of(start, end) == m.best),
         "answer_type_match": answer_type_match(question, span),

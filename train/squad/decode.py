@@ -27,7 +27,7 @@ questions, is in :mod:`.head_outputs`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -86,13 +86,17 @@ class _Candidates:
         if start.size:
             self.parts.append((start_lp + end_lp, start_lp, end_lp, np.full(start.size, window), start, end))
 
-    def ranked(self) -> list[tuple[float, float, float, int, int, int]]:
-        """``(score, start_lp, end_lp, window, start_tok, end_tok)``, best score first (stable)."""
+    def ranked(self) -> Iterator[tuple[float, float, float, int, int, int]]:
+        """``(score, start_lp, end_lp, window, start_tok, end_tok)``, best score first (stable), made
+        as they are read: a decode reads a few dozen of the hundreds of candidates."""
         if not self.parts:
-            return []
+            return
         cols = [np.concatenate(c) for c in zip(*self.parts, strict=True)]
         order = np.argsort(-cols[0], kind="stable")
-        return list(zip(*(c[order].tolist() for c in cols), strict=True))
+        step = 32
+        for lo in range(0, len(order), step):
+            rows = order[lo : lo + step]
+            yield from zip(*(c[rows].tolist() for c in cols), strict=True)
 
 
 def _finish(
