@@ -298,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
             for n in args.levels:
                 results.append(
                     measure(f"http://{LOOPBACK}:{port}", "echo floor", n, args.seconds, args.warmup, pairs)
-                )
+                )  # (its CPU is not counted: the echo server is not a child of a server process)
                 print(f"  echo floor clients={n:3d}: {results[-1].throughput:.1f} req/s", file=sys.stderr)
 
     served_by = f", server from {args.repo}" if args.repo else ""

@@ -22,7 +22,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -32,6 +32,7 @@ from bench.common import markdown_table, percentile
 from bench.host_path import answer_bodies
 from bench.http_load import closed_loop as lean_closed_loop
 from bench.http_load import encode_post, run_async
+from bench.process_cpu import cpu_seconds_by_role
 from export.serving.backends import SERVER_BACKENDS
 from harness.server_process import ServerProcess
 from server.metrics import sample_total
@@ -55,6 +56,7 @@ class Result:
     p50_ms: float
     p99_ms: float
     windows_per_call: float
+    cpu_ms_per_request: dict[str, float] = field(default_factory=dict)  # by process role (bench.process_cpu)
 
 
 def load_pairs(path: Path = DEV) -> list[tuple[str, str]]:
@@ -101,9 +103,12 @@ async def closed_loop(
         await asyncio.gather(*(worker(i, client) for i in range(clients)))
 
 
-def measure(url: str, mode: str, clients: int, seconds: float, warmup: float, pairs) -> Result:
+def measure(
+    url: str, mode: str, clients: int, seconds: float, warmup: float, pairs, pid: int | None = None
+) -> Result:
     """``clients`` closed-loop clients (:mod:`bench.http_load`) for ``seconds`` after ``warmup``;
-    windows per backend call from the server's ``/metrics`` (NaN for a server without them)."""
+    windows per backend call from the server's ``/metrics`` (NaN for a server without them); with the
+    server's ``pid``, the CPU its processes spent per answered request, by role."""
     parsed = urlparse(url)
     if parsed.scheme != "http" or parsed.hostname is None or parsed.port is None:
         raise ValueError(f"the load client speaks plain HTTP to host:port, not {url!r}")
@@ -112,8 +117,12 @@ def measure(url: str, mode: str, clients: int, seconds: float, warmup: float, pa
     if warmup > 0:
         run_async(lean_closed_loop(host, port, requests, clients, warmup))
     before = _metrics_text(url)
+    cpu_before = cpu_seconds_by_role(pid) if pid else {}
     load = run_async(lean_closed_loop(host, port, requests, clients, seconds))
+    cpu_after = cpu_seconds_by_role(pid) if pid else {}
     after = _metrics_text(url)
+    answered = max(1, len(load.latencies))
+    cpu = {role: 1000 * (cpu_after[role] - cpu_before.get(role, 0.0)) / answered for role in cpu_after}
     windows = sample_total(after, "xlnetqa_batch_size_sum") - sample_total(before, "xlnetqa_batch_size_sum")
     calls = sample_total(after, "xlnetqa_batch_size_count") - sample_total(before, "xlnetqa_batch_size_count")
     return Result(
@@ -126,6 +135,7 @@ def measure(url: str, mode: str, clients: int, seconds: float, warmup: float, pa
         p50_ms=percentile(load.latencies, 50) * 1000,
         p99_ms=percentile(load.latencies, 99) * 1000,
         windows_per_call=windows / calls if calls else float("nan"),
+        cpu_ms_per_request={role: round(ms, 3) for role, ms in sorted(cpu.items())},
     )
 
 
@@ -135,10 +145,11 @@ def _metrics_text(url: str) -> str:
 
 
 def markdown(results: Sequence[Result], title: str) -> str:
-    header = ["batching", "clients", "requests", "req/s", "p50 ms", "p99 ms", "errors", "windows/call"]
+    header = ["batching", "clients", "requests", "req/s", "p50 ms", "p99 ms", "errors", "windows/call",
+              "CPU ms/request by process"]  # fmt: skip
     rows = [
         [r.mode, r.clients, r.requests, f"{r.throughput:.1f}", f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}", r.errors,
-         f"{r.windows_per_call:.2f}"]
+         f"{r.windows_per_call:.2f}", " ".join(f"{k} {v:.2f}" for k, v in r.cpu_ms_per_request.items()) or "-"]
         for r in results
     ]  # fmt: skip
     return f"**{title}**\n\n" + markdown_table(header, rows)
@@ -240,7 +251,8 @@ def run_modes(
             if on_ready is not None:
                 on_ready(mode, server)
             for n in args.levels:
-                results.append(measure(server.url, mode, n, args.seconds, args.warmup, pairs))
+                pid = server.proc.pid if server.proc is not None else None
+                results.append(measure(server.url, mode, n, args.seconds, args.warmup, pairs, pid))
                 print(f"  {mode:9s} clients={n:3d}: {results[-1].throughput:.1f} req/s", file=sys.stderr)
         finally:
             server.stop()
