@@ -4,6 +4,8 @@ speed is judged in BENCHMARKS.md, not in unit tests)."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +88,8 @@ def test_serve_targets_report_values_verdicts_and_the_closed_loop_floor() -> Non
         (["--clients", "0"], "--clients must be integers in 1..256"),
         (["--clients", "a,b"], "comma-separated integers"),
         (["--modes", "sometimes"], "unknown mode"),
+        (["--modes", "fronts=0"], "unknown mode"),
+        (["--repo", "/nonexistent"], "is not a checkout of this project"),
         (["--questions", "2"], "no export.json"),
         (["--server-args", "--torch-dtype fp8"], "--server-args: torch_dtype: "),
         (["--server-args=--torch-cuda-graphs"], "needs torch_device cuda[:N]"),
@@ -100,6 +104,54 @@ def test_bench_serve_rejects_bad_arguments(argv, message, tmp_path: Path, capsys
         code = exc.code
     assert code not in (0, None)
     assert message in capsys.readouterr().err
+
+
+def test_bench_serve_runs_fronts_over_one_engine_and_counts_each_process(
+    onnx_export: Path, tmp_path: Path
+) -> None:
+    """``fronts=N`` rows start N fronts over one engine process; every load row says what each kind of
+    process spent per request (the numbers the model of more cores is built from)."""
+    out = tmp_path / "fronts.json"
+    argv = ["--model", str(onnx_export), "--backend", "null", "--modes", "batched,fronts=2", "--clients", "4"]
+    argv += ["--seconds", "1", "--warmup", "0.2", "--skip-overhead", "--no-echo", "--json", str(out)]
+    assert serve.main([*argv, "--log-dir", str(tmp_path)]) == 0
+    rows = {r["mode"]: r for r in json.loads(out.read_text())["load"]}
+    assert rows["batched"]["cpu_ms_per_request"]["server"] > 0  # one process does everything
+    fronts = rows["fronts=2"]
+    assert fronts["requests"] > 0 and fronts["errors"] == 0
+    assert fronts["cpu_ms_per_request"]["engine"] > 0 and fronts["cpu_ms_per_request"]["front"] > 0
+
+
+def test_process_cpu_is_counted_by_role_for_a_process_tree() -> None:
+    import subprocess
+    import sys
+
+    from bench.process_cpu import cpu_seconds_by_role
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ninput()"
+    child = subprocess.Popen([sys.executable, "-c", burn, "server.engine"], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while cpu_seconds_by_role(os.getpid()).get("engine", 0.0) < 0.25:
+            assert time.monotonic() < deadline, cpu_seconds_by_role(os.getpid())
+            time.sleep(0.05)
+        assert cpu_seconds_by_role(os.getpid())["server"] > 0  # this process itself is the root
+    finally:
+        child.communicate(b"\n", timeout=10)
+
+
+def test_host_profile_sorts_stacks_into_components() -> None:
+    from bench.host_profile import component
+
+    frames = [
+        "a (server/routes.py:1)",
+        "decode_head_outputs (train/squad/head_outputs.py:2)",
+        "all_features (x.py:3)",
+    ]
+    assert component(frames) == "answerability rule (lexical features)"  # the innermost match wins
+    assert component(frames[:2]) == "decode (spans, n-best)"
+    assert component(["main (x.py:1)", "encode_with_offsets (spm.py:2)"]).startswith("tokenize")
+    assert component(["main (nowhere.py:1)"]) == "other"
 
 
 def test_realistic_windows_are_unpadded_true_lengths(xlnet_tok) -> None:

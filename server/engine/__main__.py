@@ -10,12 +10,14 @@ than restart an engine that would fail again).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
 import os
 import signal
 import sys
+from collections.abc import Sequence
 
 from server.backends import create_backend
 from server.engine.service import EngineService
@@ -67,7 +69,13 @@ async def serve(settings: ServerSettings, address: str) -> int:
     return 0
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    argparse.ArgumentParser(
+        prog="python -m server.engine",
+        description="The engine process of a server with front processes: started by `python -m server "
+        f"--workers N` (or --engine-process), which passes the settings as XLNETQA_* variables and the "
+        f"socket as {ENGINE_ADDRESS_ENV}; not meant to be run by hand.",
+    ).parse_args(argv)
     settings = ServerSettings()
     configure_logging(settings.log_level)
     address = os.environ.get(ENGINE_ADDRESS_ENV)

@@ -12,7 +12,7 @@ engine only the windows already in a backend call.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -29,6 +29,7 @@ from server.engine.client import sent_now
 from server.engine.failures import kind_of
 from server.lifecycle import ModelLifecycle
 from server.quotas import CallerQuotas, OverLimit
+from server.window_queue import release_when_done
 
 logger = logging.getLogger("server.engine")
 FRONT_SILENCE_S = 3.0
@@ -60,7 +61,6 @@ class EngineService:
         self.incarnation = uuid.uuid4().hex
         self.jobs: dict[tuple[bytes, int], list[asyncio.Future]] = {}
         self.seen: dict[bytes, float] = {}  # front identity -> when it last sent anything
-        self._tasks: set[asyncio.Task] = set()
         self._context = zmq.asyncio.Context()
         self.socket = self._context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 1000)  # replies still queued at shutdown get a second to leave
@@ -147,28 +147,29 @@ class EngineService:
             return
         key = (identity, message.id)
         self.jobs[key] = futures
-        task = asyncio.create_task(self._finish(key, futures, message.caller, windows))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        for future in futures:  # a question that fails ends its request: its siblings' windows leave
+            future.add_done_callback(functools.partial(_cancel_siblings, futures))
+        release_when_done(futures, functools.partial(self._answer, key, futures, message.caller, windows))
 
-    async def _finish(
+    def _answer(
         self, key: tuple[bytes, int], futures: Sequence[asyncio.Future], caller: str, windows: int
     ) -> None:
-        identity, request = key
-        try:
-            results: list[JobResult] = list(await asyncio.gather(*futures))
-        except asyncio.CancelledError:
-            return  # the front cancelled it (or the engine is stopping): nobody waits for an answer
-        except Exception as exc:  # noqa: BLE001 - the request's failure, told to its front
-            for f in futures:
-                f.cancel()
-            if self.jobs.get(key) is futures:
-                self._send(identity, wire.Failed(request, kind_of(exc), str(exc)))
+        """Every question of a request is done: give its windows back and answer its front (unless the
+        front cancelled it, or it was cancelled because its front went silent)."""
+        self.quotas.release_windows(caller, windows)
+        if self.jobs.get(key) is not futures:
             return
-        finally:
-            self.quotas.release_windows(caller, windows)
-            if self.jobs.get(key) is futures:
-                del self.jobs[key]
+        del self.jobs[key]
+        identity, request = key
+        failure = next(
+            (f.exception() for f in futures if not f.cancelled() and f.exception() is not None), None
+        )
+        if failure is not None:
+            self._send(identity, wire.Failed(request, kind_of(failure), str(failure)))
+            return
+        if any(f.cancelled() for f in futures):
+            return
+        results: list[JobResult] = [f.result() for f in futures]
         questions = [
             wire.QuestionResult([wire.rows_of(row) for row in r.rows], r.queue_s, r.inference_s)
             for r in results
@@ -201,11 +202,17 @@ class EngineService:
 
     async def close(self, timeout_s: float) -> None:
         """Let the answers of admitted requests go out (within ``timeout_s``), then close the socket."""
-        if self._tasks:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while self.jobs and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         self.socket.close()
         self._context.term()
+
+
+def _cancel_siblings(futures: Sequence[asyncio.Future], done: asyncio.Future) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        for f in futures:
+            f.cancel()
 
 
 def _over_limit(request: int, exc: OverLimit) -> wire.Failed:
