@@ -94,12 +94,7 @@ class FrontLifecycle(Lifecycle):
         self.engine.fail_all(BatcherClosed("the server is shutting down"))
 
     async def stop(self) -> None:
-        self.begin_shutdown()
-        if self._state == "ready":
-            self._state = "stopping"
-        self.metrics.ready.set(0)
-        if self._loader is not None and not self._loader.done():
-            self._loader.cancel()
+        self._begin_stopping()
         if self.pipeline is not None:
             self.pipeline.close()
         await self.engine.close()

@@ -97,6 +97,15 @@ class Lifecycle:
     def _cut_off(self) -> None:
         """Answer what is still waiting (503 shutting_down)."""
 
+    def _begin_stopping(self) -> None:
+        """Not ready any more, and no load to finish: what every stop() does first."""
+        self.begin_shutdown()
+        if self._state == "ready":
+            self._state = "stopping"
+        self.metrics.ready.set(0)
+        if self._loader is not None and not self._loader.done():
+            self._loader.cancel()
+
     def _track_shutdown_signals(self) -> None:
         """Note when SIGTERM/SIGINT arrive, then let uvicorn's handlers (installed before the app
         starts, main thread only) do the rest."""
@@ -298,12 +307,7 @@ class ModelLifecycle(Lifecycle):
 
     async def stop(self) -> None:
         """Refuse new work and finish what was admitted (uvicorn already waited for open requests)."""
-        self.begin_shutdown()
-        if self._state == "ready":
-            self._state = "stopping"
-        self.metrics.ready.set(0)
-        if self._loader is not None and not self._loader.done():
-            self._loader.cancel()
+        self._begin_stopping()
         if self.batcher is not None:
             assert self._shutdown_started is not None
             left = self.settings.graceful_timeout_s - (time.monotonic() - self._shutdown_started)
