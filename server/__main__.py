@@ -99,7 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "proxy_headers": settings.forwarded_allow_ips is not None,
         "forwarded_allow_ips": settings.forwarded_allow_ips or "",
     }
-    configure_connections(settings.header_timeout_s, tls, settings.max_headers, settings.max_header_bytes)
+    configure_connections(
+        settings.header_timeout_s, tls, settings.max_headers, settings.max_header_bytes,
+        settings.unauthenticated_per_address,
+    )  # fmt: skip
     if settings.fronts_over_engine:
         from server.supervisor import run_fronts_over_engine
 

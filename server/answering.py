@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from server.batching import DeadlineUnreachable, JobResult, QueueFull
 from server.deadline import within
-from server.host_path import Featurized, HostPath, Question
+from server.fair_executor import FairExecutor
+from server.host_path import Featurized, HostPath, Question, RejectedInput
+from server.quotas import OverLimit
 from server.window_queue import WindowQueue
 from train.squad import Prediction
 
@@ -54,12 +55,14 @@ class AnswerService:
         self.host = host
         self.queue = queue
         self.timeout_s = timeout_s
-        # One thread: long inputs are tokenized one at a time, so a flood of them cannot take every core.
-        self._featurizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="featurize")
+        # One thread: long inputs are tokenized one at a time, so a flood of them cannot take every core;
+        # it serves callers in turn, so one caller's flood cannot hold the others' long inputs back.
+        self._featurizer = FairExecutor()
         self._backlog_chars = 0  # normalised characters waiting for (or in) the featurizing thread
+        self._backlog_by_caller: dict[str, int] = {}
 
     def close(self) -> None:
-        self._featurizer.shutdown(wait=False, cancel_futures=True)
+        self._featurizer.shutdown()
 
     async def _featurize(
         self, items: Sequence[Question], normalized: int, inline: bool, caller: str
@@ -68,21 +71,29 @@ class AnswerService:
         characters) is bounded: beyond it the request is refused (QueueFull) rather than queued."""
         if inline:
             return self.host.featurize_checked(items, caller)
-        if self._backlog_chars + normalized > self.host.limits.max_featurize_backlog:
+        limit = self.host.limits.max_featurize_backlog
+        if self._backlog_chars + normalized > limit:
             raise QueueFull(f"{self._backlog_chars} characters are waiting to be tokenized")
+        mine = self._backlog_by_caller.get(caller, 0)
+        if mine and mine + normalized > limit // 2:  # one caller may fill half of the backlog, not all
+            raise QueueFull(f"{mine} characters of this key are waiting to be tokenized")
         given_up = False
 
         def work() -> Featurized | None:
             return None if given_up else self.host.featurize_checked(items, caller)
 
         self._backlog_chars += normalized
+        self._backlog_by_caller[caller] = mine + normalized
         try:
-            result = await asyncio.get_running_loop().run_in_executor(self._featurizer, work)
+            result = await asyncio.wrap_future(self._featurizer.submit(caller, work))
         except asyncio.CancelledError:
             given_up = True  # still waiting for the thread: it skips this request
             raise
         finally:
             self._backlog_chars -= normalized
+            left = self._backlog_by_caller.pop(caller, 0) - normalized
+            if left > 0:
+                self._backlog_by_caller[caller] = left
         assert result is not None
         return result
 
@@ -104,10 +115,12 @@ class AnswerService:
         normalized = self.host.check_text_size(items)
         inline = normalized <= _INLINE_CHARS
         futures: list[asyncio.Future] = []
+        featurized_windows: list[int] = []  # the windows made, once featurizing is done
 
         async def featurize_and_infer() -> tuple[Featurized, list[JobResult]]:
             featurized = await self._featurize(items, normalized, inline, caller)
             groups = featurized[0]
+            featurized_windows.append(sum(len(g) for g in groups))
             if time.perf_counter() >= t0 + self.timeout_s:  # spent while tokenizing: a timeout, not overload
                 raise asyncio.TimeoutError
             futures.extend(self.queue.submit(groups, tag=tag, deadline=t0 + self.timeout_s, caller=caller))
@@ -117,6 +130,13 @@ class AnswerService:
         try:
             deadline = asyncio.get_running_loop().time() + self.timeout_s
             (groups, feat_ms, contexts), results = await within(featurize_and_infer(), deadline)
+        except RejectedInput as exc:
+            self.queue.charge(caller, exc.work)  # tokenizing done before the refusal is paid for
+            raise
+        except OverLimit:
+            if charge.windows == 0 and featurized_windows:  # featurized, then refused: pay for the work
+                self.queue.charge(caller, featurized_windows[0])
+            raise
         except asyncio.TimeoutError:
             raise RequestTimeout(f"no answer within {self.timeout_s:g} s (server overloaded)") from None
         except DeadlineUnreachable:

@@ -179,7 +179,8 @@ def create_app_from_env() -> FastAPI:
     settings = ServerSettings()
     configure_logging(settings.log_level)
     configure_connections(  # this worker's connections
-        settings.header_timeout_s, settings.tls_context(), settings.max_headers, settings.max_header_bytes
-    )
+        settings.header_timeout_s, settings.tls_context(), settings.max_headers, settings.max_header_bytes,
+        settings.unauthenticated_per_address,
+    )  # fmt: skip
     address = os.environ.get(ENGINE_ADDRESS_ENV) or None
     return create_app(settings, on_fatal=_exit_worker, listen_while_loading=False, engine_address=address)

@@ -10,6 +10,10 @@ before a request reaches the app:
   plus headers, counted as the parser reads them, however the bytes arrive (one read or many): over
   either, ``431`` and the connection is closed. Nothing an unauthenticated client sends grows without
   bound before the door (:mod:`server.guard`) runs.
+- **Connections before the door.** At most ``per_address`` connections from one address that no request
+  has passed the door on yet, and the oldest idle one of them closed when a new connection would fill
+  ``--max-connections`` (:mod:`server.door_pool`): a keyless flood of idle connections cannot take the
+  slots key holders need.
 - **Framing.** Content-Length with Transfer-Encoding (a request two parsers can read two ways:
   smuggling, RFC 9112 section 6.1) and bytes that are not HTTP get ``400`` and a close.
 
@@ -38,9 +42,11 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from server.door_pool import DoorPool
 from server.tls import HandshakeProtocol
 
 logger = logging.getLogger("server")
+CONNECTION_SCOPE_KEY = "xlnetqa.connection"  # the request's connection, for the door to vouch for
 MIN_DELAY_S = 0.01
 LOG_INTERVAL_S = 10.0
 
@@ -98,10 +104,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     max_headers: int = 100
     max_header_bytes: int = 16384
     tls: ssl.SSLContext | None = None
+    per_address: int | None = None  # unvouched connections one address may hold (None: no cap)
     address_log = AddressLog()
+    pool = DoorPool()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._accepted = False
         self._accepted_at = self.loop.time()
         self._header_timer: asyncio.TimerHandle | None = None
         self._handshake: HandshakeProtocol | None = None
@@ -113,8 +122,52 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn
         super().connection_made(transport)
+        if not self._accepted:  # plain HTTP: accepted now (under TLS, when the handshake began)
+            self.accepted(transport)
+        if transport.is_closing():
+            return
         elapsed = self.loop.time() - self._accepted_at  # a TLS handshake already took this much
         self._arm_header_timer(max(MIN_DELAY_S, self.header_timeout_s - elapsed))
+
+    # ---- connections before the door ------------------------------------------------------------
+
+    def accepted(self, transport: asyncio.BaseTransport) -> None:
+        """A TCP connection was accepted: count it as unvouched, or close it (see server.door_pool)."""
+        self._accepted = True
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if peer else "unknown"
+        over_cap: list[GuardedHttpProtocol] = self.pool.accept(self, address, self.per_address)
+        for connection in over_cap:
+            connection.close_idle()
+        if over_cap:
+            self.address_log.warn(
+                address, "unvouched",
+                f"closed idle connections: over {self.per_address} at once that no request with a valid key has used",
+            )  # fmt: skip
+        evicted: list[GuardedHttpProtocol] = self.pool.make_room(
+            len(self.connections), self.limit_concurrency, self
+        )
+        for connection in evicted:
+            connection.close_idle()
+        if evicted:
+            self.address_log.warn(
+                "*", "evicted", "closed idle connections no valid key has used, to make room for new ones"
+            )
+
+    @property
+    def idle(self) -> bool:
+        """No request in progress (nothing is cut short by closing it)."""
+        return self.cycle is None or self.cycle.response_complete
+
+    def vouch(self) -> None:
+        """A request on this connection passed the door (server.guard)."""
+        self.pool.vouch(self)
+
+    def close_idle(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        elif self._handshake is not None and self._handshake.raw_transport is not None:
+            self._handshake.raw_transport.close()
 
     def _arm_header_timer(self, delay_s: float) -> None:
         self._cancel_header_timer()
@@ -142,6 +195,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        self.pool.forget(self)
         super().connection_lost(exc)
 
     # ---- caps and framing, counted as the parser reads ------------------------------------------
@@ -149,6 +203,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         self._head_bytes, self._head_count, self._framing = 0, 0, set()
         super().on_message_begin()
+        self.scope[CONNECTION_SCOPE_KEY] = self  # type: ignore[literal-required]  # the door vouches for it
 
     def _count(self, n_bytes: int) -> None:
         self._head_bytes += n_bytes
@@ -245,9 +300,14 @@ def connection_protocol(*args: Any, **kwargs: Any) -> asyncio.Protocol:
     http.connections.add(http)  # counted from the accept, not from the end of the handshake
     http._handshake = HandshakeProtocol(
         http, GuardedHttpProtocol.tls, GuardedHttpProtocol.header_timeout_s,
-        released=lambda: http.connections.discard(http),
+        released=lambda: _released(http), accepted=http.accepted,
     )  # fmt: skip
     return http._handshake
+
+
+def _released(http: GuardedHttpProtocol) -> None:
+    http.connections.discard(http)
+    http.pool.forget(http)
 
 
 class _HttpsInStartLine(logging.Filter):
@@ -265,8 +325,11 @@ def configure_connections(
     tls: ssl.SSLContext | None,
     max_headers: int = 100,
     max_header_bytes: int = 16384,
+    per_address: int | None = None,
 ) -> None:
-    """This process's connection rules: the header deadline, the header caps, and TLS (None: plain HTTP)."""
+    """This process's connection rules: the header deadline, the header caps, the unvouched connections
+    one address may hold, and TLS (None: plain HTTP)."""
+    GuardedHttpProtocol.per_address = per_address
     GuardedHttpProtocol.header_timeout_s = header_timeout_s
     GuardedHttpProtocol.max_headers = max_headers
     GuardedHttpProtocol.max_header_bytes = max_header_bytes

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.auth import KeyRing, presented_key
 from server.body_limit import LINGER_S, discard_body
+from server.connection import CONNECTION_SCOPE_KEY
 from server.errors import error_response, rate_limited_response
 from server.metrics import Metrics
 from server.quotas import FailureLimiter, OverLimit
@@ -144,6 +145,9 @@ class GuardMiddleware:
         entered: float,
     ) -> None:
         """A caller let in: its request rate and daily quota (the probes are free), then the app."""
+        connection = scope.get(CONNECTION_SCOPE_KEY)
+        if connection is not None:  # a client's connection, not a flood's (server.door_pool)
+            connection.vouch()
         if scope.get("path") not in PROBES:
             try:
                 await self.quotas.admit(name)

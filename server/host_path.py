@@ -32,11 +32,13 @@ from train.squad.features import TokenizerLike
 
 
 class RejectedInput(ValueError):
-    """The request is unanswerable as sent: too much work (``too_large``) or no tokens to read."""
+    """The request is unanswerable as sent: too much work (``too_large``) or no tokens to read.
+    ``work``: the windows' worth of tokenizing already done when it was refused (charged to the
+    caller all the same: refusing after the work must not make the work free)."""
 
-    def __init__(self, kind: str, message: str, too_large: bool) -> None:
+    def __init__(self, kind: str, message: str, too_large: bool, work: int = 0) -> None:
         super().__init__(message)
-        self.kind, self.message, self.too_large = kind, message, too_large
+        self.kind, self.message, self.too_large, self.work = kind, message, too_large, work
 
 
 Featurized = tuple[list[list[Feature]], list[float], list[EncodedContext]]
@@ -77,10 +79,13 @@ def _where(items: Sequence, i: int) -> str:
     return f"items[{i}]." if len(items) > 1 else ""
 
 
-def _too_large(kind: str, what: str, measured: int, partial: bool, limit: int, setting: str) -> RejectedInput:
+def _too_large(
+    kind: str, what: str, measured: int, partial: bool, limit: int, setting: str, work: int = 0
+) -> RejectedInput:
     """413 text naming the limit and what was measured (a lower bound when counting stopped early)."""
     amount = f"at least {measured}" if partial else str(measured)
-    return RejectedInput(kind, f"the request has {amount} {what}; the limit is {limit} ({setting})", True)
+    message = f"the request has {amount} {what}; the limit is {limit} ({setting})"
+    return RejectedInput(kind, message, True, work)
 
 
 @dataclass(frozen=True)
@@ -168,8 +173,15 @@ class HostPath:
             tokens += n_question + context.tokens
             if tokens > limits.max_tokens:
                 last = i == len(items) - 1
+                work = -(-tokens // s.doc_stride)  # the windows these tokens make, about
                 raise _too_large(
-                    "too_many_tokens", "tokens", tokens, not last, limits.max_tokens, "max_request_tokens"
+                    "too_many_tokens",
+                    "tokens",
+                    tokens,
+                    not last,
+                    limits.max_tokens,
+                    "max_request_tokens",
+                    work,
                 )
             encoded.append((question_ids, context))
             seconds.append(time.perf_counter() - t)
@@ -184,7 +196,7 @@ class HostPath:
             if windows > limits.max_windows:
                 raise _too_large(
                     "too_many_windows", f"windows of {s.max_seq_len} tokens", windows, i < len(items) - 1,
-                    limits.max_windows, "max_request_windows",
+                    limits.max_windows, "max_request_windows", work=windows,
                 )  # fmt: skip
             groups.append(features)
             seconds[i] += time.perf_counter() - t

@@ -60,6 +60,11 @@ class TokenBucket:
             return math.inf
         return (amount - self.tokens) / self.rate
 
+    def owed(self, now: float | None = None) -> float:
+        """How far below empty the bucket is (work charged that it had no tokens for), 0 if none."""
+        self._refill(time.monotonic() if now is None else now)
+        return max(0.0, -self.tokens)
+
     def take(self, amount: float = 1.0, now: float | None = None) -> float:
         """Take ``amount`` and return 0, or take nothing and return :meth:`wait`'s seconds."""
         wait = self.wait(amount, now)
@@ -159,6 +164,13 @@ class CallerQuotas:
                         name, "daily_requests", _seconds_to_midnight(wall),
                         f"the daily quota of {quota} requests is used up (it renews at 00:00 UTC)",
                     )  # fmt: skip
+            if c.windows is not None and c.windows.owed() > 0:
+                owed = c.windows.owed()
+                raise OverLimit(
+                    name, "windows_per_s", owed / c.windows.rate,
+                    f"over the rate of {self.limits.windows_per_s:g} windows/s for this key (tokenizing "
+                    f"work already done counts too: {owed:.0f} windows owed)",
+                )  # fmt: skip
             if c.requests is not None:
                 wait = c.requests.take(1.0)
                 if wait > 0:
@@ -195,6 +207,17 @@ class CallerQuotas:
                         f"over the rate of {rate:g} windows/s for this key (this request has {windows})",
                     )  # fmt: skip
             c.inflight += windows
+
+    def charge_work(self, name: str, windows: int) -> None:
+        """Charge work done that no admitted window paid for (tokenizing a request then refused): the
+        caller's window rate goes into debt (at most one burst), and the door refuses it until paid."""
+        if not self.limits.active or windows <= 0:
+            return
+        with self._lock:
+            bucket = self._caller(name).windows
+            if bucket is not None:
+                bucket.owed()  # refilled to now
+                bucket.tokens = max(-bucket.burst, bucket.tokens - windows)
 
     def release_windows(self, name: str, windows: int) -> None:
         if not self.limits.active:

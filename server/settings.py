@@ -237,6 +237,14 @@ class ServerSettings(BaseSettings):
     timeout_keep_alive_s: float = Field(
         5.0, gt=0.0, description="An idle keep-alive connection is closed after this long"
     )
+    max_unauthenticated_per_address: int | None = Field(
+        None,
+        ge=1,
+        description="Connections one client address may hold before a request on them has passed the door (a "
+        "valid key; any request without keys); more are closed at accept (default: a quarter of "
+        "--max-connections, room for a proxy's many clients). The oldest idle such connection is also closed "
+        "when a new one would fill --max-connections",
+    )
     max_connections: int | None = Field(
         None, ge=1, description="Connections and requests at once before 503 (default: 2 x max_queue + 64)"
     )
@@ -278,6 +286,11 @@ class ServerSettings(BaseSettings):
     def torch_graphs(self) -> str:
         """How the torch backend records graphs: "off", "cuda-graphs" or "compile"."""
         return "cuda-graphs" if self.torch_cuda_graphs else "compile" if self.torch_compile else "off"
+
+    @property
+    def unauthenticated_per_address(self) -> int:
+        """The cap on one address's connections no request has passed the door on yet."""
+        return self.max_unauthenticated_per_address or max(1, self.connection_limit // 4)
 
     @property
     def connection_limit(self) -> int:

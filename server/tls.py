@@ -49,8 +49,9 @@ def server_context(certfile: Path, keyfile: Path) -> ssl.SSLContext:
 
 
 class HandshakeProtocol(SSLProtocol):
-    """asyncio's TLS protocol around an HTTP protocol, with a handshake deadline; calls ``released``
-    once the TCP connection is gone (asyncio tells the HTTP protocol only if the handshake finished)."""
+    """asyncio's TLS protocol around an HTTP protocol, with a handshake deadline; calls ``accepted`` with
+    the TCP transport at accept and ``released`` once it is gone (asyncio tells the HTTP protocol only
+    if the handshake finished)."""
 
     def __init__(
         self,
@@ -58,6 +59,7 @@ class HandshakeProtocol(SSLProtocol):
         context: ssl.SSLContext,
         deadline_s: float,
         released: Callable[[], None],
+        accepted: Callable[[asyncio.BaseTransport], None] | None = None,
     ) -> None:
         # No waiter (asyncio allows None; typeshed does not): a failed handshake has nobody to tell.
         super().__init__(
@@ -70,10 +72,13 @@ class HandshakeProtocol(SSLProtocol):
         )
         self.raw_transport: asyncio.BaseTransport | None = None
         self._released = released
+        self._accepted = accepted
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.raw_transport = transport
         super().connection_made(transport)
+        if self._accepted is not None:  # the HTTP protocol counts the connection from its accept
+            self._accepted(transport)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)

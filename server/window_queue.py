@@ -30,6 +30,9 @@ class WindowQueue(Protocol):
         ``time.perf_counter()`` time. Cancelling the futures drops their windows still queued."""
         ...
 
+    def charge(self, caller: str, windows: int) -> None:
+        """Charge ``caller`` work that no queued window paid for (tokenizing a request then refused)."""
+
 
 class LocalQueue:
     """The in-process micro-batcher and this process's per-key limits (a single-process server)."""
@@ -52,6 +55,9 @@ class LocalQueue:
             raise
         release_when_done(futures, lambda: self.quotas.release_windows(caller, windows))
         return futures
+
+    def charge(self, caller: str, windows: int) -> None:
+        self.quotas.charge_work(caller, windows)
 
 
 def release_when_done(futures: Sequence[asyncio.Future], release) -> None:

@@ -123,6 +123,11 @@ class EngineClient:
             f.add_done_callback(functools.partial(self._maybe_cancel, request))
         return futures
 
+    def charge(self, caller: str, windows: int) -> None:
+        if self.limits_active and self.available:
+            with contextlib.suppress(EngineUnavailable):
+                self._send(wire.Charge(caller, windows))
+
     def _maybe_cancel(self, request: int, future: asyncio.Future) -> None:
         """A question of ``request`` was cancelled (client gone, timeout, a sibling failed): tell the
         engine to drop its windows."""
@@ -150,7 +155,7 @@ class EngineClient:
 
     # ---- the socket -------------------------------------------------------------------------------
 
-    def _send(self, message: wire.Ping | wire.Admit | wire.Submit | wire.Cancel) -> None:
+    def _send(self, message: wire.Ping | wire.Admit | wire.Submit | wire.Cancel | wire.Charge) -> None:
         """Send now or raise EngineUnavailable (nothing waits for a connection that is not there)."""
         if not sent_now(self._socket.send(wire.encode(message), flags=zmq.NOBLOCK)):
             raise EngineUnavailable("the inference engine is not connected; retry shortly")

@@ -99,6 +99,8 @@ class EngineService:
         elif isinstance(message, wire.Cancel):
             for future in self.jobs.pop((identity, message.id), []):
                 future.cancel()
+        elif isinstance(message, wire.Charge):
+            self.quotas.charge_work(message.caller, message.windows)
 
     def _state(self, protocol: int) -> wire.State:
         batcher = self.runtime.batcher

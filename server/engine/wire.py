@@ -75,6 +75,13 @@ class Cancel(msgspec.Struct, tag="cancel"):
     id: int
 
 
+class Charge(msgspec.Struct, tag="charge"):
+    """Work a front did for ``caller`` that no queued window paid for (no answer)."""
+
+    caller: str
+    windows: int
+
+
 class QuestionResult(msgspec.Struct, array_like=True):
     rows: list[dict[str, Array]]  # per window: output name -> that window's row
     queue_s: float
@@ -99,7 +106,7 @@ class Failed(msgspec.Struct, tag="failed"):
     retry_after: float | None = None
 
 
-ToEngine = Ping | Admit | Submit | Cancel
+ToEngine = Ping | Admit | Submit | Cancel | Charge
 FromEngine = State | Done | Failed
 
 to_engine = msgspec.msgpack.Decoder(ToEngine)
