@@ -36,6 +36,7 @@ from pathlib import Path
 import httpx
 
 from bench.common import cpu_summary, percentile
+from bench.floods import FLOODS, flood_markdown, flood_row
 from bench.serve_load import Outcome, closed_loop, load_pairs
 from export.serving.backends import SERVER_BACKENDS
 from harness.server_process import ServerProcess
@@ -308,6 +309,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--key-max-inflight-windows", type=int, default=16)
     p.add_argument("--key-windows-per-s", type=float, default=40.0)
     p.add_argument("--key-requests-per-s", type=float, default=None, help="with --per-key (default: none)")
+    p.add_argument(
+        "--flood",
+        choices=(*FLOODS, "all"),
+        help="instead of the phases: one flood (or all) beside a key holder, each against a fresh server "
+        "(bench.floods): idle keyless connections (HTTP, TLS), keyless header blocks, a tenant's "
+        "tokenized-then-refused contexts",
+    )
+    p.add_argument(
+        "--requests", type=int, default=60, help="with --flood: the key holder's requests per phase"
+    )
+    p.add_argument("--repo", type=Path, help='with --flood: another checkout\'s server (a "before")')
+    p.add_argument("--server-python", help="with --flood: that checkout's interpreter")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     p.add_argument("--log-dir", type=Path, default=Path("/tmp"), help="where the server's log goes")
     args = p.parse_args(argv)
@@ -320,6 +333,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.flood:
+        return run_floods(args)
     pairs = load_pairs()
     flags: tuple[str, ...] = ("--threads", str(args.threads))
     keys = Keys.make(args.tenants) if args.per_key else None
@@ -360,6 +375,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(markdown(phases, title))
     if args.json:
         args.json.write_text(json.dumps({"title": title, "phases": [asdict(p) for p in phases]}, indent=2))
+    return 0
+
+
+def run_floods(args: argparse.Namespace) -> int:
+    names = FLOODS if args.flood == "all" else (args.flood,)
+    rows = []
+    for name in names:
+        rows.append(
+            flood_row(
+                name, args.model, args.backend, args.log_dir, args.requests, args.repo, args.server_python
+            )
+        )
+        print(f"  {name}: {rows[-1]['flooded']['success']:.0%} served under the flood", file=sys.stderr)
+    served_by = f", server from {args.repo}" if args.repo else ""
+    title = f"Floods beside a key holder ({args.requests} requests each, new connections){served_by}; {cpu_summary()}"
+    print(flood_markdown(rows, title))
+    if args.json:
+        args.json.write_text(json.dumps({"title": title, "floods": rows}, indent=2))
     return 0
 
 

@@ -5,25 +5,33 @@
   nothing, opening a new one (at most ``per_second``) whenever the server closes one.
 - :class:`HeaderFlood`: keyless requests whose header block is ``block_bytes`` long, sent whole in one
   write, at about ``bytes_per_second``.
-- :class:`TokenizerFlood`: a tenant with a valid key sending contexts of ``chars`` characters that the
-  server tokenizes and then refuses (413: too many windows), at ``per_second`` requests.
+- :class:`TokenizerFlood`: a tenant with a valid key sending ``chars`` characters of context per
+  request (``/answer/batch`` items of 20,000, each within the per-context limit) that the server
+  tokenizes and then refuses (413: too many tokens or windows), at ``per_second`` requests.
 
-Each runs in a thread of its own with its own event loop, started and stopped as a context manager.
+Each runs in a thread of its own with its own event loop, started and stopped as a context manager;
+``python -m bench.floods KIND`` (and :func:`flood_process`) runs one in a process of its own.
 :func:`key_holder` sends ``n`` requests one after another, each on a new connection, and returns
 (status or error name, seconds) for each.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import json
+import signal
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import httpx
 
@@ -130,14 +138,16 @@ class TokenizerFlood(_Flood):
 
     async def flood(self) -> None:
         words = "The committee reviewed the annual report and approved the budget for next year. "
-        context = (words * (self.chars // len(words) + 1))[: self.chars]
-        body = {"question": "What was approved?", "context": context}
+        per_item = 20000  # the server's default max_context_chars: longer texts go as several items
+        text = (words * (self.chars // len(words) + 1))[: self.chars]
+        items = [{"question": "What was approved?", "context": text[k : k + per_item]}
+                 for k in range(0, len(text), per_item)]  # fmt: skip
         headers = {"Authorization": f"Bearer {self.key}"}
         async with httpx.AsyncClient(base_url=self.url, timeout=60) as client:
 
             async def one() -> None:
                 try:
-                    r = await client.post("/answer", json=body, headers=headers)
+                    r = await client.post("/answer/batch", json={"items": items}, headers=headers)
                     self.tally[str(r.status_code)] += 1
                 except httpx.HTTPError as exc:
                     self.tally[type(exc).__name__] += 1
@@ -154,7 +164,9 @@ def key_holder(
 ) -> list[tuple[str, float]]:
     """``n`` requests one after another, each on a new connection: (status or error, seconds) each."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    verify: bool | ssl.SSLContext = ssl.create_default_context(cafile=str(ca)) if ca else True
+    # one context for every connection: httpx would load the system's CA bundle for each new client
+    # (~18 ms), which is the client's cost, not the server's
+    verify = ssl.create_default_context(cafile=str(ca)) if ca else ssl.create_default_context()
     body = body or {"question": "What happened?", "context": "Something happened here."}
     out = []
     for _ in range(n):
@@ -166,3 +178,176 @@ def key_holder(
             outcome = type(exc).__name__
         out.append((outcome, time.perf_counter() - start))
     return out
+
+
+FLOODS = ("connections", "connections-tls", "headers-16k", "headers-100k", "tokenizer")
+KEY_A, KEY_B = "flood-tenant-key-0123456789abcdef", "key-holder-key-fedcba9876543210"
+
+
+def _p(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def flood_row(
+    name: str,
+    model: str | Path,
+    backend: str,
+    work: Path,
+    requests: int = 60,
+    repo: Path | None = None,
+    python: str | None = None,
+) -> dict[str, Any]:
+    """One flood against a fresh server (``repo``'s, under ``python``, when given), with a key holder
+    measured before and during it: success rate, p50 and p99 (ms) of each, and the flood's own tally."""
+    from harness.server_process import ServerProcess
+
+    work.mkdir(parents=True, exist_ok=True)
+    keys = work / "flood-keys.txt"
+    keys.write_text(f"tenant: {KEY_A}\nholder: {KEY_B}\n")
+    keys.chmod(0o600)
+    flags = ["--api-keys-file", str(keys)]
+    body = None
+    ca = None
+    if name.startswith("connections"):
+        flags += ["--max-connections", "150", "--header-timeout-s", "3"]
+        if name.endswith("tls"):
+            from harness.certificates import make_certificates
+
+            ca, cert, key = make_certificates(work)
+            flags += ["--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]
+    elif name == "tokenizer":
+        flags += [
+            "--key-requests-per-s",
+            "20",
+            "--key-windows-per-s",
+            "200",
+            "--key-max-inflight-windows",
+            "256",
+        ]
+        flags += ["--max-request-windows", "64"]
+        words = "The committee reviewed the annual report and approved the budget for next year. "
+        body = {"question": "What was approved?", "context": (words * 30)[:2400]}
+    server = ServerProcess(model, *flags, backend=backend, repo=repo, python=python, tls_ca=ca,
+                           log_path=work / f"flood-{name}.log")  # fmt: skip
+    with server:
+        plain = f"http://127.0.0.1:{server.port}"
+        options = {
+            "connections": ("connections", plain, "--connections", "300", "--per-second", "200"),
+            "connections-tls": ("connections", plain, "--connections", "300", "--per-second", "200"),
+            "headers-16k": ("headers", server.url, "--block-bytes", "16384", "--bytes-per-second", "1000000"),
+            "headers-100k": (
+                "headers",
+                server.url,
+                "--block-bytes",
+                "102400",
+                "--bytes-per-second",
+                "1000000",
+            ),
+            "tokenizer": ("tokenizer", server.url, "--key", KEY_A, "--chars", "60000", "--per-second", "20"),
+        }[name]
+        unloaded = key_holder(server.url, KEY_B, requests, ca=ca, body=body)
+        with flood_process(*options) as flood:
+            time.sleep(3.0)
+            flooded = key_holder(server.url, KEY_B, requests, ca=ca, body=body)
+    row: dict[str, Any] = {"flood": name, "tally": flood.tally}
+    for phase, outcomes in (("unloaded", unloaded), ("flooded", flooded)):
+        ok = [t * 1000 for o, t in outcomes if o == "200"]
+        row[phase] = {
+            "success": len(ok) / len(outcomes),
+            "p50_ms": _p(ok, 0.5),
+            "p99_ms": _p(ok, 0.99),
+            "outcomes": dict(Counter(o for o, _ in outcomes)),
+        }
+    return row
+
+
+def flood_markdown(rows: Sequence[dict[str, Any]], title: str) -> str:
+    lines = [f"**{title}**", "", "| flood | key holder unloaded: ok, p50, p99 ms | under the flood: ok, p50, p99 ms | p99 ratio | the flood saw |",
+             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in rows:
+        u, f = r["unloaded"], r["flooded"]
+        ratio = f["p99_ms"] / u["p99_ms"] if u["p99_ms"] and f["p99_ms"] == f["p99_ms"] else float("nan")
+        failures = {k: v for k, v in f["outcomes"].items() if k != "200"}
+        lines.append(
+            f"| {r['flood']} | {u['success']:.0%}, {u['p50_ms']:.1f}, {u['p99_ms']:.1f} | "
+            f"{f['success']:.0%}, {f['p50_ms']:.1f}, {f['p99_ms']:.1f}"
+            + (f" (failed: {failures})" if failures else "")
+            + f" | {ratio:.2f} | {r['tally']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench.floods KIND ...``: one flood for ``--seconds`` in a process of its own (so it
+    shares no interpreter lock with whoever measures beside it); prints what it saw as JSON."""
+    p = argparse.ArgumentParser(prog="python -m bench.floods", description=main.__doc__)
+    p.add_argument("kind", choices=("connections", "headers", "tokenizer"))
+    p.add_argument("--url", required=True, help="http(s)://127.0.0.1:PORT")
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--connections", type=int, default=2200, help="connections: how many to hold")
+    p.add_argument("--per-second", type=float, default=200.0, help="connections opened / requests sent per s")
+    p.add_argument("--block-bytes", type=int, default=16384, help="headers: the header block's size")
+    p.add_argument("--bytes-per-second", type=float, default=1e6, help="headers: the flood's rate")
+    p.add_argument("--key", help="tokenizer: the tenant's key")
+    p.add_argument("--chars", type=int, default=60000, help="tokenizer: characters per context")
+    args = p.parse_args(argv)
+    parsed = urlparse(args.url)
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
+    flood: _Flood
+    if args.kind == "connections":
+        flood = ConnectionFlood(host, port, args.connections, args.per_second)
+    elif args.kind == "headers":
+        flood = HeaderFlood(host, port, args.block_bytes, args.bytes_per_second)
+    else:
+        if not args.key:
+            p.error("tokenizer needs --key")
+        flood = TokenizerFlood(args.url, args.key, args.chars, args.per_second)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with flood:
+        stop.wait(args.seconds)
+    print(json.dumps(dict(flood.tally)), flush=True)
+    return 0
+
+
+class FloodProcess:
+    """``python -m bench.floods KIND ...`` as a child process; ``tally`` is what it saw, once stopped."""
+
+    def __init__(self, kind: str, url: str, *options: str) -> None:
+        from harness.server_process import REPO, child_env
+
+        command = [sys.executable, "-m", "bench.floods", kind, "--url", url, "--seconds", "3600", *options]
+        self.proc = subprocess.Popen(
+            command, cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.tally: dict[str, int] = {}
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            out, err = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+        lines = out.strip().splitlines()
+        if not lines:
+            raise RuntimeError(f"the flood reported nothing: {err[-2000:]}")
+        self.tally = json.loads(lines[-1])
+
+
+@contextlib.contextmanager
+def flood_process(kind: str, url: str, *options: str) -> Iterator[FloodProcess]:
+    """A :class:`FloodProcess` running until the block ends (its ``tally`` is read then)."""
+    flood = FloodProcess(kind, url, *options)
+    try:
+        yield flood
+    finally:
+        flood.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

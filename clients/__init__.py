@@ -38,14 +38,17 @@ asyncio.run(main())
 
 Unanswerable questions come back with ``answer == ""`` and ``start == end == -1``. Connection errors
 and 503 (not ready / overloaded) are retried with jittered exponential backoff, honouring
-``Retry-After``, within ``deadline`` seconds per call when given; every failure is an ``XLNetQAError``.
+``Retry-After`` up to ``max_backoff``, within ``deadline`` seconds per call (60 unless set; None for
+none); every failure is an ``XLNetQAError``.
 
 A server with API keys: ``XLNetQAClient(url, api_key=...)`` or the ``XLNETQA_API_KEY`` variable (sent
 as ``Authorization: Bearer``; surrounding whitespace stripped, anything but printable ASCII a
 ``ValueError`` at construction; never in ``repr``, ``vars()`` or error text). 401 is
 ``XLNetQAAuthenticationError``; 429 is ``XLNetQARateLimitError``, retried after the server's
-``Retry-After`` while that fits in the deadline. HTTPS: ``verify=`` a CA bundle's path (or an
-``ssl.SSLContext``; ``False`` only on purpose).
+``Retry-After`` only while that is within ``max_backoff`` and the deadline (a daily quota used up is
+raised at once). A key is never sent in clear text beyond this machine: an ``http://`` URL to another
+host with a key is a ``ValueError`` unless ``allow_insecure_http=True``. HTTPS: ``verify=`` a CA
+bundle's path (or an ``ssl.SSLContext``; ``False`` only on purpose).
 """
 
 from clients.client import (

@@ -8,8 +8,14 @@ id when there was one.
 
 Retries: connection failures and 503 (not ready, unhealthy, overloaded, shutting down) are retried with
 jittered exponential backoff, honouring the server's ``Retry-After`` (capped by ``max_backoff``), all
-within ``deadline`` seconds per call when one is set. Every other error, in particular 4xx, is raised at
-once, because sending the same bad request again cannot succeed. Answer requests are pure functions of
+within ``deadline`` seconds per call (60 by default; None for none). A 429 is waited out only when its
+``Retry-After`` is within ``max_backoff`` and the deadline: a key over its daily quota raises at once
+instead of sleeping until midnight. Every other error, in particular 4xx, is raised at once, because
+sending the same bad request again cannot succeed.
+
+Keys travel only where they cannot be read on the way: a client with an API key refuses a plain
+``http://`` URL to any host but this machine's loopback, unless ``allow_insecure_http=True`` says the
+network in between is trusted. Answer requests are pure functions of
 their input, so retrying them is safe; a read timeout is not retried (the server may still be working
 on it, and a retry would double its load).
 """
@@ -18,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import ipaddress
+import math
 import os
 import random
 import ssl
@@ -31,6 +39,7 @@ from pydantic import BaseModel, ValidationError
 
 from clients.models import Answer, ModelInfo, QARequest, request_payload
 
+DEFAULT_DEADLINE_S = 60.0  # one call, retries included, unless the caller sets another (None: none)
 _RETRY_TRANSPORT = (
     httpx.ConnectError,
     httpx.ConnectTimeout,
@@ -136,19 +145,29 @@ def _parse(model: type[Model], response: httpx.Response, key: str | None = None)
 
 
 def _retry_after(response: httpx.Response | None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or HTTP date), None if absent or unreadable."""
+    """Seconds from a Retry-After header (delta-seconds or HTTP date), None if absent, unreadable or not
+    a finite number (``inf``, ``nan``, a date past what the platform's clock holds)."""
     value = response.headers.get("retry-after") if response is not None else None
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
-        pass
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, OverflowError):
+            return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is this machine (localhost, 127.0.0.0/8, ::1): nothing in between to read a key."""
+    if host.lower() == "localhost":
+        return True
     try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _request_payload(**fields: Any) -> dict[str, Any]:
@@ -270,7 +289,7 @@ class _Attempts:
         if response.status_code == 429:  # only with the server's hint: waiting it out may succeed
             error = _error_from(response)
             hint = _retry_after(response)
-            if hint is None:
+            if hint is None or hint > self.policy.max_backoff:  # a long wait is the caller's to choose
                 raise error
             return self._wait(hint * random.uniform(1.0, 1.1), error)
         if response.is_error:
@@ -289,9 +308,10 @@ class _Policy:
         backoff: float = 0.1,
         max_backoff: float = 5.0,
         headers: Mapping[str, str] | None = None,
-        deadline: float | None = None,
+        deadline: float | None = DEFAULT_DEADLINE_S,
         api_key: str | None = None,
         verify: bool | str | ssl.SSLContext = True,
+        allow_insecure_http: bool = False,
     ) -> None:
         if retries < 0 or backoff < 0 or max_backoff < 0:
             raise ValueError("retries, backoff and max_backoff must be >= 0")
@@ -309,6 +329,11 @@ class _Policy:
         self.deadline = deadline
         self.verify = verify  # a CA bundle's path, an SSLContext, True (system CAs) or False (explicit)
         key = _api_key(api_key)
+        if key is not None and url.scheme == "http" and not _loopback(url.host) and not allow_insecure_http:
+            raise ValueError(
+                f"an API key would go in clear text to {url.host} (http://): use https://, or pass "
+                "allow_insecure_http=True if the network in between is trusted"
+            )
         self._auth = _BearerAuth(key) if key is not None else None
 
     def _http_options(self, timeout: float) -> dict[str, Any]:

@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         preflight(settings)
         spec = resolve_spec(settings.model, settings.backend, allow_unhashed=settings.allow_unhashed_model)
         check_spec(spec, settings)
-        keys = KeyRing.from_settings(settings.api_keys_file)
+        keys = KeyRing.from_settings(settings.api_keys_file, allow_shared=settings.allow_shared_keys_file)
         tls = settings.tls_context()
     except (ModelSpecError, BackendUnavailable, KeyFileError, TlsSetupError) as exc:
         return _fail(str(exc))
@@ -117,6 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             server.should_exit = True
 
     app = create_app(settings, spec=spec, on_fatal=stop)
+    if settings.metrics_port is not None:
+        from server.metrics_listener import start_metrics_listener
+
+        start_metrics_listener(settings.host, settings.metrics_port, registry=app.state.metrics.registry)
     server = uvicorn.Server(uvicorn.Config(app, lifespan="on", **common))
     server.run()
     runtime = app.state.runtime

@@ -69,7 +69,9 @@ def create_app(
         if settings.model is None:
             raise ValueError("no model directory (--model or XLNETQA_MODEL)")
         spec = resolve_spec(settings.model, settings.backend, allow_unhashed=settings.allow_unhashed_model)
-    keys = KeyRing.from_settings(settings.api_keys_file)  # KeyFileError: refuse to start
+    keys = KeyRing.from_settings(
+        settings.api_keys_file, allow_shared=settings.allow_shared_keys_file
+    )  # KeyFileError: refuse to start
     metrics = Metrics()
     count_refusals_with(lambda kind: metrics.errors.labels(kind).inc())  # refused before the app
     runtime: Lifecycle

@@ -5,10 +5,18 @@ File format, one key per line; a ``#`` starts a comment that runs to the end of 
 removed before anything else is read (so text in a comment can never become a key)::
 
     team-a: 3f7c1e...        # name: key (the name is what logs and metrics show)
-    9b2d4a...                # key alone: named after where it is, key-line-<N>
+    9b2d4a...                # key alone: named key-<12 hex digits of its SHA-256>
 
 The environment variable is a list: ``name: key`` or bare keys separated by commas or newlines (bare
-ones are named env-key-<N>, by position). A name never says anything of its key.
+ones are named the same way). A key's name is its identity for its limits and quotas, so it follows
+the key, never the line it is on: a comment added above a bare key changes nothing. The 48 bits of
+digest in a bare key's name cannot help anyone guess a key of 128 bits or more (the strength rule).
+
+The keys file must be readable and writable by its owner only (mode 0600, or 0640 with a group of the
+server's own user, as Kubernetes mounts a Secret with fsGroup): a file another local user can read
+hands them every key, one they can write lets them add their own. Such a file is
+refused at start (``--allow-shared-keys-file`` accepts it, with a warning), and on a reload its keys are
+withdrawn, as for an unreadable file.
 
 A key is 16 to 256 characters of ``A-Z a-z 0-9 . _ ~ + / = -`` and must be strong enough that guessing
 is hopeless (:func:`strength_problem`: about 128 bits, e.g. 32 random hex digits or
@@ -114,21 +122,49 @@ def _parse_entries(entries: list[tuple[int, str, str]], source: str) -> _Parsed:
     return parsed
 
 
+def bare_name(key_text: str) -> str:
+    """A bare key's name: ``key-`` and 12 hex digits of its SHA-256, the same wherever the key is."""
+    return "key-" + hashlib.sha256(key_text.strip().encode("utf-8")).hexdigest()[:12]
+
+
 def parse_file_text(text: str, source: str) -> _Parsed:
     """A keys file: comments go per physical line first; then one entry per line."""
     entries = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if line:
-            entries.append((number, line, f"key-line-{number}"))
+            entries.append((number, line, bare_name(line)))
     return _parse_entries(entries, source)
 
 
 def parse_env_text(text: str, source: str = KEYS_ENV) -> _Parsed:
     """The environment variable: entries separated by commas or newlines (no comments)."""
     items = [item.strip() for item in text.replace("\n", ",").split(",")]
-    entries = [(n, item, f"env-key-{n}") for n, item in enumerate((i for i in items if i), start=1)]
+    entries = [(n, item, bare_name(item)) for n, item in enumerate((i for i in items if i), start=1)]
     return _parse_entries(entries, f"{source} entry")
+
+
+def shared_file_problem(path: Path) -> str | None:
+    """Why ``path`` is unsafe for keys, or None: other users may read or write it (any permission for
+    others; write for its group; read for a group this process is not in). Readable by the process's
+    own group is fine (Kubernetes mounts a Secret so, with fsGroup). POSIX modes only."""
+    if os.name != "posix":
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return None  # reading it fails with its own message
+    mode, own_groups = st.st_mode, {os.getegid(), *os.getgroups()}
+    if mode & 0o007 or mode & 0o020:
+        who = "writable" if mode & 0o022 else "readable"
+    elif mode & 0o040 and st.st_gid not in own_groups:
+        who = "readable"
+    else:
+        return None
+    return (
+        f"{path}: the keys file is {who} by other users (mode {mode & 0o777:04o}): chmod 600 it, or 640 "
+        "with a group of this server's user (or --allow-shared-keys-file)"
+    )
 
 
 def _strict(parsed: _Parsed) -> dict[bytes, str]:
@@ -142,6 +178,7 @@ class _FileStamp:
     mtime_ns: int
     size: int
     inode: int
+    mode: int  # a chmod that opens the file to others is a change too
 
     @classmethod
     def of(cls, path: Path) -> _FileStamp | None:
@@ -149,14 +186,17 @@ class _FileStamp:
             st = path.stat()
         except OSError:
             return None
-        return cls(st.st_mtime_ns, st.st_size, st.st_ino)
+        return cls(st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)
 
 
 class KeyRing:
     """The valid keys: loaded at start, reloaded on change or SIGHUP, looked up in constant time."""
 
-    def __init__(self, path: Path | None = None, env_text: str | None = None) -> None:
+    def __init__(
+        self, path: Path | None = None, env_text: str | None = None, allow_shared: bool = False
+    ) -> None:
         self.path = path
+        self.allow_shared = allow_shared
         self._env_keys = _strict(parse_env_text(env_text)) if env_text else {}
         self._file_keys: dict[bytes, str] = {}
         self._keys: dict[bytes, str] = {}
@@ -167,12 +207,14 @@ class KeyRing:
         self.load()  # KeyFileError at start: the server refuses to start
 
     @classmethod
-    def from_settings(cls, path: Path | None, env: dict[str, str] | None = None) -> KeyRing | None:
+    def from_settings(
+        cls, path: Path | None, env: dict[str, str] | None = None, allow_shared: bool = False
+    ) -> KeyRing | None:
         """The configured keys, or None when neither a file nor the variable is given (auth off)."""
         text = (os.environ if env is None else env).get(KEYS_ENV) or None
         if path is None and text is None:
             return None
-        return cls(path, text)
+        return cls(path, text, allow_shared)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -182,6 +224,11 @@ class KeyRing:
         """The file's keys and problems (a clash with the variable is one), with the stamp read before."""
         assert self.path is not None
         stamp = _FileStamp.of(self.path)
+        shared = shared_file_problem(self.path)
+        if shared is not None:
+            if not self.allow_shared:
+                return _Parsed({}, [shared]), stamp
+            logger.warning("%s; accepted because --allow-shared-keys-file is set", shared.split(": chmod")[0])
         try:
             text = self.path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:

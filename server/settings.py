@@ -178,8 +178,20 @@ class ServerSettings(BaseSettings):
         "Keys may also come from the XLNETQA_API_KEYS variable (never from a flag, which ps would show). "
         "Without either, anyone who reaches the port may ask",
     )
+    allow_shared_keys_file: bool = Field(
+        False,
+        description="serve with a keys file other local users can read or write (mode beyond 0600): refused "
+        "without this flag, since it hands them every key, or the power to add their own",
+    )
     auth_metrics: bool = Field(
         True, description="With keys: /metrics needs one too (false: open to scrapers)"
+    )
+    metrics_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Also serve the metrics, with no key, on this port of --host (for a scraper that cannot "
+        "send a key; keep it off the Internet: the API's port keeps /metrics behind a key)",
     )
     docs: bool = Field(True, description="Serve /docs, /redoc and /openapi.json (false: 404)")
     auth_docs: bool = Field(True, description="With keys: the docs and the OpenAPI schema need one too")

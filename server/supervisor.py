@@ -113,6 +113,10 @@ def run_fronts_over_engine(settings: ServerSettings, uvicorn_options: dict) -> i
     os.environ.update(shared)  # the fronts (uvicorn's workers) inherit them
     engine = EngineKeeper(dict(os.environ), grace_s=settings.graceful_timeout_s + 5)
     engine.start()
+    if settings.metrics_port is not None:  # every process's metrics, from the shared directory
+        from server.metrics_listener import start_metrics_listener
+
+        start_metrics_listener(settings.host, settings.metrics_port, directory=metrics_dir)
     try:
         uvicorn.run(
             "server.app:create_app_from_env", factory=True, workers=settings.workers, **uvicorn_options

@@ -16,9 +16,10 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def keys_file(path: Path, *lines: str) -> Path:
-    """A keys file holding ``lines`` (line 1 is the first of them)."""
+def keys_file(path: Path, *lines: str, mode: int = 0o600) -> Path:
+    """A keys file holding ``lines`` (line 1 is the first of them), readable by its owner only."""
     path.write_text("\n".join(lines) + "\n")
+    path.chmod(mode)
     return path
 
 

@@ -31,6 +31,7 @@ from clients import (
     XLNetQAClientError,
     XLNetQAConnectionError,
     XLNetQAError,
+    XLNetQARateLimitError,
     XLNetQAResponseError,
     XLNetQAServerError,
     XLNetQATimeoutError,
@@ -450,3 +451,43 @@ def test_the_sdk_and_the_server_share_one_schema(server) -> None:
         assert set(doc["properties"]) == set(wire.model_fields), wire
         required = {n for n, f in wire.model_fields.items() if f.is_required()}
         assert set(doc.get("required", [])) >= required, wire
+
+
+@pytest.mark.parametrize("hint", ["43000", "1e12", "inf", "nan", "Fri, 31 Dec 9999 23:59:59 GMT"])
+def test_a_429_with_a_long_or_absurd_retry_after_is_raised_at_once(hint: str) -> None:
+    """A daily quota used up (Retry-After: hours) or a hostile header is the caller's error to see at
+    once, never hours of sleep or a raw OverflowError."""
+
+    def respond(h, body) -> None:
+        body = {"error": "rate_limited", "message": "the daily quota is used up", "request_id": "q1"}
+        _reply(h, 429, json.dumps(body), {"Retry-After": hint})
+
+    with stub_server(respond) as (url, seen), XLNetQAClient(url, retries=5, max_backoff=2.0) as qa:
+        start = time.monotonic()
+        with pytest.raises(XLNetQARateLimitError) as err:
+            qa.answer("Why?", "Because.")
+        assert time.monotonic() - start < 2.0 and len(seen) == 1
+        assert isinstance(err.value, XLNetQAError) and err.value.error == "rate_limited"
+
+
+def test_every_call_has_a_deadline_by_default() -> None:
+    from clients.client import DEFAULT_DEADLINE_S
+
+    with XLNetQAClient("http://127.0.0.1:9") as qa:
+        assert qa.deadline == DEFAULT_DEADLINE_S > 0
+    with XLNetQAClient("http://127.0.0.1:9", deadline=None) as qa:  # none only when asked for
+        assert qa.deadline is None
+
+
+@pytest.mark.parametrize("url", ["http://example.com", "http://10.0.0.5:8000", "http://[2001:db8::1]:8000"])
+def test_a_key_is_never_sent_in_clear_text_beyond_loopback(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="clear text") as err:
+        XLNetQAClient(url, api_key="k" * 32)
+    assert "k" * 32 not in str(err.value)
+    monkeypatch.setenv("XLNETQA_API_KEY", "e" * 32)  # a key from the environment too
+    with pytest.raises(ValueError, match="allow_insecure_http"):
+        AsyncXLNetQAClient(url)
+    XLNetQAClient(url, allow_insecure_http=True).close()  # said so: the caller's call
+    XLNetQAClient(url.replace("http://", "https://")).close()
+    for local in ("http://127.0.0.1:8000", "http://localhost:8000", "http://[::1]:8000"):
+        XLNetQAClient(local).close()

@@ -529,15 +529,31 @@ def test_keys_come_from_a_mounted_secret_and_a_network_policy_admits_only_ingres
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
     assert policy["spec"]["policyTypes"] == ["Ingress"]
-    (rule,) = policy["spec"]["ingress"]
-    assert {p["port"] for p in rule["ports"]} <= {p["name"] for p in container["ports"]}
-    sources = {s["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for s in rule["from"]}
-    assert sources == {"ingress-nginx", "monitoring"}
+    # The ingress reaches the API port only; Prometheus the keyless metrics port only: whatever the
+    # ingress routes to the Internet never serves key names and per-key counts.
+    admitted = {}
+    for rule in policy["spec"]["ingress"]:
+        (source,) = [
+            s["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for s in rule["from"]
+        ]
+        admitted[source] = {p["port"] for p in rule["ports"]}
+    assert admitted == {"ingress-nginx": {"http"}, "monitoring": {"metrics"}}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == int(config["data"]["XLNETQA_METRICS_PORT"]) != ports["http"]
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == config["data"]["XLNETQA_METRICS_PORT"]
+    assert config["data"]["XLNETQA_AUTH_METRICS"] == "true"  # the API port's /metrics needs a key
     # behind the ingress, the failure budget must count the real client, not the ingress pod's address
     from server.settings import ServerSettings
 
     proxies = ServerSettings(forwarded_allow_ips=config["data"]["XLNETQA_FORWARDED_ALLOW_IPS"])
     assert proxies.forwarded_allow_ips and "*" not in proxies.forwarded_allow_ips
+
+
+def test_compose_keeps_prometheus_and_grafana_on_loopback() -> None:
+    services = compose()["services"]
+    for name in ("prometheus", "grafana"):
+        assert all(str(p).startswith("127.0.0.1:") for p in services[name]["ports"]), services[name]["ports"]
 
 
 def test_compose_reads_keys_from_secret_files_and_prometheus_sends_one() -> None:

@@ -302,6 +302,7 @@ def test_a_server_with_keys_asks_for_one_after_a_401_and_the_page_keeps_it_out_o
 
     key = "playground-key-0123456789"
     (tmp_path / "keys.txt").write_text(f"browser: {key}\n")
+    (tmp_path / "keys.txt").chmod(0o600)
     with ServerProcess(onnx_export, tmp_path, "--api-keys-file", str(tmp_path / "keys.txt")) as s:
         wait = WebDriverWait(browser, 30)
         # The page's own first call (GET /v1/model) blocked: no 401 has come, so no key field yet.

@@ -13,9 +13,9 @@ import httpx
 import pytest
 from auth_helpers import ALICE, BOB, CAROL, WRONG, bearer, keys_file, until
 from server_helpers import OK, WINDOWS, ServerProcess, long_context, post
-from tls_helpers import make_certificates
 
 from clients import XLNetQAAuthenticationError, XLNetQAClient, XLNetQAConnectionError, XLNetQARateLimitError
+from harness.certificates import make_certificates
 from server.app import create_app, open_paths
 from server.metrics import sample_total
 from server.settings import ServerSettings

@@ -38,7 +38,6 @@ from auth_helpers import ALICE, BOB, WRONG, bearer, keys_file, until
 from onnx import numpy_helper
 from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import OK, ServerProcess, post, server_env
-from tls_helpers import make_certificates
 
 from clients import (
     AsyncXLNetQAClient,
@@ -49,6 +48,7 @@ from clients import (
 )
 from clients.client import API_KEY_ENV
 from export.serving.sidecar import SIDECAR_FILE, Sidecar
+from harness.certificates import make_certificates
 from harness.server_process import free_port
 from server.app import create_app
 from server.settings import ServerSettings
@@ -222,11 +222,12 @@ def test_weak_keys_refuse_to_start_and_bare_key_names_say_nothing_of_the_key(onn
         r = subprocess.run(cmd, env=server_env(), capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "line 1" in r.stderr and "128 bits" in r.stderr, r.stderr
         assert weak not in r.stderr + r.stdout
-    bare = secrets.token_urlsafe(32)
-    keys = keys_file(tmp_path / "keys.txt", "# one bare key", bare)
-    with ServerProcess(onnx_export, tmp_path, "--api-keys-file", str(keys), "--log-level", "info") as s:
+    bare, other = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    keys = keys_file(tmp_path / "keys.txt", "# two bare keys", bare, other)
+    flags = ["--api-keys-file", str(keys), "--log-level", "info", "--key-daily-requests", "2"]
+    with ServerProcess(onnx_export, tmp_path, *flags) as s:
         assert post(s.url + "/answer", OK, headers=bearer(bare)).status_code == 200
-        text = httpx.get(s.url + "/metrics", headers=bearer(bare), timeout=10).text
+        text = httpx.get(s.url + "/metrics", headers=bearer(bare), timeout=10).text  # its 2nd of 2
         names = {
             v
             for name, ls in series(text)
@@ -234,11 +235,48 @@ def test_weak_keys_refuse_to_start_and_bare_key_names_say_nothing_of_the_key(onn
             for k, v in ls
             if k == "key"
         }
-        assert names - {"anonymous"} == {"key-line-2"}  # anonymous: the open probes
         import hashlib
 
-        fingerprint = hashlib.sha256(bare.encode()).hexdigest()[:8]
-        assert fingerprint not in text and fingerprint not in s.log()
+        name = "key-" + hashlib.sha256(bare.encode()).hexdigest()[:12]
+        assert names - {"anonymous"} == {name}  # a bare key is named by its digest, not its line
+        assert bare not in text and bare not in s.log()
+        # A comment inserted above moves every key down a line: each keeps its name and its count,
+        # so the used-up quota stays used up and the other key is charged nothing.
+        keys_file(tmp_path / "keys.txt", "# two bare keys", "# a comment inserted above", bare, other)
+        time.sleep(1.2)  # reread within a second of the change
+        assert post(s.url + "/answer", OK, headers=bearer(bare)).status_code == 429
+        assert [post(s.url + "/answer", OK, headers=bearer(other)).status_code for _ in range(2)] == [
+            200,
+            200,
+        ]
+
+
+def test_a_keys_file_others_can_read_or_write_is_refused_unless_allowed(onnx_export, tmp_path):
+    import hashlib
+
+    key = secrets.token_urlsafe(32)
+    for mode in (0o644, 0o666, 0o604, 0o620):
+        keys = keys_file(tmp_path / "keys.txt", f"alice: {key}", mode=mode)
+        cmd = [sys.executable, "-m", "server", "--model", str(onnx_export), "--api-keys-file", str(keys)]
+        r = subprocess.run(cmd, env=server_env(), capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "by other users" in r.stderr and "chmod 600" in r.stderr, (
+            mode,
+            r.stderr,
+        )
+        assert key not in r.stderr + r.stdout
+    keys = keys_file(tmp_path / "keys.txt", f"alice: {key}", mode=0o644)
+    with ServerProcess(onnx_export, tmp_path, "--api-keys-file", str(keys), "--allow-shared-keys-file") as s:
+        assert post(s.url + "/answer", OK, headers=bearer(key)).status_code == 200
+        assert "readable by other users" in s.log() and "--allow-shared-keys-file" in s.log()
+    # Opened to others while serving (a chmod is a change): the keys are withdrawn, never trusted.
+    keys.chmod(0o600)
+    with ServerProcess(onnx_export, tmp_path, "--api-keys-file", str(keys)) as s:
+        assert post(s.url + "/answer", OK, headers=bearer(key)).status_code == 200
+        keys.chmod(0o666)
+        time.sleep(1.2)
+        assert post(s.url + "/answer", OK, headers=bearer(key)).status_code == 401
+        assert "writable by other users" in s.log()
+    assert hashlib.sha256(key.encode()).hexdigest() not in s.log()
 
 
 # ---- TLS: a handshake has the header deadline and counts as a connection ------------------------------
@@ -250,13 +288,15 @@ def test_a_tls_connection_that_never_handshakes_is_closed_and_counted(onnx_expor
     with ServerProcess(onnx_export, tmp_path, *flags, "--max-connections", "3", tls_ca=ca) as s:
         silent = [socket.create_connection(("127.0.0.1", s.port), timeout=30) for _ in range(2)]
         time.sleep(0.3)
-        # two connections still in their handshake hold two of the three places
-        assert httpx.get(s.url + "/v1/model", verify=str(ca), timeout=10).status_code == 503
+        # two connections in their handshake hold two of the three places; a client's new connection
+        # is still served: the oldest idle one that no request has used gives way (server.door_pool)
         start = time.monotonic()
-        for sock in silent:
-            assert sock.recv(1) == b""  # closed by the server, at the header deadline
-            sock.close()
+        assert httpx.get(s.url + "/v1/model", verify=str(ca), timeout=10).status_code == 200
+        assert silent[0].recv(1) == b"" and time.monotonic() - start < 1.0  # evicted at once
+        assert silent[1].recv(1) == b""  # the other: closed by the server at the header deadline
         assert time.monotonic() - start < 5
+        for sock in silent:
+            sock.close()
         assert httpx.get(s.url + "/v1/model", verify=str(ca), timeout=10).status_code == 200
         # a handshake completed but no request: the same deadline, counted from the connection's start
         context = ssl.create_default_context(cafile=str(ca))
@@ -473,7 +513,7 @@ SDK_WRONG = "door-sdk-wrong-9876543210fedcba"
 @pytest.fixture(scope="module")
 def sdk_keyed(onnx_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     logs = tmp_path_factory.mktemp("door-sdk")
-    (logs / "keys.txt").write_text(f"sdk: {SDK_KEY}\n")
+    keys_file(logs / "keys.txt", f"sdk: {SDK_KEY}")
     flags = ["--api-keys-file", str(logs / "keys.txt"), "--auth-failures-per-minute", "100000"]
     with ServerProcess(onnx_export, logs, *flags) as s:
         yield s
@@ -575,3 +615,23 @@ def test_the_key_shows_in_no_repr_vars_or_error(sdk_keyed: ServerProcess) -> Non
             return caught.value
 
     assert SDK_KEY not in error_texts(asyncio.run(async_case()))
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_the_metrics_port_serves_a_scraper_without_a_key_and_the_api_port_keeps_its_door(
+    onnx_export, tmp_path, workers
+):
+    from harness.server_process import free_port
+    from server.metrics import sample_total
+
+    keys = keys_file(tmp_path / "keys.txt", f"alice: {ALICE}")
+    port = free_port()
+    flags = ["--api-keys-file", str(keys), "--metrics-port", str(port), "--workers", workers]
+    with ServerProcess(onnx_export, tmp_path, *flags) as s:
+        assert post(s.url + "/answer", OK, headers=bearer(ALICE)).status_code == 200
+        assert httpx.get(s.url + "/metrics", timeout=10).status_code == 401  # the API's port: a key
+        scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        assert scraped.status_code == 200
+        assert sample_total(scraped.text, "xlnetqa_key_requests_total", key="alice", status="200") >= 1
+        if workers == "2":  # every process's values: the engine's backend calls too
+            assert sample_total(scraped.text, "xlnetqa_batch_size_count") >= 1

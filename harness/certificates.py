@@ -1,4 +1,5 @@
-"""Certificates for the TLS tests: a throwaway CA and a server certificate for 127.0.0.1 signed by it."""
+"""Certificates for serving TLS on loopback (the tests, bench.abuse's floods): a throwaway CA and a
+server certificate for 127.0.0.1 signed by it. Needs ``cryptography`` (a test tool)."""
 
 from __future__ import annotations
 
