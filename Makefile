@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 DEMO_DIR ?= runs/demo
 
-.PHONY: venv browser demo test lint format clean gpu-venv gpu-venv-tensorrt gpu-test gpu-check ort-gpu-venv
+.PHONY: venv browser redis demo test lint format clean gpu-venv gpu-venv-tensorrt gpu-test gpu-check ort-gpu-venv
 
 # torch is installed first and pinned, so pip never resolves a (multi-GB) CUDA build.
 $(VENV)/.installed: pyproject.toml
@@ -31,9 +31,20 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	fi
 
+# Debian's redis-server for tests/test_server_limits_redis.py (--limits-redis against a real store), installed
+# here when root, as in CI; elsewhere those tests skip and say so.
+redis:
+	@if ! command -v redis-server >/dev/null; then \
+		if [ "$$(id -u)" != 0 ]; then \
+			echo "make: redis-server is missing (its tests skip): sudo apt-get install redis-server" >&2; \
+		else \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+		fi; \
+	fi
+
 # Also the onnxruntime-gpu venv for tests/test_provider_fallback.py, where this Python and platform have
 # its wheel and the package index answers; otherwise those tests skip, and the reason is printed here.
-test: venv browser
+test: venv browser redis
 	@if $(PYTHON) -m export.gpu_versions --index $(PYPI_INDEX) && $(MAKE) --no-print-directory ort-gpu-venv; then \
 		export XLNETQA_ORT_GPU_PYTHON=$(ORT_GPU_VENV)/bin/python; \
 	else \

@@ -64,6 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from server.connection import configure_connections, connection_protocol
     from server.hosts import is_loopback
     from server.model_spec import ModelSpecError, resolve_spec
+    from server.quotas import CallerLimits
+    from server.quotas_redis import LimitsStoreError, RedisQuotas
     from server.tls import TlsSetupError
 
     try:
@@ -72,7 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_spec(spec, settings)
         keys = KeyRing.from_settings(settings.api_keys_file, allow_shared=settings.allow_shared_keys_file)
         tls = settings.tls_context()
-    except (ModelSpecError, BackendUnavailable, KeyFileError, TlsSetupError) as exc:
+        if settings.limits_redis is not None:
+            RedisQuotas(
+                CallerLimits.from_settings(settings), settings.max_request_windows, settings.limits_redis
+            ).ping()
+    except (ModelSpecError, BackendUnavailable, KeyFileError, TlsSetupError, LimitsStoreError) as exc:
         return _fail(str(exc))
     if keys is None and not is_loopback(settings.host):
         logging.getLogger("server").warning(

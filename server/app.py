@@ -39,7 +39,8 @@ from server.lifecycle import BackendFactory, Lifecycle, ModelLifecycle
 from server.metrics import Metrics, MetricsMiddleware
 from server.model_spec import ModelSpec, resolve_spec
 from server.playground import playground_router
-from server.quotas import CallerLimits, CallerQuotas, FailureLimiter
+from server.quotas import FailureLimiter
+from server.quotas_redis import quotas_for
 from server.request_ids import RequestIdMiddleware, configure_logging
 from server.routes import answer_router, batch_router, ops_router
 from server.settings import ENGINE_ADDRESS_ENV, ServerSettings
@@ -77,7 +78,7 @@ def create_app(
     runtime: Lifecycle
     limits: DoorLimits
     if engine_address is None:
-        quotas = CallerQuotas(CallerLimits.from_settings(settings), settings.max_request_windows)
+        quotas = quotas_for(settings)
         runtime = ModelLifecycle(settings, spec, metrics, backend_factory or create_backend, on_fatal, quotas)
         limits = quotas
     else:  # a front: the engine process owns the model and the per-key limits

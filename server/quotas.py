@@ -96,6 +96,14 @@ class CallerLimits:
             daily_requests=settings.key_daily_requests,
         )
 
+    def request_bucket(self) -> float:
+        """Requests a key may send at once: the burst set, else 2 seconds' worth (at least 1)."""
+        return self.request_burst or max(1.0, 2 * (self.requests_per_s or 0.0))
+
+    def window_bucket(self, max_request_windows: int) -> float:
+        """Windows at once: the burst set, else 2 seconds' worth, at least one maximal request."""
+        return self.window_burst or max(float(max_request_windows), 2 * (self.windows_per_s or 0.0))
+
     @property
     def active(self) -> bool:
         return any(
@@ -107,16 +115,9 @@ class CallerLimits:
 class _Caller:
     def __init__(self, limits: CallerLimits, max_request_windows: int) -> None:
         lim = limits
-        self.requests = (
-            TokenBucket(lim.requests_per_s, lim.request_burst or max(1.0, 2 * lim.requests_per_s))
-            if lim.requests_per_s
-            else None
-        )
+        self.requests = TokenBucket(lim.requests_per_s, lim.request_bucket()) if lim.requests_per_s else None
         self.windows = (
-            TokenBucket(
-                lim.windows_per_s,
-                lim.window_burst or max(float(max_request_windows), 2 * lim.windows_per_s),
-            )
+            TokenBucket(lim.windows_per_s, lim.window_bucket(max_request_windows))
             if lim.windows_per_s
             else None
         )

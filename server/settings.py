@@ -186,6 +186,13 @@ class ServerSettings(BaseSettings):
     auth_metrics: bool = Field(
         True, description="With keys: /metrics needs one too (false: open to scrapers)"
     )
+    limits_redis: str | None = Field(
+        None,
+        pattern=r"^rediss?://",
+        description="Keep the per-key rates and daily quotas in this Redis (redis://host:port/db, or rediss:// "
+        "with TLS), one set for every replica and process; without it each host keeps its own, so N "
+        "replicas mean N times the limits",
+    )
     metrics_port: int | None = Field(
         None,
         ge=1,

@@ -24,7 +24,7 @@ from server.engine.service import EngineService
 from server.lifecycle import ModelLifecycle
 from server.metrics import Metrics
 from server.model_spec import resolve_spec
-from server.quotas import CallerLimits, CallerQuotas
+from server.quotas_redis import quotas_for
 from server.request_ids import configure_logging
 from server.settings import ENGINE_ADDRESS_ENV, ServerSettings
 
@@ -36,7 +36,7 @@ async def serve(settings: ServerSettings, address: str) -> int:
     assert settings.model is not None
     spec = resolve_spec(settings.model, settings.backend, allow_unhashed=settings.allow_unhashed_model)
     metrics = Metrics()
-    quotas = CallerQuotas(CallerLimits.from_settings(settings), settings.max_request_windows)
+    quotas = quotas_for(settings)
     stop = asyncio.Event()
     failed = False
 
