@@ -3,8 +3,8 @@
 
 - :class:`ConnectionFlood`: keeps ``connections`` idle TCP connections open from one address, sending
   nothing, opening a new one (at most ``per_second``) whenever the server closes one.
-- :class:`HeaderFlood`: keyless requests whose header block is ``block_bytes`` long, sent whole in one
-  write, at about ``bytes_per_second``.
+- :class:`HeaderFlood`: keyless requests whose header block is ``block_bytes`` long, each sent whole in
+  one write on a connection of its own, at ``bytes_per_second`` (open loop: it does not wait for answers).
 - :class:`TokenizerFlood`: a tenant with a valid key sending ``chars`` characters of context per
   request (``/answer/batch`` items of 20,000, each within the per-context limit) that the server
   tokenizes and then refuses (413: too many tokens or windows), at ``per_second`` requests.
@@ -116,19 +116,29 @@ class HeaderFlood(_Flood):
         return b"POST /answer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n" + lines + b"\r\n{}"
 
     async def flood(self) -> None:
+        """Open loop: a request every ``len(request) / bytes_per_second`` seconds whatever the server does
+        (at most 64 unanswered at once), each on a connection of its own."""
         raw = self.request()
         gap = len(raw) / self.bytes_per_second
-        while True:
-            started = time.perf_counter()
+
+        async def one() -> None:
             try:
                 reader, writer = await asyncio.open_connection(self.host, self.port)
                 writer.write(raw)
-                head = await asyncio.wait_for(reader.read(200), 5)
+                head = await asyncio.wait_for(reader.read(200), 10)
                 self.tally[head[9:12].decode("latin-1", "replace") or "closed"] += 1
                 writer.close()
             except (OSError, asyncio.TimeoutError) as exc:
                 self.tally[type(exc).__name__] += 1
-            await asyncio.sleep(max(0.0, gap - (time.perf_counter() - started)))
+
+        pending: set[asyncio.Task] = set()
+        while True:
+            pending = {t for t in pending if not t.done()}
+            if len(pending) < 64:
+                pending.add(asyncio.ensure_future(one()))
+            else:
+                self.tally["skipped: 64 unanswered"] += 1
+            await asyncio.sleep(gap)
 
 
 class TokenizerFlood(_Flood):

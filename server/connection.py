@@ -14,6 +14,9 @@ before a request reaches the app:
   has passed the door on yet, and the oldest idle one of them closed when a new connection would fill
   ``--max-connections`` (:mod:`server.door_pool`): a keyless flood of idle connections cannot take the
   slots key holders need.
+- **Pipelining.** At most ``MAX_PIPELINED`` requests queued on one connection behind the one being
+  answered (the parser would otherwise read a whole buffer of tiny requests, each a queued object,
+  before the door has refused the first): over it, 400 and a close.
 - **Framing.** Content-Length with Transfer-Encoding (a request two parsers can read two ways:
   smuggling, RFC 9112 section 6.1) and bytes that are not HTTP get ``400`` and a close.
 
@@ -46,7 +49,8 @@ from server.door_pool import DoorPool
 from server.tls import HandshakeProtocol
 
 logger = logging.getLogger("server")
-CONNECTION_SCOPE_KEY = "xlnetqa.connection"  # the request's connection, for the door to vouch for
+CONNECTION_SCOPE_KEY = "xlnetqa.connection"
+MAX_PIPELINED = 16  # the request's connection, for the door to vouch for
 MIN_DELAY_S = 0.01
 LOG_INTERVAL_S = 10.0
 
@@ -230,6 +234,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if len(self._framing) == 2:
             raise Refusal(*_BAD_FRAMING)
+        if len(self.pipeline) >= MAX_PIPELINED:  # requests queued behind one still being answered
+            raise Refusal(
+                400, "too_many_pipelined",
+                f"over {MAX_PIPELINED} requests sent before their answers on one connection",
+            )  # fmt: skip
         self._cancel_header_timer()  # this request's headers are in
         super().on_headers_complete()
 

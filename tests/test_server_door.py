@@ -635,3 +635,17 @@ def test_the_metrics_port_serves_a_scraper_without_a_key_and_the_api_port_keeps_
         assert sample_total(scraped.text, "xlnetqa_key_requests_total", key="alice", status="200") >= 1
         if workers == "2":  # every process's values: the engine's backend calls too
             assert sample_total(scraped.text, "xlnetqa_batch_size_count") >= 1
+
+
+def test_a_pipelined_flood_is_cut_at_the_cap_before_it_queues_up(keyed):
+    """A keyless client pipelining 200 tiny requests in one write: the parser stops queueing at 16
+    waiting behind the first (400 too_many_pipelined, then the connection closes); the server answers
+    at most that many and stays fine."""
+    from server.connection import MAX_PIPELINED
+
+    one = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    reply = exchange(keyed.port, one * 200, seconds=10)
+    answers = reply.count(b"HTTP/1.1 ")
+    assert 1 <= answers <= MAX_PIPELINED + 2, answers
+    assert b"too_many_pipelined" in reply
+    assert httpx.get(keyed.url + "/healthz", timeout=10).status_code == 200
