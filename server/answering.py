@@ -17,7 +17,6 @@ from server.batching import DeadlineUnreachable, JobResult, QueueFull
 from server.deadline import within
 from server.fair_executor import FairExecutor
 from server.host_path import Featurized, HostPath, Question, RejectedInput
-from server.quotas import OverLimit
 from server.window_queue import WindowQueue
 from train.squad import Prediction
 
@@ -115,12 +114,10 @@ class AnswerService:
         normalized = self.host.check_text_size(items)
         inline = normalized <= _INLINE_CHARS
         futures: list[asyncio.Future] = []
-        featurized_windows: list[int] = []  # the windows made, once featurizing is done
 
         async def featurize_and_infer() -> tuple[Featurized, list[JobResult]]:
             featurized = await self._featurize(items, normalized, inline, caller)
             groups = featurized[0]
-            featurized_windows.append(sum(len(g) for g in groups))
             if time.perf_counter() >= t0 + self.timeout_s:  # spent while tokenizing: a timeout, not overload
                 raise asyncio.TimeoutError
             futures.extend(self.queue.submit(groups, tag=tag, deadline=t0 + self.timeout_s, caller=caller))
@@ -131,11 +128,11 @@ class AnswerService:
             deadline = asyncio.get_running_loop().time() + self.timeout_s
             (groups, feat_ms, contexts), results = await within(featurize_and_infer(), deadline)
         except RejectedInput as exc:
-            self.queue.charge(caller, exc.work)  # tokenizing done before the refusal is paid for
-            raise
-        except OverLimit:
-            if charge.windows == 0 and featurized_windows:  # featurized, then refused: pay for the work
-                self.queue.charge(caller, featurized_windows[0])
+            # Tokenized, then refused as too large: a request that can never succeed is charged the
+            # windows it asked for, so sending it again and again is not free. (A request refused at
+            # its window limits is not: its tokenizing is bounded by the door's request rate, and
+            # charging it would punish every retry twice.)
+            self.queue.charge(caller, exc.work)
             raise
         except asyncio.TimeoutError:
             raise RequestTimeout(f"no answer within {self.timeout_s:g} s (server overloaded)") from None

@@ -185,19 +185,32 @@ def test_window_rate_and_daily_quota(onnx_export, xlnet_tok, tmp_path):
         assert post(s.url + "/answer", body, headers=bearer(ALICE)).status_code == 200
         second = post(s.url + "/answer", body, headers=bearer(ALICE))
         assert second.status_code == 429 and "windows/s" in second.json()["message"]
-        # The refused request was tokenized all the same: alice owes its windows, and the door says so
-        # before reading her next body (her tokenizing is charged whatever the outcome).
-        owed = post(s.url + "/answer", OK, headers=bearer(ALICE))
-        assert owed.status_code == 429 and "owed" in owed.json()["message"]
-        assert int(owed.headers["retry-after"]) >= 1
-        # bob is untouched; he has 3 requests a day (a refusal at the door after the quota counts too)
-        assert [post(s.url + "/answer", OK, headers=bearer(BOB)).status_code for _ in range(3)] == [200] * 3
-        day = post(s.url + "/answer", OK, headers=bearer(BOB))
+        assert post(s.url + "/answer", OK, headers=bearer(BOB)).status_code == 200
+        # alice has used 2 of her 3 daily requests (a refusal counts as a request made)
+        assert post(s.url + "/answer", OK, headers=bearer(ALICE)).status_code == 200
+        day = post(s.url + "/answer", OK, headers=bearer(ALICE))
         assert day.status_code == 429 and "daily quota" in day.json()["message"]
         assert 1 <= int(day.headers["retry-after"]) <= 86400
         text = httpx.get(s.url + "/metrics", headers=bearer(CAROL), timeout=10).text
-        assert sample_total(text, "xlnetqa_rate_limited_total", key="alice", limit="windows_per_s") == 2
-        assert sample_total(text, "xlnetqa_rate_limited_total", key="bob", limit="daily_requests") == 1
+        assert sample_total(text, "xlnetqa_rate_limited_total", key="alice", limit="windows_per_s") == 1
+        assert sample_total(text, "xlnetqa_rate_limited_total", key="alice", limit="daily_requests") == 1
+
+
+def test_a_request_tokenized_then_refused_as_too_large_is_charged_to_its_key(
+    onnx_export, xlnet_tok, tmp_path
+):
+    """413 after tokenizing (too many windows) puts the windows it asked for on the key's window rate as
+    a debt: the door refuses the key, before reading its next body, until the debt is paid."""
+    context = long_context(xlnet_tok, "What?", 6)
+    keys = keys_file(tmp_path / "keys.txt", f"alice: {ALICE}", f"bob: {BOB}")
+    flags = ["--api-keys-file", str(keys), "--key-windows-per-s", "0.5", "--max-request-windows", "4"]
+    with ServerProcess(onnx_export, tmp_path, *flags) as s:
+        big = post(s.url + "/answer", {"question": "What?", "context": context}, headers=bearer(ALICE))
+        assert big.status_code == 413 and big.json()["error"] == "too_many_windows"
+        owed = post(s.url + "/answer", OK, headers=bearer(ALICE))
+        assert owed.status_code == 429 and "owed" in owed.json()["message"], owed.json()
+        assert int(owed.headers["retry-after"]) >= 2
+        assert post(s.url + "/answer", OK, headers=bearer(BOB)).status_code == 200  # another key pays nothing
 
 
 def test_bad_keys_file_refuses_to_start_without_printing_a_key(onnx_export, tmp_path):

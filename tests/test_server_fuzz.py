@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 import schemathesis
+from auth_helpers import keys_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.config import SchemathesisConfig
@@ -126,7 +127,7 @@ OPEN_PATHS = ("/healthz", "/readyz")  # probes stay open on a server with keys
 @pytest.fixture(scope="module")
 def keyed_fuzz_server(onnx_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     logs = tmp_path_factory.mktemp("keyed-logs")
-    (logs / "keys.txt").write_text(f"fuzz: {FUZZ_KEY}\n")
+    keys_file(logs / "keys.txt", f"fuzz: {FUZZ_KEY}")
     flags = ("--max-context-chars", "4000", "--max-batch-items", "8", "--max-body-bytes", "200000")
     flags += ("--api-keys-file", str(logs / "keys.txt"), "--auth-failures-per-minute", "1000000")
     s = ServerProcess(onnx_export, logs, *flags)
