@@ -29,7 +29,7 @@ from server.engine.client import sent_now
 from server.engine.failures import kind_of
 from server.lifecycle import ModelLifecycle
 from server.quotas import CallerQuotas, OverLimit
-from server.window_queue import release_when_done
+from server.window_queue import LocalQueue, release_when_done
 
 logger = logging.getLogger("server.engine")
 FRONT_SILENCE_S = 3.0
@@ -134,31 +134,30 @@ class EngineService:
         except ValueError as exc:
             self._send(identity, wire.Failed(message.id, "internal", str(exc)))
             return
-        windows = sum(len(g) for g in groups)
-        try:
-            self.quotas.acquire_windows(message.caller, windows)
+        deadline = time.perf_counter() + max(0.0, message.seconds_left)
+        try:  # charged and queued as in a single-process server, all or nothing
+            futures = LocalQueue(batcher, self.quotas).submit(
+                groups,  # type: ignore[arg-type]
+                tag=message.tag,
+                deadline=deadline,
+                caller=message.caller,
+            )
         except OverLimit as exc:
             self._send(identity, _over_limit(message.id, exc))
             return
-        try:
-            deadline = time.perf_counter() + max(0.0, message.seconds_left)
-            futures = batcher.submit_many(groups, tag=message.tag, deadline=deadline)  # type: ignore[arg-type]
         except Exception as exc:  # noqa: BLE001 - QueueFull, BatcherClosed, ... : nothing was queued
-            self.quotas.release_windows(message.caller, windows)
             self._send(identity, wire.Failed(message.id, kind_of(exc), str(exc)))
             return
         key = (identity, message.id)
         self.jobs[key] = futures
         for future in futures:  # a question that fails ends its request: its siblings' windows leave
             future.add_done_callback(functools.partial(_cancel_siblings, futures))
-        release_when_done(futures, functools.partial(self._answer, key, futures, message.caller, windows))
+        windows = sum(len(g) for g in groups)
+        release_when_done(futures, functools.partial(self._answer, key, futures, windows))
 
-    def _answer(
-        self, key: tuple[bytes, int], futures: Sequence[asyncio.Future], caller: str, windows: int
-    ) -> None:
-        """Every question of a request is done: give its windows back and answer its front (unless the
-        front cancelled it, or it was cancelled because its front went silent)."""
-        self.quotas.release_windows(caller, windows)
+    def _answer(self, key: tuple[bytes, int], futures: Sequence[asyncio.Future], windows: int) -> None:
+        """Every question of a request is done (its windows are given back by the queue): answer its
+        front, unless the front cancelled it or it was cancelled because its front went silent."""
         if self.jobs.get(key) is not futures:
             return
         del self.jobs[key]
