@@ -58,3 +58,28 @@ def test_an_idle_server_answers_without_waiting_for_a_batch(onnx_export: Path, t
             r = httpx.post(s.url + "/answer", json=OK, timeout=20)
             assert r.status_code == 200, r.text
             assert r.json()["timing_ms"]["queue"] < 1000
+
+
+def _stages(reply: httpx.Response) -> dict[str, float]:
+    """The ``Server-Timing`` header of a reply as {stage: ms}, in the order it lists them."""
+    parts = [p.strip().split(";dur=") for p in reply.headers["server-timing"].split(",")]
+    return {name: float(ms) for name, ms in parts}
+
+
+def test_answers_report_their_stages_and_other_replies_do_not(onnx_export: Path, tmp_path: Path) -> None:
+    from server.timing import STAGES
+
+    with ServerProcess(onnx_export, tmp_path, backend="null") as server:
+        one = httpx.post(server.url + "/answer", json=OK, timeout=20)
+        assert one.status_code == 200, one.text
+        stages = _stages(one)
+        named = [s for s in stages if s != "total"]
+        assert named == [s for s in STAGES if s in stages] and list(stages)[-1] == "total"
+        assert {"parse", "featurize", "queue", "engine", "decode", "serialize"} <= set(named)
+        assert all(ms >= 0 for ms in stages.values())
+        assert sum(stages[s] for s in named) <= stages["total"]  # the named stages lie within the total
+        batch = httpx.post(server.url + "/answer/batch", json={"items": [OK, OK]}, timeout=20)
+        assert batch.status_code == 200, batch.text
+        assert {"parse", "featurize", "engine", "serialize", "total"} <= set(_stages(batch))
+        for reply in (httpx.get(server.url + "/healthz"), httpx.post(server.url + "/answer", json={})):
+            assert "server-timing" not in reply.headers
