@@ -22,7 +22,7 @@ before a request reaches the app:
 
 Refusals are JSON in the API's error shape (``error``, ``message``, ``request_id``, the
 ``X-Request-ID`` header). What is logged about them is throttled per client address
-(:class:`AddressLog`): a flood of bad connections writes a line per address per interval, with the
+(:class:`server.address_log.AddressLog`): a flood of bad connections writes a line per address per interval, with the
 count, never one per connection.
 
 With TLS, :func:`connection_protocol` wraps the protocol in :class:`server.tls.HandshakeProtocol` at
@@ -36,23 +36,20 @@ import asyncio
 import json
 import logging
 import ssl
-import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from server.address_log import AddressLog
 from server.door_pool import DoorPool
 from server.tls import HandshakeProtocol
 
-logger = logging.getLogger("server")
-CONNECTION_SCOPE_KEY = "xlnetqa.connection"
-MAX_PIPELINED = 16  # the request's connection, for the door to vouch for
+CONNECTION_SCOPE_KEY = "xlnetqa.connection"  # the request's connection, for the door to vouch for
+MAX_PIPELINED = 16
 MIN_DELAY_S = 0.01
-LOG_INTERVAL_S = 10.0
 
 
 class Refusal(Exception):
@@ -75,29 +72,6 @@ def refusal_bytes(refusal: Refusal) -> bytes:
         b"connection: close\r\nx-request-id: %s\r\n\r\n"
     ) % (refusal.status, _REASONS.get(refusal.status, b""), len(body), request_id.encode())
     return head + body
-
-
-class AddressLog:
-    """Warnings about clients, at most one line per (address, kind) per ``interval_s``, each saying how
-    many were left out since; at most ``max_addresses`` addresses are remembered (the oldest forgotten)."""
-
-    def __init__(self, interval_s: float = LOG_INTERVAL_S, max_addresses: int = 4096) -> None:
-        self.interval_s, self.max_addresses = interval_s, max_addresses
-        self._last: OrderedDict[tuple[str, str], tuple[float, int]] = OrderedDict()
-
-    def warn(self, address: str, kind: str, message: str) -> bool:
-        """Log ``message`` for ``address`` unless it was logged within the interval (True: logged)."""
-        now, key = time.monotonic(), (address, kind)
-        last, skipped = self._last.pop(key, (-self.interval_s, 0))
-        if now - last < self.interval_s:
-            self._last[key] = (last, skipped + 1)
-            return False
-        more = f" (and {skipped} more from this address since the last line)" if skipped else ""
-        logger.warning("%s: %s%s", address, message, more)
-        self._last[key] = (now, 0)
-        while len(self._last) > self.max_addresses:
-            self._last.popitem(last=False)
-        return True
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 
-from server.connection import AddressLog
+from server.address_log import AddressLog
 from server.quotas import CallerLimits, CallerQuotas, OverLimit
 from server.settings import ServerSettings
 
