@@ -29,6 +29,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Coroutine, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -199,6 +200,55 @@ def _p(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+@dataclass(frozen=True)
+class FloodSetup:
+    """One flood's scenario, the one home ``bench.abuse --flood`` and the attack tests read: the
+    server's flags beyond its keys file, the key holder's request (None: a short question) and, under
+    TLS, the CA its clients trust."""
+
+    name: str
+    flags: tuple[str, ...]
+    body: dict[str, str] | None
+    ca: Path | None
+
+    def flood(self, url: str, port: int, tenant_key: str) -> tuple[str, ...]:
+        """:func:`flood_process`'s arguments against the server at ``url`` (``port``): a connection
+        flood never speaks, so it gets plain TCP, TLS or not; the tokenizer flood is ``tenant_key``'s."""
+        name = self.name
+        if name.startswith("connections"):
+            return ("connections", f"http://127.0.0.1:{port}", "--connections", "300", "--per-second", "200")
+        if name.startswith("headers-"):
+            block = {"headers-16k": 16 * 1024, "headers-100k": 100 * 1024}[name]
+            return ("headers", url, "--block-bytes", str(block), "--bytes-per-second", "1000000")
+        return ("tokenizer", url, "--key", tenant_key, "--chars", "60000", "--per-second", "20")
+
+
+def flood_setup(name: str, work: Path) -> FloodSetup:
+    """The scenario of flood ``name`` (one of :data:`FLOODS`); TLS certificates are written under ``work``.
+
+    - connections: ``--max-connections 150``, a 3 s header deadline, and a flood of 300 idle connections;
+    - headers: the default caps, ~1 MB/s of 16 KB or 100 KB header blocks;
+    - tokenizer: the README's example limits per key, at most 64 windows a request (a 60,000-character
+      context is ~110), and the key holder's long question on the featurize thread.
+    """
+    if name not in FLOODS:
+        raise ValueError(f"unknown flood {name!r}; one of {', '.join(FLOODS)}")
+    if name.startswith("connections"):
+        flags: tuple[str, ...] = ("--max-connections", "150", "--header-timeout-s", "3")
+        if not name.endswith("tls"):
+            return FloodSetup(name, flags, None, None)
+        from harness.certificates import make_certificates
+
+        ca, cert, key = make_certificates(work)
+        return FloodSetup(name, (*flags, "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)), None, ca)
+    if name.startswith("headers-"):
+        return FloodSetup(name, (), None, None)
+    limits = ("--key-requests-per-s", "20", "--key-windows-per-s", "200", "--key-max-inflight-windows", "256")
+    words = "The committee reviewed the annual report and approved the budget for next year. "
+    body = {"question": "What was approved?", "context": (words * 30)[:2400]}
+    return FloodSetup(name, (*limits, "--max-request-windows", "64"), body, None)
+
+
 def flood_row(
     name: str,
     model: str | Path,
@@ -216,50 +266,14 @@ def flood_row(
     keys = work / "flood-keys.txt"
     keys.write_text(f"tenant: {KEY_A}\nholder: {KEY_B}\n")
     keys.chmod(0o600)
-    flags = ["--api-keys-file", str(keys)]
-    body = None
-    ca = None
-    if name.startswith("connections"):
-        flags += ["--max-connections", "150", "--header-timeout-s", "3"]
-        if name.endswith("tls"):
-            from harness.certificates import make_certificates
-
-            ca, cert, key = make_certificates(work)
-            flags += ["--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]
-    elif name == "tokenizer":
-        flags += [
-            "--key-requests-per-s",
-            "20",
-            "--key-windows-per-s",
-            "200",
-            "--key-max-inflight-windows",
-            "256",
-        ]
-        flags += ["--max-request-windows", "64"]
-        words = "The committee reviewed the annual report and approved the budget for next year. "
-        body = {"question": "What was approved?", "context": (words * 30)[:2400]}
-    server = ServerProcess(model, *flags, backend=backend, repo=repo, python=python, tls_ca=ca,
-                           log_path=work / f"flood-{name}.log")  # fmt: skip
+    setup = flood_setup(name, work)
+    server = ServerProcess(model, "--api-keys-file", str(keys), *setup.flags, backend=backend, repo=repo,
+                           python=python, tls_ca=setup.ca, log_path=work / f"flood-{name}.log")  # fmt: skip
     with server:
-        plain = f"http://127.0.0.1:{server.port}"
-        options = {
-            "connections": ("connections", plain, "--connections", "300", "--per-second", "200"),
-            "connections-tls": ("connections", plain, "--connections", "300", "--per-second", "200"),
-            "headers-16k": ("headers", server.url, "--block-bytes", "16384", "--bytes-per-second", "1000000"),
-            "headers-100k": (
-                "headers",
-                server.url,
-                "--block-bytes",
-                "102400",
-                "--bytes-per-second",
-                "1000000",
-            ),
-            "tokenizer": ("tokenizer", server.url, "--key", KEY_A, "--chars", "60000", "--per-second", "20"),
-        }[name]
-        unloaded = key_holder(server.url, KEY_B, requests, ca=ca, body=body)
-        with flood_process(*options) as flood:
+        unloaded = key_holder(server.url, KEY_B, requests, ca=setup.ca, body=setup.body)
+        with flood_process(*setup.flood(server.url, server.port, KEY_A)) as flood:
             time.sleep(3.0)
-            flooded = key_holder(server.url, KEY_B, requests, ca=ca, body=body)
+            flooded = key_holder(server.url, KEY_B, requests, ca=setup.ca, body=setup.body)
     row: dict[str, Any] = {"flood": name, "tally": flood.tally}
     for phase, outcomes in (("unloaded", unloaded), ("flooded", flooded)):
         ok = [t * 1000 for o, t in outcomes if o == "200"]

@@ -16,8 +16,7 @@ import pytest
 from auth_helpers import ALICE, BOB, keys_file
 from server_helpers import ServerProcess
 
-from bench.floods import flood_process, key_holder
-from harness.certificates import make_certificates
+from bench.floods import flood_process, flood_setup, key_holder
 
 SHIPPED = Path(__file__).resolve().parents[1] / "models" / "squad2-small-int8"
 
@@ -40,15 +39,11 @@ def test_a_keyless_connection_flood_leaves_key_holders_their_connections(
     server closes them): a key holder's new connections are still answered, >= 99% of them, with a p99
     within twice its unflooded one."""
     keys = keys_file(tmp_path / "keys.txt", f"alice: {ALICE}")
-    flags = ["--api-keys-file", str(keys), "--max-connections", "150", "--header-timeout-s", "3"]
-    ca = None
-    if tls:
-        ca, cert, key = make_certificates(tmp_path)
-        flags += ["--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]
-    with ServerProcess(onnx_export, tmp_path, *flags, tls_ca=ca) as s:
+    setup = flood_setup("connections-tls" if tls else "connections", tmp_path)
+    ca = setup.ca
+    with ServerProcess(onnx_export, tmp_path, "--api-keys-file", str(keys), *setup.flags, tls_ca=ca) as s:
         unloaded = key_holder(s.url, ALICE, 60, ca=ca)
-        plain_url = f"http://127.0.0.1:{s.port}"  # the flood never speaks: TCP only, TLS or not
-        with flood_process("connections", plain_url, "--connections", "300", "--per-second", "200") as flood:
+        with flood_process(*setup.flood(s.url, s.port, ALICE)) as flood:
             time.sleep(3.0)  # the flood holds the pool and churns through the header deadline
             flooded = key_holder(s.url, ALICE, 100, ca=ca)
         log = s.log()
@@ -70,11 +65,10 @@ def test_a_keyless_header_flood_costs_a_key_holder_little(
     """~1 MB/s of keyless requests with 16 KB or 100 KB header blocks: the blocks are counted while
     parsed (431 over the caps, before the door), so the key holder's median stays within 1.5x."""
     keys = keys_file(tmp_path / "keys.txt", f"alice: {ALICE}")
-    with ServerProcess(onnx_export, tmp_path, "--api-keys-file", str(keys)) as s:
+    setup = flood_setup("headers-16k" if block == 16 * 1024 else "headers-100k", tmp_path)
+    with ServerProcess(onnx_export, tmp_path, "--api-keys-file", str(keys), *setup.flags) as s:
         unloaded = key_holder(s.url, ALICE, 60)
-        with flood_process(
-            "headers", s.url, "--block-bytes", str(block), "--bytes-per-second", "1000000"
-        ) as flood:
+        with flood_process(*setup.flood(s.url, s.port, ALICE)) as flood:
             time.sleep(2.0)
             flooded = key_holder(s.url, ALICE, 60)
         metrics = s.log()
@@ -104,15 +98,11 @@ def test_a_tenant_flooding_the_tokenizer_pays_for_it(tmp_path: Path) -> None:
     rate, so it is soon refused at the door (429, before its body is read), and another tenant's long
     questions keep their median within 1.5x."""
     keys = keys_file(tmp_path / "keys.txt", f"alice: {ALICE}", f"bob: {BOB}")
-    limits = ["--key-requests-per-s", "20", "--key-windows-per-s", "200", "--key-max-inflight-windows", "256"]
-    flags = ["--api-keys-file", str(keys), *limits, "--max-request-windows", "64"]  # 60,000 chars: ~110
-    words = "The committee reviewed the annual report and approved the budget for next year. "
-    long_question = {"question": "What was approved?", "context": (words * 30)[:2400]}  # the featurize thread
-    with ServerProcess(SHIPPED, tmp_path, *flags) as s:
+    setup = flood_setup("tokenizer", tmp_path)  # a long question for bob, on the featurize thread
+    long_question = setup.body
+    with ServerProcess(SHIPPED, tmp_path, "--api-keys-file", str(keys), *setup.flags) as s:
         unloaded = key_holder(s.url, BOB, 30, body=long_question)
-        with flood_process(
-            "tokenizer", s.url, "--key", ALICE, "--chars", "60000", "--per-second", "20"
-        ) as flood:
+        with flood_process(*setup.flood(s.url, s.port, ALICE)) as flood:
             time.sleep(2.0)
             flooded = key_holder(s.url, BOB, 30, body=long_question)
             assert flood.running()
