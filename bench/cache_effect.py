@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 
 from bench.common import cpu_summary, markdown_table
+from bench.serve import window_rows
 from bench.serve_load import DEV, load_pairs
 
 
@@ -35,7 +36,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from server.guard import ANONYMOUS
     from server.host_path import HostPath, Question
     from server.model_spec import resolve_spec
-    from train.squad import pad_batch
     from train.tokenizer import XLNetTokenizer
 
     s = load_settings(["--model", args.model, "--backend", args.backend, "--threads", str(args.threads)])
@@ -48,10 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for question, context in pairs:
         items = [Question(question, context)]
         groups, _, contexts = host.featurize_checked(items, ANONYMOUS)
-        rows = []
-        for f in groups[0]:
-            out = engine.run(pad_batch([f]))
-            rows.append({name: value[0] for name, value in out.items()})
+        rows, _ = window_rows(engine, spec, groups[0])
         prepared.append((items, groups, contexts, [rows]))
     for p_ in prepared:
         host.decode_answers(*p_)

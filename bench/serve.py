@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -55,6 +56,13 @@ from bench.serve_load import (
 )
 from harness.server_process import LOOPBACK, ServerProcess
 from server.model_spec import ModelSpecError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from server.backends.base import Backend
+    from server.model_spec import ModelSpec
+    from train.squad import Feature
 
 
 @dataclass
@@ -80,6 +88,23 @@ def seconds_each(answer: Callable[[str, str], object], pairs: Sequence[tuple[str
     return seconds
 
 
+def window_rows(
+    engine: Backend, spec: ModelSpec, features: Sequence[Feature]
+) -> tuple[list[dict[str, np.ndarray]], float]:
+    """One question's windows run one per backend call, like the server with batching off (each padded
+    to the engine's least length): each window's outputs, and the seconds the calls took."""
+    from train.squad import pad_batch
+
+    rows, spent = [], 0.0
+    for feature in features:
+        batch = pad_batch([feature], pad_to=max(spec.min_engine_seq_len or 0, len(feature.input_ids)))
+        start = time.perf_counter()
+        out = engine.run(batch)
+        spent += time.perf_counter() - start
+        rows.append({name: value[0] for name, value in out.items()})
+    return rows, spent
+
+
 def bare_latencies(
     model: str, backend: str, threads: int, pairs: Sequence[tuple[str, str]], server_args: str = ""
 ) -> tuple[list[float], list[float]]:
@@ -92,7 +117,6 @@ def bare_latencies(
     from server.guard import ANONYMOUS
     from server.host_path import HostPath, Question
     from server.model_spec import resolve_spec
-    from train.squad import pad_batch
     from train.tokenizer import XLNetTokenizer
 
     spec = resolve_spec(model, backend)
@@ -106,13 +130,7 @@ def bare_latencies(
     def answer(question: str, context: str) -> None:
         items = [Question(question, context)]
         groups, _, contexts = host.featurize_checked(items, ANONYMOUS)
-        rows, spent = [], 0.0
-        for feature in groups[0]:  # one window per call, like the server with batching off
-            batch = pad_batch([feature], pad_to=max(spec.min_engine_seq_len or 0, len(feature.input_ids)))
-            start = time.perf_counter()
-            out = engine.run(batch)
-            spent += time.perf_counter() - start
-            rows.append({name: value[0] for name, value in out.items()})
+        rows, spent = window_rows(engine, spec, groups[0])
         engine_seconds.append(spent)
         host.decode_answers(items, groups, contexts, [rows])
 

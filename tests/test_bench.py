@@ -154,6 +154,26 @@ def test_host_profile_sorts_stacks_into_components() -> None:
     assert component(["main (nowhere.py:1)"]) == "other"
 
 
+def test_cache_effect_reports_decodes_and_hops_of_the_servers_own_path(onnx_export: Path, capsys) -> None:
+    from bench.cache_effect import main
+
+    assert main(["--model", str(onnx_export), "--questions", "3"]) == 0
+    text = capsys.readouterr().out
+    values = {
+        line.split("|")[1].strip(): line.split("|")[2].strip()
+        for line in text.splitlines()
+        if line.startswith("| ") and not line.startswith(("| what", "| ---"))
+    }
+    assert set(values) == {
+        "decode one question, in a loop of decodes",
+        next(k for k in values if k.startswith("decode one question, right after a 1x")),
+        "engine stage minus its backend calls, per question (AnswerService in process)",
+        "backend calls per question",
+    }
+    assert float(values["backend calls per question"]) >= 1.0  # every question ran at least one window
+    assert all(np.isfinite(float(v.split()[0])) for v in values.values())
+
+
 def test_realistic_windows_are_unpadded_true_lengths(xlnet_tok) -> None:
     windows, questions, source = realistic_windows(12, xlnet_tok, max_seq_len=128, doc_stride=64)
     assert questions == 12 and source.exists() and len(windows) >= questions
