@@ -39,6 +39,12 @@ def build_parser() -> Parser:
     p.add_argument("--train-file", help="the fine-tuning questions, for the question verifier (verifier*)")
     p.add_argument("--answerability", choices=CHOICES, default="auto", help="as train.finetune's")
     p.add_argument("--calibration", choices=CALIBRATION_METHODS, default="platt")
+    p.add_argument(
+        "--no-rerank",
+        dest="rerank",
+        action="store_false",
+        help="fit no span re-ranker: the rule decides on the reader's own best span",
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--dry-run", action="store_true", help="report only; leave metadata.json as it is")
     p.add_argument("--no-progress", action="store_true")
@@ -59,9 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = dict(loaded.metadata)
     from_metadata(meta)  # a malformed stored model is reported before any work
     examples = read_squad(args.data)
+    # decided by the default rule: the reader's own span order, which a re-ranker is fitted on
     predictions = predict_checkpoint(loaded, examples, args.batch_size, progress=not args.no_progress)
     train_examples = read_squad(args.train_file) if args.train_file else []
-    a = fit_for(args.answerability, train_examples, examples, predictions, args.calibration)
+    a = fit_for(args.answerability, train_examples, examples, predictions, args.calibration, args.rerank)
     a.report["fitted_on"]["file"] = str(args.data)
     if "verifier" in a.report:
         a.report["verifier"]["file"] = str(args.train_file)

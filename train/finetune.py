@@ -193,6 +193,13 @@ def add_evaluation_and_run_flags(g: argparse._ArgumentGroup) -> None:
         default=D.calibration,
         help="calibration of P(answerable) for verifier / model-scores",
     )
+    g.add_argument(
+        "--no-rerank",
+        dest="rerank",
+        action="store_false",
+        help="keep the reader's own span order: fit no span re-ranker on the dev file (one is fitted with "
+        "every answerability but cls, and the rule is fitted on the re-ranked spans)",
+    )
     g.add_argument("--n-best", type=int, default=D.n_best, help="candidate spans kept per question")
     g.add_argument("--max-answer-len", type=int, default=D.max_answer_len, help="longest answer in tokens")
     add_shared_flags(g, D, log_every=None, save_every=None, keep_last=None)

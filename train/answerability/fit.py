@@ -48,6 +48,7 @@ from train.answerability.estimators import (
     fit_question_verifier,
     roc_auc,
 )
+from train.answerability.rerank_fit import fit_reranker, reranked
 from train.answerability.table import (
     Table,
     build_table,
@@ -323,11 +324,22 @@ def fit_for(
     heldout_examples: Sequence[SquadExample],
     predictions: Mapping[str, Prediction],
     calibration: str = "platt",
+    rerank: bool = False,
 ) -> Answerability:
     """The answerability ``choice`` names: the question verifier from the fine-tuning questions, the
-    rest cross-fitted on the held-out questions (ValueError when they cannot support a fit)."""
+    rest cross-fitted on the held-out questions (ValueError when they cannot support a fit). With
+    ``rerank``, a span re-ranker is fitted on the held-out questions first and the rule is fitted on
+    the re-ranked spans, which is what it will decide on; it is stored with the rule."""
     if choice not in ANSWERABILITY_CHOICES or choice == "cls":
         raise ValueError(f"nothing to fit for --answerability {choice}")
+    reranker = None
+    if rerank:
+        try:
+            reranker = fit_reranker(heldout_examples, predictions)
+        except ValueError:  # no answerable question with a partly right span: decide on the reader's
+            reranker = None
+        else:
+            predictions = reranked(heldout_examples, predictions, reranker)
     verifier, verifier_report = None, None
     if choice == "auto" or VERIFIER_LOGIT in FEATURE_SETS[choice]:
         verifier, verifier_report = fit_question_verifier(train_examples)
@@ -340,4 +352,4 @@ def fit_for(
         )
     if verifier_report is not None:
         a.report["verifier"] = verifier_report
-    return a
+    return replace(a, reranker=reranker) if reranker is not None else a

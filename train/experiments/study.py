@@ -49,7 +49,7 @@ from train.experiments.study_report import (
 from train.experiments.synth import SynthConfig, write_synthetic
 from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
 from train.recipes.pretrain import PretrainConfig, PretrainRecipe
-from train.squad import load_dataset, read_squad, split_by_article, write_squad
+from train.squad import load_dataset, merge_datasets, read_squad, split_by_article, write_squad
 from train.tokenizer import XLNetTokenizer, summary_lines, train_spm
 
 BASES = ("pretrained", "random")
@@ -72,7 +72,11 @@ def build_parser() -> Parser:
 def _data_arguments(g: _ArgumentGroup) -> None:
     g.add_argument("--train-file", default=str(SAMPLE / "train.json"), help="SQuAD 2.0 file to fine-tune on")
     g.add_argument("--eval-file", default=str(SAMPLE / "dev.json"), help="SQuAD 2.0 file to evaluate on")
-    g.add_argument("--labelled", help="instead: one SQuAD 2.0 file split by article into train and eval")
+    g.add_argument(
+        "--labelled",
+        nargs="+",
+        help="instead: SQuAD 2.0 files (their articles together) split by article into train and eval",
+    )
     g.add_argument("--finetune-articles", type=int, default=9, help="with --labelled: articles to train on")
     g.add_argument(
         "--eval-articles",
@@ -233,10 +237,11 @@ def article_count_or_titles(text: str) -> int | list[str]:
 def _scored_split(args) -> tuple[dict, dict]:
     """(training side, scored articles) of --labelled: --eval-articles by title, else by count. The
     sample's calibration articles are never scored: development (make demo, the tests) fitted on them."""
+    labelled = merge_datasets(args.labelled)
     if not args.eval_articles:
-        return split_by_article(args.labelled, args.finetune_articles)
+        return split_by_article(labelled, args.finetune_articles)
     titles = [t.strip() for t in args.eval_articles.split(",") if t.strip()]
-    held, train = split_by_article(args.labelled, titles)  # ValueError naming an unknown title
+    held, train = split_by_article(labelled, titles)  # ValueError naming an unknown title
     used = sorted(set(titles) & {a["title"] for a in load_dataset(SAMPLE / "calibration.json")["data"]})
     if used:
         raise ValueError(

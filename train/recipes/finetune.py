@@ -74,7 +74,9 @@ def fit_final_answerability(
     if config.answerability == "cls":
         return None
     try:
-        a = fit_for(config.answerability, train_examples, dev_examples, predictions, config.calibration)
+        a = fit_for(
+            config.answerability, train_examples, dev_examples, predictions, config.calibration, config.rerank
+        )
     except ValueError as exc:  # one paragraph's worth of questions, or a single class: nothing to fit
         say(f"answerability: not fitted ({exc}); the final model decides by sigmoid(cls_logit)")
         return None

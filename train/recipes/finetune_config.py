@@ -59,6 +59,7 @@ class FinetuneConfig(TrainingConfig):
     eval_batch_size: int = 32
     answerability: str = "auto"
     calibration: str = "platt"
+    rerank: bool = True  # fit a span re-ranker on the dev file with the answerability (not with cls)
     n_best: int = DEFAULTS.n_best
     max_answer_len: int = DEFAULTS.max_answer_len
     save_every: int = 500

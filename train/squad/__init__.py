@@ -24,6 +24,7 @@ from .data import (
     dataset_stats,
     examples_from_dataset,
     load_dataset,
+    merge_datasets,
     read_squad,
     select_articles,
     split_by_article,
@@ -103,6 +104,7 @@ __all__ = [
     "decode_head_outputs",
     "simple_null_logit",
     "span_text",
+    "merge_datasets",
     "split_by_article",
     "write_squad",
 ]

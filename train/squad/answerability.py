@@ -52,6 +52,7 @@ from .answerability_features import (
     all_features,
 )
 from .answerability_params import AnswerabilityError, Linear, parse_curve, parse_number, parse_object
+from .rerank import SpanReranker
 
 FORMAT = 1
 FITTED_RULES = ("threshold", "expected_gain")  # the rules a fit chooses between
@@ -109,13 +110,14 @@ class Answerability:
     rule: str = "threshold"
     threshold: float = 0.5  # on 1 - P(answerable), for the threshold rule
     span_f1: SpanF1 | None = None  # for the expected-gain rule
+    reranker: SpanReranker | None = None  # orders the spans before the best one is decided on
     report: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
-    def cls_only(cls, threshold: float) -> Answerability:
+    def cls_only(cls, threshold: float, reranker: SpanReranker | None = None) -> Answerability:
         """The model's own answerability: P(answerable) = 1 - sigmoid(min cls_logit), a threshold on it."""
         model = Linear(("cls_logit",), (0.0,), (1.0,), (-1.0,), 0.0)
-        return cls(model, threshold=threshold, report={"kind": "cls"})
+        return cls(model, threshold=threshold, reranker=reranker, report={"kind": "cls"})
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -125,7 +127,8 @@ class Answerability:
 
     @property
     def uses_lexical(self) -> bool:
-        return any(f not in MODEL_FEATURES for f in self.features)
+        """Whether deciding reads the context's sentences (a lexical feature, or the re-ranker)."""
+        return self.reranker is not None or any(f not in MODEL_FEATURES for f in self.features)
 
     # -- applying
     def probabilities(self, feats: Mapping[str, float]) -> tuple[float, float]:
@@ -173,6 +176,8 @@ class Answerability:
             out["isotonic"] = {"x": list(self.isotonic[0]), "y": list(self.isotonic[1])}
         if self.span_f1 is not None:
             out["span_f1"] = self.span_f1.to_dict()
+        if self.reranker is not None:
+            out["reranker"] = self.reranker.to_dict()
         if self.report:
             out["report"] = self.report
         return out
@@ -212,6 +217,7 @@ class Answerability:
         span_f1 = None
         if rule == "expected_gain" or raw.get("span_f1") is not None:
             span_f1 = SpanF1.from_dict(raw.get("span_f1"), "answerability.span_f1")
+        reranker = SpanReranker.from_dict(raw["reranker"]) if raw.get("reranker") is not None else None
         report = raw.get("report", {})
         return cls(
             model=model,
@@ -222,6 +228,7 @@ class Answerability:
             rule=rule,
             threshold=threshold,
             span_f1=span_f1,
+            reranker=reranker,
             report=dict(report) if isinstance(report, Mapping) else {},
         )
 

@@ -172,6 +172,23 @@ def article_titles(path_or_dataset: PathOrDataset) -> list[str]:
     return [a.get("title", "") for a in load_dataset(path_or_dataset)["data"]]
 
 
+def merge_datasets(paths_or_datasets: Sequence[PathOrDataset]) -> Dataset:
+    """One document holding every article of several, in order: a study can fine-tune on the official
+    training articles and the labelled dev articles it does not score. A title in two files is refused,
+    since splitting by title could then put one article on both sides."""
+    merged: Dataset = {"version": "v2.0", "data": []}
+    seen: dict[str, int] = {}
+    for i, item in enumerate(paths_or_datasets):
+        dataset = load_dataset(item)
+        for article in dataset.get("data", []):
+            title = article.get("title", "")
+            if title in seen:
+                raise ValueError(f"article {title!r} is in labelled files {seen[title] + 1} and {i + 1}")
+            seen[title] = i
+            merged["data"].append(article)
+    return merged
+
+
 def select_articles(
     path_or_dataset: PathOrDataset,
     titles: Iterable[str] | None = None,

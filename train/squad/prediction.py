@@ -14,6 +14,7 @@ from train.common.contract import DEFAULTS
 
 from .answerability import Answerability, decide
 from .answerability_features import ContextIndex, SpanScores
+from .rerank import SpanReranker
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Prediction:
     answerable_prob: float = 0.5  # calibrated when the model carries a fitted answerability model
     threshold: float = DEFAULTS.no_answer_threshold  # the threshold on no_answer_prob it was decided at
     null_log_prob: float | None = None  # best window's log P(start = end = <cls>); None for the beam head
+    reranked: bool = False  # n_best is in a re-ranker's order (spans snapped to words), not the reader's
 
     @property
     def best_span_text(self) -> str:
@@ -70,19 +72,27 @@ class Prediction:
             best_end=best.end if best is not None else -1,
         )
 
+    def reranked_by(self, reranker: SpanReranker, question: str, context: str | ContextIndex) -> Prediction:
+        """The spans in the re-ranker's order (once: the reader's order is what it reads)."""
+        if self.reranked or not self.n_best:
+            return self
+        spans = reranker.rerank(question, context, self.n_best)
+        return replace(self, n_best=spans, score=spans[0].score, reranked=True)
+
     def redecided(self, deciding: Deciding, context: str) -> Prediction:
         """This prediction decided again under another answerability model or threshold (the spans
-        and scores are kept: no model run is needed to compare decision rules)."""
-        d = decide(
-            deciding.rule(),
-            deciding.question,
-            deciding.index or context,
-            self.span_scores(),
-            deciding.threshold,
-        )
-        best = None if d.is_impossible or not self.n_best else self.n_best[0]
+        and scores are kept: no model run is needed to compare decision rules). A rule that holds a
+        re-ranker orders the spans first, unless they already are."""
+        rule = deciding.rule()
+        where: str | ContextIndex = deciding.index or context
+        p = self
+        if rule.reranker is not None and not self.reranked and self.n_best:
+            where = where if isinstance(where, ContextIndex) else ContextIndex(where)
+            p = self.reranked_by(rule.reranker, deciding.question, where)
+        d = decide(rule, deciding.question, where, p.span_scores(), deciding.threshold)
+        best = None if d.is_impossible or not p.n_best else p.n_best[0]
         return replace(
-            self,
+            p,
             text=best.text if best is not None else "",
             start=best.start if best is not None else -1,
             end=best.end if best is not None else -1,

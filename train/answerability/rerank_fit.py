@@ -1,0 +1,142 @@
+"""Fit the span re-ranker (:mod:`train.squad.rerank`) on articles the reader never trained on.
+
+Each answerable question contributes its top ``top_k`` candidates (snapped to whole words), each
+labelled with its F1 against the gold answers. The model is a logistic regression on standardised
+features whose target is that F1: every candidate counts as "right" with weight F1 and "wrong" with
+weight 1 - F1, so its logit orders candidates by expected F1. Unanswerable questions have no gold span
+and teach it nothing.
+
+The report is cross-fitted by article: for each article the model is fitted on the others and ranks
+that article's spans, so the span F1 with and without re-ranking is compared on questions the model
+never saw, article by article. The stored model is then fitted on every article.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from train.answerability.estimators import as_linear, logistic
+from train.answerability.table import group_folds
+from train.squad import Prediction, SquadExample
+from train.squad.answerability_features import ContextIndex, match_question
+from train.squad.metrics import compute_f1, gold_answers
+from train.squad.rerank import CANDIDATE_FEATURES, TOP_K, SpanReranker, candidate_features, snapped
+
+RERANK_C = 1.0  # inverse L2 strength (standardised features); not tuned
+
+
+def _best_f1(golds: Sequence[str], text: str) -> float:
+    return max(compute_f1(g, text) for g in golds)
+
+
+class CandidateTable:
+    """Every answerable question's top candidates: features, F1 label, question and article."""
+
+    def __init__(
+        self,
+        examples: Sequence[SquadExample],
+        predictions: Mapping[str, Prediction],
+        top_k: int = TOP_K,
+    ) -> None:
+        rows: list[list[float]] = []
+        labels: list[float] = []
+        qrow: list[int] = []
+        raw: list[float] = []  # the reader's best span as it is, not snapped
+        self.questions: list[SquadExample] = []
+        indexes: dict[str, ContextIndex] = {}
+        for ex in examples:
+            p = predictions.get(ex.qas_id)
+            golds = gold_answers(text for text, _ in ex.answers)
+            if p is None or not ex.answers or not p.n_best:
+                continue
+            index = indexes.setdefault(ex.context, ContextIndex(ex.context))
+            head = snapped(ex.context, p.n_best)[:top_k]
+            feats = candidate_features(ex.question, index, match_question(ex.question, index), head)
+            q = len(self.questions)
+            self.questions.append(ex)
+            raw.append(_best_f1(golds, p.n_best[0].text))
+            for e, f in zip(head, feats, strict=True):
+                rows.append([f[n] for n in CANDIDATE_FEATURES])
+                labels.append(_best_f1(golds, e.text))
+                qrow.append(q)
+        self.x = np.array(rows, dtype=np.float64).reshape(-1, len(CANDIDATE_FEATURES))
+        self.f1 = np.array(labels, dtype=np.float64)
+        self.question = np.array(qrow, dtype=np.int64)
+        self.articles = np.array([self.questions[q].title for q in qrow])
+        self.raw_f1 = np.array(raw, dtype=np.float64)
+
+    def __len__(self) -> int:
+        return len(self.questions)
+
+
+def _fit(x: np.ndarray, f1: np.ndarray):
+    """Logistic regression on F1 as a soft label (each row twice: right with weight F1, wrong with 1 - F1)."""
+    xs = np.concatenate([x, x])
+    ys = np.concatenate([np.ones(len(x)), np.zeros(len(x))])
+    w = np.concatenate([f1, 1.0 - f1])
+    model = logistic(RERANK_C)
+    model.fit(xs, ys, logisticregression__sample_weight=w)
+    return model
+
+
+def _chosen_f1(t: CandidateTable, scores: np.ndarray, rows: np.ndarray) -> dict[int, float]:
+    """Per question (of ``rows``): the F1 of its highest-scored candidate (ties: the reader's order)."""
+    out: dict[int, float] = {}
+    best: dict[int, float] = {}
+    for r in rows:  # rows are in reader order within a question
+        q = int(t.question[r])
+        if q not in best or scores[r] > best[q]:
+            best[q], out[q] = float(scores[r]), float(t.f1[r])
+    return out
+
+
+def fit_reranker(
+    examples: Sequence[SquadExample], predictions: Mapping[str, Prediction], top_k: int = TOP_K
+) -> SpanReranker:
+    """The re-ranker fitted on every answerable question, with a report cross-fitted by article:
+    span F1 of the reader's best span and of the re-ranked best, per article, on articles the
+    model was not fitted on. ValueError when there is nothing to fit on."""
+    t = CandidateTable(examples, predictions, top_k)
+    if len(t) == 0 or not (0 < t.f1.sum() < len(t.f1)):
+        raise ValueError("the re-ranker needs answerable questions whose candidates are partly right")
+    report: dict[str, Any] = {"questions": len(t), "candidates": int(len(t.f1)), "top_k": top_k}
+    reader_rank = np.zeros(len(t.f1))
+    for q in range(len(t)):  # the reader's own order as a score: first is highest
+        rows = np.flatnonzero(t.question == q)
+        reader_rank[rows] = -np.arange(len(rows))
+    if len(set(t.articles.tolist())) >= 2:
+        per_article: dict[str, dict[str, float]] = {}
+        for held in group_folds(t.articles, max_folds=len(set(t.articles.tolist()))):
+            train = np.setdiff1d(np.arange(len(t.f1)), held)
+            scores = _fit(t.x[train], t.f1[train]).decision_function(t.x[held])
+            full = np.full(len(t.f1), -np.inf)
+            full[held] = scores
+            on, off = _chosen_f1(t, full, held), _chosen_f1(t, reader_rank, held)
+            title = str(t.articles[held[0]])
+            per_article[title] = {
+                "questions": len(on),
+                "reader": 100 * float(np.mean([t.raw_f1[q] for q in on])),
+                "snapped": 100 * float(np.mean(list(off.values()))),
+                "reranked": 100 * float(np.mean(list(on.values()))),
+            }
+        report["cross_fitted"] = per_article
+    model = as_linear(_fit(t.x, t.f1), CANDIDATE_FEATURES)
+    return SpanReranker(model, top_k, report)
+
+
+def reranked(
+    examples: Sequence[SquadExample], predictions: Mapping[str, Prediction], reranker: SpanReranker
+) -> dict[str, Prediction]:
+    """Each prediction with its spans re-ranked (the decision is not re-taken: redecide does that)."""
+    out = dict(predictions)
+    indexes: dict[str, ContextIndex] = {}
+    for ex in examples:
+        p = predictions.get(ex.qas_id)
+        if p is None or not p.n_best:
+            continue
+        index = indexes.setdefault(ex.context, ContextIndex(ex.context))
+        out[ex.qas_id] = p.reranked_by(reranker, ex.question, index)
+    return out

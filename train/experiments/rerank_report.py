@@ -1,0 +1,223 @@
+"""Span re-ranker on vs off, and the stored decision rule, on articles nothing was fitted or chosen on.
+
+The checkpoint's metadata holds the rule and its re-ranker (fitted by `train.finetune` or
+`train.calibrate` on other articles). The reader runs once over ``--data``; the same spans are then
+scored three ways, paired by question: the reader's best span, that span snapped to whole words, and
+the re-ranked best span. Differences are summarised over articles (cluster bootstrap, t interval, exact
+sign test: :mod:`train.experiments.article_stats`). The re-ranker's own cross-fitted report (each
+calibration article ranked by a model fitted on the others) is summarised the same way and pooled
+with the scored articles: every article there was ranked by a model that never saw it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from train.common.cli import Parser
+from train.evaluation.predict import predict_checkpoint, redecide
+from train.experiments.article_stats import compare_by_article, describe, summary
+from train.model import checkpoint
+from train.squad import Prediction, SquadExample, read_squad
+from train.squad.answerability import NONE_RULE, from_metadata
+from train.squad.metrics import compute_f1, gold_answers
+from train.squad.rerank import snap_to_words
+
+ORACLE_DEPTHS = (1, 5, 10, 20)
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m train.rerank_report", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--checkpoint", required=True, help="fine-tuned QA checkpoint whose rule holds a re-ranker"
+    )
+    p.add_argument("--data", required=True, help="labelled SQuAD 2.0 file of articles nothing was fitted on")
+    p.add_argument(
+        "--out", required=True, help="directory for rerank.json, decisions.json, RESULTS.md, a plot"
+    )
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def _f1(golds: Sequence[str], text: str) -> float:
+    return max(compute_f1(g, text) for g in golds)
+
+
+def question_rows(
+    examples: Sequence[SquadExample], reader: Mapping[str, Prediction], decided: Mapping[str, Prediction]
+) -> list[dict[str, Any]]:
+    """Per question: the three spans' F1 (answerable questions), the decision and its F1."""
+    rows = []
+    for ex in examples:
+        p, d = reader[ex.qas_id], decided[ex.qas_id]
+        golds = gold_answers(text for text, _ in ex.answers)
+        row: dict[str, Any] = {
+            "id": ex.qas_id,
+            "article": ex.title,
+            "answerable": bool(ex.answers),
+            "answered": d.text,
+            "answerable_prob": d.answerable_prob,
+            "decided_f1": _f1(golds, d.text),
+            "none_f1": _f1(golds, ""),
+        }
+        if ex.answers and p.n_best:
+            best = p.n_best[0]
+            a, b = snap_to_words(ex.context, best.start, best.end)
+            row |= {
+                "reader_span": best.text,
+                "reranked_span": d.best_span_text,
+                "reader_f1": _f1(golds, best.text),
+                "snapped_f1": _f1(golds, ex.context[a:b]),
+                "reranked_f1": _f1(golds, d.best_span_text),
+            }
+            for k in ORACLE_DEPTHS:
+                row[f"top{k}_f1"] = max(_f1(golds, e.text) for e in p.n_best[:k])
+        rows.append(row)
+    return rows
+
+
+def _column(rows: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
+    return np.array([r[key] for r in rows], dtype=np.float64)
+
+
+def build_report(rows: Sequence[Mapping[str, Any]], cross_fitted: Mapping[str, Any] | None) -> dict[str, Any]:
+    spans = [r for r in rows if "reader_f1" in r]
+    articles = [r["article"] for r in spans]
+    report: dict[str, Any] = {
+        "articles": sorted({r["article"] for r in rows}),
+        "questions": len(rows),
+        "answerable": len(spans),
+        "span_f1": {
+            k: 100 * float(_column(spans, f"{k}_f1").mean()) for k in ("reader", "snapped", "reranked")
+        },
+        "oracle_span_f1": {
+            f"top{k}": 100 * float(_column(spans, f"top{k}_f1").mean()) for k in ORACLE_DEPTHS
+        },
+        "reranked_vs_reader": compare_by_article(
+            _column(spans, "reranked_f1"), _column(spans, "reader_f1"), articles
+        ),
+        "snapped_vs_reader": compare_by_article(
+            _column(spans, "snapped_f1"), _column(spans, "reader_f1"), articles
+        ),
+        "reranked_vs_snapped": compare_by_article(
+            _column(spans, "reranked_f1"), _column(spans, "snapped_f1"), articles
+        ),
+    }
+    all_articles = [r["article"] for r in rows]
+    report["decision"] = {
+        "answered": sum(bool(r["answered"]) for r in rows),
+        "f1": 100 * float(_column(rows, "decided_f1").mean()),
+        "none_f1": 100 * float(_column(rows, "none_f1").mean()),
+        "vs_none": compare_by_article(_column(rows, "decided_f1"), _column(rows, "none_f1"), all_articles),
+        "roc_auc": _auc(_column(rows, "answerable_prob"), np.array([r["answerable"] for r in rows])),
+    }
+    if cross_fitted:
+        cal = {t: v["reranked"] - v["reader"] for t, v in cross_fitted.items()}
+        report["calibration_cross_fitted"] = summary(
+            cal, None, sum(v["questions"] for v in cross_fitted.values())
+        )
+        pooled = cal | report["reranked_vs_reader"]["per_article"]
+        report["pooled_out_of_fold"] = summary(
+            pooled, None, report["calibration_cross_fitted"]["questions"] + len(spans)
+        )
+    return report
+
+
+def _auc(scores: np.ndarray, positive: np.ndarray) -> float | None:
+    from train.answerability.estimators import roc_auc
+
+    return roc_auc(scores, positive)
+
+
+def results_markdown(report: Mapping[str, Any], rule: str) -> str:
+    s = report["span_f1"]
+    o = report["oracle_span_f1"]
+    d = report["decision"]
+    lines = [
+        f"# Span re-ranker on {len(report['articles'])} articles: {', '.join(report['articles'])}",
+        "",
+        f"{report['questions']} questions, {report['answerable']} answerable. Span F1 is on the answerable "
+        "questions with the decision switched off; differences are in F1 points, per question, summarised "
+        "over articles.",
+        "",
+        "| span | F1 |",
+        "| --- | --- |",
+        f"| the reader's best span | {s['reader']:.2f} |",
+        f"| snapped to whole words | {s['snapped']:.2f} |",
+        f"| re-ranked (snapped, top spans reordered) | {s['reranked']:.2f} |",
+        f"| best of the reader's top 5 / 10 / 20 (an oracle) | {o['top5']:.2f} / {o['top10']:.2f} / {o['top20']:.2f} |",
+        "",
+        f"- re-ranked vs the reader: {describe(report['reranked_vs_reader'])}",
+        f"- snapping alone: {describe(report['snapped_vs_reader'])}",
+        f"- reordering alone (re-ranked vs snapped): {describe(report['reranked_vs_snapped'])}",
+    ]
+    if "calibration_cross_fitted" in report:
+        c, p = report["calibration_cross_fitted"], report["pooled_out_of_fold"]
+        lines += [
+            f"- on the calibration articles, each ranked by a model fitted on the others: {describe(c)}",
+            f"- pooled, every article ranked by a model that never saw it: {describe(p)}",
+        ]
+    auc = "–" if d["roc_auc"] is None else f"{d['roc_auc']:.3f}"
+    lines += [
+        "",
+        f"Decision rule stored with the model: `{rule}`. It answered {d['answered']} of {report['questions']} "
+        f"questions: F1 {d['f1']:.2f} against {d['none_f1']:.2f} for answering none; "
+        f"{describe(d['vs_none'])}. ROC AUC of P(answerable): {auc}.",
+    ]
+    if rule == NONE_RULE:
+        lines.append("The rule answers nothing: its F1 is answering none's by construction.")
+    return "\n".join(lines) + "\n"
+
+
+def plot_articles(path: Path, report: Mapping[str, Any]) -> None:
+    """Per-article span F1 gain of the re-ranker (scored articles and cross-fitted calibration ones)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scored = report["reranked_vs_reader"]["per_article"]
+    cal = report.get("calibration_cross_fitted", {}).get("per_article", {})
+    names = list(scored) + list(cal)
+    values = [scored[n] for n in scored] + [cal[n] for n in cal]
+    colors = ["tab:blue"] * len(scored) + ["tab:grey"] * len(cal)
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(names)), 4))
+    ax.bar(range(len(names)), values, color=colors)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(names)), names, rotation=40, ha="right", fontsize=8)
+    ax.set_ylabel("span F1: re-ranked minus reader (points)")
+    ax.set_title("blue: scored articles; grey: calibration articles, cross-fitted", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    loaded = checkpoint.load(args.checkpoint)
+    rule = from_metadata(loaded.metadata)
+    if rule.reranker is None:
+        raise ValueError(
+            f"{args.checkpoint}: its metadata holds no span re-ranker (fit one: python -m train.calibrate)"
+        )
+    examples = read_squad(args.data)
+    if not any(ex.answers for ex in examples):
+        raise ValueError(f"{args.data}: no answerable question to score spans on")
+    reader = predict_checkpoint(loaded, examples, args.batch_size, progress=not args.no_progress)
+    decided = redecide(examples, reader, rule)
+    rows = question_rows(examples, reader, decided)
+    report = build_report(rows, (rule.reranker.report or {}).get("cross_fitted"))
+    report["checkpoint"], report["data"], report["rule"] = str(args.checkpoint), str(args.data), rule.rule
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rerank.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "decisions.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (out / "RESULTS.md").write_text(results_markdown(report, rule.rule))
+    plot_articles(out / "rerank.png", report)
+    print((out / "RESULTS.md").read_text())
+    return 0

@@ -1,0 +1,173 @@
+"""Re-ranking the reader's top spans: which of its first few candidates to answer with.
+
+A small reader often ranks the right span second or fifth: its scores know where answers start and
+end, not whether the span sits next to the question's words or is the kind of thing the question asks
+for. A :class:`SpanReranker` rescores the top ``top_k`` candidates of a decoded question with a linear
+model over evidence of both kinds (the reader's own scores relative to its best, and lexical evidence
+from the question, the span and its sentence) and puts them in that order; the rest follow unchanged.
+Spans are first snapped to whole words (a sub-word piece of "1973's" becomes the word), and spans that
+snapping makes equal are listed once.
+
+The numbers are fitted on the training side (:mod:`train.answerability.rerank_fit`, scikit-learn) on
+articles the reader never trained on, and stored beside the answerability rule; applying them here is
+numpy only, so evaluation, the exporters' checks and every server backend rank spans the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from train.common.text import STOPWORDS, WORD, stem, words
+
+from .answerability_features import ContextIndex, QuestionMatch, answer_type_match, match_question
+from .answerability_params import AnswerabilityError, Linear, parse_number, parse_object
+
+if TYPE_CHECKING:  # a prediction's module decides with the answerability, which holds a re-ranker
+    from .prediction import NBestEntry
+
+FORMAT = 1
+TOP_K = 10  # candidates rescored: the best of the top 10 holds most of what the top 20 does
+CANDIDATE_FEATURES = (
+    "score_gap",  # the span's log-probability minus the best span's (<= 0)
+    "log_rank",  # log(1 + the reader's rank)
+    "probability",  # the span's share of the n-best probability mass
+    "span_words",  # log(1 + words in the span)
+    "in_best_sentence",  # the span lies in the sentence that holds most of the question's words
+    "sentence_coverage",  # share of the question's (rarity-weighted) words in the span's sentence
+    "coverage_gap",  # the best sentence's coverage minus the span's sentence's
+    "in_question",  # share of the span's content words that the question already says
+    "type_match",  # the span is the kind of answer the wh-word asks for (0.5: the question does not say)
+    "near_question",  # 1 / (1 + words between the span and the nearest question word of its sentence)
+    "content_free",  # the span has no content word (stopwords, punctuation)
+)
+
+
+def snap_to_words(context: str, start: int, end: int) -> tuple[int, int]:
+    """``[start, end)`` widened to whole words: a span that begins or ends inside a run of letters and
+    digits takes the whole run (punctuation and spaces are never added)."""
+    while start > 0 and context[start - 1].isalnum() and context[start].isalnum():
+        start -= 1
+    while end < len(context) and context[end - 1].isalnum() and context[end].isalnum():
+        end += 1
+    return start, end
+
+
+def snapped(context: str, entries: Sequence[NBestEntry]) -> list[NBestEntry]:
+    """Each entry snapped to whole words, best first, spans made equal by snapping listed once."""
+    out: list[NBestEntry] = []
+    seen: set[tuple[int, int]] = set()
+    for e in entries:
+        a, b = snap_to_words(context, e.start, e.end)
+        if (a, b) in seen:
+            continue
+        seen.add((a, b))
+        out.append(e if (a, b) == (e.start, e.end) else replace(e, text=context[a:b], start=a, end=b))
+    return out
+
+
+def _near_question(index: ContextIndex, m: QuestionMatch, sentence: int, start: int, end: int) -> float:
+    """How close the span sits to a question word of its own sentence (1: adjacent; 0: none there)."""
+    a0, a1 = index.sentences[sentence]
+    q_stems = set(m.stems)
+    before, after, gap = 0, 0, math.inf
+    for w in WORD.finditer(index.context, a0, a1):
+        if w.end() <= start:
+            before += 1
+        elif w.start() >= end:
+            after += 1
+        else:
+            continue
+        if stem(w.group().lower()) in q_stems:
+            # words strictly between this word and the span
+            between = (
+                _count_words(index.context, w.end(), start)
+                if w.end() <= start
+                else _count_words(index.context, end, w.start())
+            )
+            gap = min(gap, between)
+    return 0.0 if math.isinf(gap) else 1.0 / (1.0 + gap)
+
+
+def _count_words(text: str, a: int, b: int) -> int:
+    return sum(1 for _ in WORD.finditer(text, a, b)) if b > a else 0
+
+
+def candidate_features(
+    question: str, index: ContextIndex, m: QuestionMatch, entries: Sequence[NBestEntry]
+) -> list[dict[str, float]]:
+    """The evidence about each candidate, in the order given (entries[0] is the reader's best)."""
+    best_score = entries[0].score if entries else 0.0
+    best_coverage = max(m.coverage) if m.coverage else 0.0
+    q_stems = set(m.stems)
+    out = []
+    for rank, e in enumerate(entries):
+        span = index.context[e.start : e.end]
+        span_words = words(span)
+        content = [stem(w) for w in span_words if w not in STOPWORDS]
+        sentence = index.sentence_of(e.start, e.end)
+        coverage = m.coverage[sentence] if m.coverage else 0.0
+        out.append(
+            {
+                "score_gap": max(e.score - best_score, -30.0),
+                "log_rank": math.log1p(rank),
+                "probability": e.probability,
+                "span_words": math.log1p(len(span_words)),
+                "in_best_sentence": float(sentence == m.best),
+                "sentence_coverage": coverage,
+                "coverage_gap": best_coverage - coverage,
+                "in_question": sum(s in q_stems for s in content) / len(content) if content else 0.0,
+                "type_match": answer_type_match(question, span),
+                "near_question": _near_question(index, m, sentence, e.start, e.end),
+                "content_free": float(not content),
+            }
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class SpanReranker:
+    """A fitted re-ranker: the top ``top_k`` spans, whole words, ordered by ``model``'s logit."""
+
+    model: Linear  # logit that a candidate is the right span (trained on its F1 with the gold answers)
+    top_k: int = TOP_K
+    report: dict[str, Any] | None = None
+
+    def rerank(
+        self, question: str, context: str | ContextIndex, entries: Sequence[NBestEntry]
+    ) -> list[NBestEntry]:
+        """``entries`` (the reader's n-best, best first) snapped to words, the first ``top_k``
+        reordered by the model (ties keep the reader's order), the rest after them unchanged."""
+        index = context if isinstance(context, ContextIndex) else ContextIndex(context)
+        spans = snapped(index.context, entries)
+        head, tail = spans[: self.top_k], spans[self.top_k :]
+        if len(head) < 2:
+            return spans
+        scores = self.scores(question, index, head)
+        order = sorted(range(len(head)), key=lambda i: -scores[i])
+        return [head[i] for i in order] + tail
+
+    def scores(self, question: str, index: ContextIndex, head: Sequence[NBestEntry]) -> list[float]:
+        m = match_question(question, index)
+        return [self.model(f) for f in candidate_features(question, index, m, head)]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"format": FORMAT, "top_k": self.top_k, "model": self.model.to_dict()}
+        if self.report:
+            out["report"] = self.report
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> SpanReranker:
+        """Validate stored numbers; AnswerabilityError says what is wrong."""
+        raw = parse_object(raw, "reranker")
+        if raw.get("format") != FORMAT:
+            raise AnswerabilityError(f"reranker.format {raw.get('format')!r} is not {FORMAT}")
+        top_k = parse_number(raw.get("top_k", TOP_K), "reranker.top_k")
+        if top_k != int(top_k) or not 2 <= top_k <= 100:
+            raise AnswerabilityError("reranker.top_k must be a whole number from 2 to 100")
+        model = Linear.from_dict(raw.get("model"), "reranker.model", CANDIDATE_FEATURES)
+        report = raw.get("report")
+        return cls(model, int(top_k), dict(report) if isinstance(report, Mapping) else None)
