@@ -258,6 +258,11 @@ def test_reduced_precision_agreement(tmp_path, spm_dir, capsys, precision, head)
     agree = side.agreement
     assert side.precision == precision and agree["questions"] == 100 and agree["features"] >= 100
     assert agree["reference_answered"] == 100, agree  # every question answered: answers are compared
+    assert (
+        agree["either_answered"] == 100
+        and agree["identical_answers_where_either_answers"] == agree["identical_answers"]
+    )
+    assert "either model answers 100 of them: identical answers there" in printed
     if head == "beam":
         # Beam search (3 x 2 beams here) keeps a discrete candidate set: a reordering at the beam's edge
         # changes which spans are scored, so some clear answers change too (measured: 73-84% identical).

@@ -71,6 +71,8 @@ def compare_predictions(
     same_text = sum(ref_preds[q].text == got_preds[q].text for q in ref_preds)
     same_span = sum(ref_preds[q].best_span_text == got_preds[q].best_span_text for q in ref_preds)
     same_decision = sum(ref_preds[q].is_impossible == got_preds[q].is_impossible for q in ref_preds)
+    either = [q for q in ref_preds if ref_preds[q].text or got_preds[q].text]
+    same_either = sum(ref_preds[q].text == got_preds[q].text for q in either)
     margins = {q: best_span_margin(p) for q, p in ref_preds.items()}
     changed = [q for q in ref_preds if ref_preds[q].best_span_text != got_preds[q].best_span_text]
     clear = [q for q in ref_preds if margins[q] >= NEAR_TIE]
@@ -89,6 +91,9 @@ def compare_predictions(
         "identical_answers": same_text / n if n else 1.0,
         "identical_best_span": same_span / n if n else 1.0,
         "identical_no_answer_decision": same_decision / n if n else 1.0,
+        # Where either model answers: the agreement that a rule answering (almost) nothing cannot inflate.
+        "either_answered": len(either),
+        "identical_answers_where_either_answers": same_either / len(either) if either else None,
         # Where the reference's best span leads its runner-up by >= NEAR_TIE, and how many of the changed
         # best spans were near-ties of the reference (a weakly trained model has many).
         "near_tie": NEAR_TIE,

@@ -90,6 +90,11 @@ def agreement_report(steps: ExportContext, final: Path, data: str | os.PathLike[
         f"same no-answer decision {rep['identical_no_answer_decision']:.4f}; max |diff| {diffs}"
         + (f"; index outputs equal {index}" if index else "")
     )
+    either = rep["identical_answers_where_either_answers"]
+    steps.report(
+        f"either model answers {rep['either_answered']} of them"
+        + (f": identical answers there {either:.4f}" if either is not None else ": nothing to compare there")
+    )
     steps.report(
         f"best spans: {rep['best_span_changes']} changed, {rep['best_span_changes_at_near_ties']} of them where "
         f"fp32's top two spans are within {rep['near_tie']} of each other; where fp32's lead is larger "
