@@ -236,7 +236,7 @@ def ask_shipped(model_dir: Path) -> tuple[str, dict[str, str]]:
     threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     lines: list[str] = []
     answers: dict[str, str] = {}
-    right = f1_sum = asked = span_right = answerable = 0
+    right = f1_sum = asked = span_right = answerable = right_silent = said_something = 0
     server = ServerProcess(model_dir, "--access-log", "false", env=threads)
     with server, XLNetQAClient(server.url, timeout=30.0, retries=5) as client:
         lines.append(describe(client.model_info(), server.url))
@@ -249,6 +249,8 @@ def ask_shipped(model_dir: Path) -> tuple[str, dict[str, str]]:
                     said_text = answers[qa["id"]] = "" if res.is_impossible else res.answer
                     exact = max(compute_exact(g, said_text) for g in golds)
                     right += exact
+                    right_silent += exact and not qa["answers"]
+                    said_something += bool(said_text)
                     f1_sum += max(compute_f1(g, said_text) for g in golds)
                     asked += 1
                     if qa["answers"] and res.best_span is not None:
@@ -259,8 +261,10 @@ def ask_shipped(model_dir: Path) -> tuple[str, dict[str, str]]:
                     lines.append(f"Q: {qa['question']}\n   model: {said(res)}   gold: {gold}   [{mark}]")
     scores = provenance["held_out"]
     lines.append(
-        f"{right} of {asked} right (exact match), F1 {100 * f1_sum / max(asked, 1):.1f} on these questions; "
-        f"the best span is the gold answer on {span_right} of the {answerable} answerable ones. "
+        f"{right} of {asked} right (exact match), F1 {100 * f1_sum / max(asked, 1):.1f} on these questions: "
+        f"{right_silent} of them unanswerable questions left unanswered, {right - right_silent} answers"
+        + ("" if said_something else " (it answered none of the questions: its rule answers nothing)")
+        + f"; the best span is the gold answer on {span_right} of the {answerable} answerable ones. "
         f"On all {scores['questions']:,} questions of its {len(scores['articles'])} held-out articles: "
         f"F1 {scores['f1']:.2f} against {scores['none_f1']:.2f} for answering none, span F1 "
         f"{scores['span_f1']:.2f} ({model_dir / 'provenance.json'} says how it was made)."
@@ -282,6 +286,10 @@ def describe(info: ModelInfo, url: str) -> str:
         )
     else:
         rule = f"sigmoid(cls) against the threshold {info.no_answer_threshold:.3f}"
+    if a and a.get("reranker"):
+        rule += (
+            f"; its top {a['reranker']['top_k']} spans are re-ranked (whole words) before the best is chosen"
+        )
     return (
         f"Serving {info.name} ({info.backend} on {providers}): head {info.head}, {info.precision}, windows of "
         f"{info.max_seq_len} tokens (stride {info.doc_stride}).\nAnswerability: {rule}.\n"

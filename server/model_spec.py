@@ -96,6 +96,9 @@ def answerability_summary(a: Answerability) -> dict[str, Any]:
         "cv_no_answer_f1": cv.get("no_answer_f1"),
         "cv_roc_auc": cv.get("roc_auc"),
         "decision": a.report.get("decision"),  # one line: the rule and why (or why it answers nothing)
+        "reranker": None
+        if a.reranker is None
+        else {"top_k": a.reranker.top_k, "features": list(a.reranker.model.features)},
     }
 
 
