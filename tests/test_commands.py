@@ -23,6 +23,7 @@ PROMISED = [
     "train.calibrate",
     "train.prepare_corpus",
     "train.study",
+    "train.rerank_report",
     "train.ablation",
     "train.sweep",
     "train.synth",

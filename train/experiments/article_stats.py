@@ -55,12 +55,16 @@ def t_interval(diffs: Sequence[float], level: float = LEVEL) -> tuple[float, flo
 
 
 def compare_by_article(
-    a: Sequence[float], b: Sequence[float], articles: Sequence[str], *, scale: float = 100.0
+    a: Sequence[float] | np.ndarray,
+    b: Sequence[float] | np.ndarray,
+    articles: Sequence[str],
+    *,
+    scale: float = 100.0,
 ) -> dict[str, Any]:
     """``a - b`` per question (same questions, in [0, 1]) summarised over articles, in points."""
     av, bv = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     groups = np.asarray(articles)
-    per_article = {k: scale * v for k, v in per_group_means(av - bv, groups).items()}
+    per_article = {k: scale * v for k, v in per_group_means(av - bv, list(articles)).items()}
     diff, low, high = paired_bootstrap(av, bv, groups=groups)
     return summary(per_article, (scale * diff, scale * low, scale * high), int(av.size))
 
