@@ -7,6 +7,7 @@ rule reads the context's sentences (the path the context cache and the sentence 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import httpx
@@ -127,3 +128,20 @@ def test_served_answers_are_the_evaluation_paths(
         assert_same(served, reference, SCORE_TOLERANCE if together == 1 else BATCHED_TOLERANCE[which])
     # The comparison has spans to compare (these models mostly answer "none", but they rank spans).
     assert sum(bool(r["n_best"]) for r in reference) > len(reference) // 2
+
+
+def held_out_questions() -> list[tuple[str, str]]:
+    """Every question of the shipped model's held-out articles (shipped beside it, copied unchanged)."""
+    data = json.loads((SHIPPED / "heldout.json").read_text())
+    return [(qa["question"], p["context"]) for a in data["data"] for p in a["paragraphs"] for qa in p["qas"]]
+
+
+def test_the_shipped_model_serves_every_held_out_question_as_evaluation_decides_it(tmp_path: Path) -> None:
+    """Every question of the articles its scores are reported on, one request at a time through the real
+    server: the decision, the answer and the re-ranked spans are the evaluation path's, question by question."""
+    questions = held_out_questions()
+    reference = reference_answers(SHIPPED, "onnx", questions)
+    with ServerProcess(SHIPPED, tmp_path, "--max-batch-size", "1", backend="onnx") as server:
+        served = asyncio.run(served_answers(server.url, questions, 1))
+    assert_same(served, reference, SCORE_TOLERANCE)
+    assert len(served) == len(questions) > 500
