@@ -24,7 +24,7 @@ from train.experiments.article_stats import compare_by_article, describe, summar
 from train.model import checkpoint
 from train.squad import Prediction, SquadExample, read_squad
 from train.squad.answerability import NONE_RULE, from_metadata
-from train.squad.metrics import compute_f1, gold_answers
+from train.squad.metrics import compute_exact, compute_f1, gold_answers
 from train.squad.rerank import snap_to_words
 
 ORACLE_DEPTHS = (1, 5, 10, 20)
@@ -63,6 +63,7 @@ def question_rows(
             "answered": d.text,
             "answerable_prob": d.answerable_prob,
             "decided_f1": _f1(golds, d.text),
+            "decided_exact": max(compute_exact(g, d.text) for g in golds),
             "none_f1": _f1(golds, ""),
         }
         if ex.answers and p.n_best:
@@ -74,6 +75,7 @@ def question_rows(
                 "reader_f1": _f1(golds, best.text),
                 "snapped_f1": _f1(golds, ex.context[a:b]),
                 "reranked_f1": _f1(golds, d.best_span_text),
+                "reranked_exact": max(compute_exact(g, d.best_span_text) for g in golds),
             }
             for k in ORACLE_DEPTHS:
                 row[f"top{k}_f1"] = max(_f1(golds, e.text) for e in p.n_best[:k])
@@ -95,6 +97,7 @@ def build_report(rows: Sequence[Mapping[str, Any]], cross_fitted: Mapping[str, A
         "span_f1": {
             k: 100 * float(_column(spans, f"{k}_f1").mean()) for k in ("reader", "snapped", "reranked")
         },
+        "reranked_span_exact": 100 * float(_column(spans, "reranked_exact").mean()),
         "oracle_span_f1": {
             f"top{k}": 100 * float(_column(spans, f"top{k}_f1").mean()) for k in ORACLE_DEPTHS
         },
@@ -112,6 +115,7 @@ def build_report(rows: Sequence[Mapping[str, Any]], cross_fitted: Mapping[str, A
     report["decision"] = {
         "answered": sum(bool(r["answered"]) for r in rows),
         "f1": 100 * float(_column(rows, "decided_f1").mean()),
+        "exact": 100 * float(_column(rows, "decided_exact").mean()),
         "none_f1": 100 * float(_column(rows, "none_f1").mean()),
         "vs_none": compare_by_article(_column(rows, "decided_f1"), _column(rows, "none_f1"), all_articles),
         "roc_auc": _auc(_column(rows, "answerable_prob"), np.array([r["answerable"] for r in rows])),

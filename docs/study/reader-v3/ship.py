@@ -1,0 +1,145 @@
+"""Put the study's int8 export into models/ with its provenance, its held-out questions and the demo's.
+
+Run by run.sh after the study, `train.calibrate`, `train.rerank_report` and `export.onnx`. Every number
+written here is read from those runs' files; the demo's answers are asked of the shipped files through
+the real server, as `make demo` asks them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shutil
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO))
+
+import demo  # noqa: E402
+from train.squad import read_squad  # noqa: E402
+from train.squad.metrics import compute_exact  # noqa: E402
+
+SHIPPED_FILES = ("model.onnx", "export.json", "spiece.model", "tokenizer_config.json")
+
+
+def titles(path: Path) -> list[str]:
+    return sorted({ex.title for ex in read_squad(path)})
+
+
+def demo_questions(heldout: dict, wanted: list[str]) -> dict:
+    """The first paragraph of each named held-out article, with every question it has."""
+    data = []
+    for article in heldout["data"]:
+        if article["title"] in wanted:
+            data.append({"title": article["title"], "paragraphs": article["paragraphs"][:1]})
+    return {
+        "version": "v2.0",
+        "source": "SQuAD 2.0 dev (CC BY-SA 4.0, Rajpurkar et al. 2018): the first paragraph of "
+        f"{len(data)} of the model's held-out articles, with every question",
+        "data": data,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    for flag in ("--study", "--checkpoint", "--export", "--report", "--out"):
+        p.add_argument(flag, required=True, type=Path)
+    p.add_argument("--demo-articles", required=True)
+    args = p.parse_args()
+    out: Path = args.out
+    report = json.loads(args.report.read_text())
+    meta = json.loads((args.checkpoint / "metadata.json").read_text())
+    config = json.loads((args.checkpoint / "config.json").read_text())
+    sidecar = json.loads((args.export / "export.json").read_text())
+    answerability = meta["answerability"]
+    reranker = answerability["reranker"]
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.iterdir():
+        old.unlink()
+    for name in SHIPPED_FILES:
+        shutil.copy2(args.export / name, out / name)
+    heldout = json.loads((args.study / "eval.json").read_text())
+    heldout["source"] = (
+        "SQuAD 2.0 dev (CC BY-SA 4.0, Rajpurkar et al. 2018): every question of the held-out articles"
+    )
+    (out / "heldout.json").write_text(json.dumps(heldout, indent=1, ensure_ascii=False) + "\n")
+    questions = demo_questions(heldout, args.demo_articles.split(","))
+    (out / "questions.json").write_text(json.dumps(questions, indent=1, ensure_ascii=False) + "\n")
+    agreement = sidecar["agreement"]
+    span, decision = report["span_f1"], report["decision"]
+    provenance = {
+        "name": out.name,
+        "what": "An int8 ONNX export of the reader-v3 recipe (random init -> 3,000 steps on synthetic questions, "
+        "4 per sentence -> 3,000 steps of fine-tuning on the 10 SQuAD 2.0 training articles and 5 labelled dev "
+        "articles; small preset, shallow head), seed 0, with a span re-ranker and the guarded decision rule "
+        "fitted on 5 other articles. Trained on 2 CPU cores.",
+        "made": datetime.date.today().isoformat(),
+        "commands": [
+            line for line in (Path(__file__).parent / "run.sh").read_text().splitlines() if "-m " in line
+        ],
+        "data": {
+            "labelled": "SQuAD 2.0 dev, the 13-article cut dev-v2.0.cs224n-13.json, and the first 10 articles of "
+            "the official training set, train-v2.0.first10.json (CC BY-SA 4.0, Rajpurkar et al. 2018)",
+            "unlabelled": "test-v2.0.cs224n.json (20 articles, text only): the synthetic questions' contexts",
+        },
+        "articles": {
+            "fine_tuned": titles(args.study / "fit.json"),
+            "calibration": titles(args.study / "calibration.json"),
+            "held_out": titles(args.study / "eval.json"),
+        },
+        "seed": 0,
+        "model": {
+            k: config[k] for k in ("d_model", "n_layer", "vocab_size", "n_head", "d_inner", "ff_activation")
+        },
+        "head": meta["head"],
+        "windows": {"max_seq_len": meta["max_seq_len"], "doc_stride": meta["doc_stride"]},
+        "answerability": (answerability.get("report") or {}).get("decision"),
+        "reranker": {
+            "top_k": reranker["top_k"],
+            "cross_fitted_on_calibration": reranker["report"]["cross_fitted"],
+        },
+        "int8_agreement": {
+            k: agreement[k]
+            for k in (
+                "questions",
+                "identical_answers",
+                "identical_best_span",
+                "identical_no_answer_decision",
+                "either_answered",
+                "identical_answers_where_either_answers",
+                "best_span_changes",
+                "best_span_changes_at_near_ties",
+            )
+        },
+        "held_out": {
+            "articles": report["articles"],
+            "questions": report["questions"],
+            "answerable": report["answerable"],
+            "f1": decision["f1"],
+            "exact": decision["exact"],
+            "none_f1": decision["none_f1"],
+            "answered": decision["answered"],
+            "roc_auc": decision["roc_auc"],
+            "span_f1": span["reranked"],
+            "span_exact": report["reranked_span_exact"],
+            "reader_span_f1": span["reader"],
+            "note": "scored with the PyTorch fp32 checkpoint; the int8 export's agreement with it is int8_agreement",
+            "study_report": "docs/study/reader-v3/ (the study's RESULTS.md, rerank/ for the re-ranker and the rule)",
+        },
+    }
+    (out / "provenance.json").write_text(json.dumps(provenance, indent=1) + "\n")
+    text, answers = demo.ask_shipped(out)
+    right = sum(
+        max(compute_exact(g, answers[ex.qas_id]) for g in ([t for t, _ in ex.answers] or [""]))
+        for ex in read_squad(out / "questions.json")
+    )
+    provenance["demo"] = {"right": right, "answers": answers}
+    (out / "provenance.json").write_text(json.dumps(provenance, indent=1) + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
