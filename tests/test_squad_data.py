@@ -24,6 +24,7 @@ from train.squad import (
     article_titles,
     dataset_stats,
     load_dataset,
+    merge_datasets,
     read_squad,
     select_articles,
     split_by_article,
@@ -209,6 +210,19 @@ def test_split_by_titles(tmp_path: Path) -> None:
     assert len(a) + len(b) == 470
     assert not {e.qas_id for e in a} & {e.qas_id for e in b}
     assert not {e.context for e in a} & {e.context for e in b}
+
+
+def test_several_labelled_files_are_one_document_and_a_title_in_two_is_refused() -> None:
+    merged = merge_datasets([SAMPLE_TRAIN, SAMPLE_DEV, SAMPLE_CALIBRATION])
+    assert article_titles(merged) == [
+        *article_titles(SAMPLE_TRAIN),
+        *article_titles(SAMPLE_DEV),
+        *article_titles(SAMPLE_CALIBRATION),
+    ]
+    held, rest = split_by_article(merged, ["1973_oil_crisis"])
+    assert article_titles(held) == ["1973_oil_crisis"] and "1973_oil_crisis" not in article_titles(rest)
+    with pytest.raises(ValueError, match="'Normans' is in labelled files 1 and 2"):
+        merge_datasets([SAMPLE_TRAIN, SAMPLE_TRAIN])
 
 
 def _labelled_sample(tmp_path: Path) -> Path:
