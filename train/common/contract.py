@@ -4,7 +4,8 @@ defaults.
 
 Training, export, the server and the benchmarks import them from here; a checkpoint's metadata and an
 export's sidecar record the settings a model was trained with, and these defaults apply only where a
-model does not say (the original XLNet SQuAD 2.0 recipe).
+model does not say (BERT's run_squad.py windows and decoding; the original XLNet's are the preset in
+train/recipes/presets.py: 512-token windows, answers up to 64 tokens, n-best 5).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def shortest_sequence(head: str, start_n_top: int, end_n_top: int) -> int:
 
 @dataclass(frozen=True)
 class InferenceSettings:
-    """How questions are windowed and answers decoded (the original XLNet SQuAD 2.0 recipe)."""
+    """How questions are windowed and answers decoded: BERT's run_squad.py defaults (384/128/64, answers
+    up to 30 tokens, n-best 20), not the original XLNet's (see the module docstring)."""
 
     max_seq_len: int = 384
     doc_stride: int = 128
