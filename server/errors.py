@@ -23,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from server.api_error import ApiError
 from server.metrics import Metrics
 from server.quotas import OverLimit
 from server.request_ids import REQUEST_ID_HEADER, request_id_var
@@ -63,14 +64,6 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     },
     504: {"model": ErrorResponse, "description": "No answer within request_timeout_s"},
 }
-
-
-class ApiError(Exception):
-    """An error response raised from a route: status, kind and message (+ headers)."""
-
-    def __init__(self, status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.kind, self.message, self.headers = status, kind, message, headers or {}
 
 
 def rate_limited_response(metrics: Metrics, exc: OverLimit, close: bool = False) -> JSONResponse:

@@ -25,9 +25,9 @@ from types import FrameType
 from typing import Any
 
 from server.answering import AnswerService
+from server.api_error import ApiError
 from server.backends import Backend, BackendUnavailable, batch_limit
 from server.batching import BatcherClosed, BatchStats, MicroBatcher
-from server.errors import ApiError
 from server.host_path import HostPath, Question
 from server.metrics import Metrics
 from server.model_spec import ModelSpec

@@ -16,9 +16,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from server.answering import Answered, Charge, RequestTimeout
+from server.api_error import ApiError
 from server.batching import BatcherClosed, BatcherUnhealthy, InferenceError, NonFiniteOutput, QueueFull
 from server.engine.failures import EngineUnavailable
-from server.errors import ERROR_RESPONSES, ApiError
+from server.errors import ERROR_RESPONSES
 from server.guard import caller_name
 from server.host_path import Question, RejectedInput
 from server.lifecycle import Lifecycle

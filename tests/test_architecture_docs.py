@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +132,14 @@ def test_scikit_learn_is_imported_only_where_answerability_is_fitted() -> None:
                     importers.append(path.relative_to(REPO).as_posix())
     outside = sorted({p for p in importers if not p.startswith("train/answerability/")})
     assert importers and not outside, f"scikit-learn imported outside train/answerability/: {outside}"
+
+
+def test_the_engine_process_loads_no_http_framework() -> None:
+    """What the contract says statically, at run time: the engine's entry point, imported in a fresh
+    interpreter, has loaded neither FastAPI nor the HTTP server and its parser."""
+    code = (
+        "import sys, server.engine.__main__, server.engine.service\n"
+        "print(sorted(m for m in ('fastapi', 'uvicorn', 'httptools', 'server.app', 'server.routes') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
