@@ -91,6 +91,16 @@ class ContextIndex:
         self.idf = {w: math.log(1.0 + n / c) for w, c in df.items()}
         self.unseen_idf = math.log(1.0 + n)  # a word of no sentence is as rare as can be
 
+    def word_positions(self, sentence: int) -> list[tuple[int, int, str]]:
+        """``(start, end, stem)`` of each word of one sentence, computed once per sentence."""
+        cache = self.__dict__.setdefault("_word_positions", {})
+        if sentence not in cache:
+            a, b = self.sentences[sentence]
+            cache[sentence] = [
+                (w.start(), w.end(), stem(w.group().lower())) for w in WORD.finditer(self.context, a, b)
+            ]
+        return cache[sentence]
+
     def sentence_of(self, start: int, end: int) -> int:
         """Index of the sentence holding most of ``[start, end)`` (the first one if none does)."""
         best, overlap = 0, -1

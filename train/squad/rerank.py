@@ -15,12 +15,13 @@ numpy only, so evaluation, the exporters' checks and every server backend rank s
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from train.common.text import STOPWORDS, WORD, stem, words
+from train.common.text import STOPWORDS, stem, words
 
 from .answerability_features import ContextIndex, QuestionMatch, answer_type_match, match_question
 from .answerability_params import AnswerabilityError, Linear, parse_number, parse_object
@@ -69,30 +70,18 @@ def snapped(context: str, entries: Sequence[NBestEntry]) -> list[NBestEntry]:
 
 
 def _near_question(index: ContextIndex, m: QuestionMatch, sentence: int, start: int, end: int) -> float:
-    """How close the span sits to a question word of its own sentence (1: adjacent; 0: none there)."""
-    a0, a1 = index.sentences[sentence]
+    """How close the span sits to a question word of its own sentence (1: adjacent; 0: none there).
+    Distances count words between them; one pass over the sentence's cached word positions."""
     q_stems = set(m.stems)
-    before, after, gap = 0, 0, math.inf
-    for w in WORD.finditer(index.context, a0, a1):
-        if w.end() <= start:
-            before += 1
-        elif w.start() >= end:
-            after += 1
-        else:
+    positions = index.word_positions(sentence)
+    first = bisect.bisect_left([w[1] for w in positions], start + 1)  # first word ending inside or after
+    last = bisect.bisect_left([w[0] for w in positions], end)  # words before it start before the span ends
+    gap = math.inf
+    for i, (_, _, s) in enumerate(positions):
+        if s not in q_stems or first <= i < last:
             continue
-        if stem(w.group().lower()) in q_stems:
-            # words strictly between this word and the span
-            between = (
-                _count_words(index.context, w.end(), start)
-                if w.end() <= start
-                else _count_words(index.context, end, w.start())
-            )
-            gap = min(gap, between)
+        gap = min(gap, first - i - 1 if i < first else i - last)
     return 0.0 if math.isinf(gap) else 1.0 / (1.0 + gap)
-
-
-def _count_words(text: str, a: int, b: int) -> int:
-    return sum(1 for _ in WORD.finditer(text, a, b)) if b > a else 0
 
 
 def candidate_features(
