@@ -332,12 +332,12 @@ def fit_for(
     the re-ranked spans, which is what it will decide on; it is stored with the rule."""
     if choice not in ANSWERABILITY_CHOICES or choice == "cls":
         raise ValueError(f"nothing to fit for --answerability {choice}")
-    reranker = None
+    reranker, not_reranked = None, None
     if rerank:
         try:
             reranker = fit_reranker(heldout_examples, predictions)
-        except ValueError:  # no answerable question with a partly right span: decide on the reader's
-            reranker = None
+        except ValueError as exc:  # no answerable question with a partly right span: the reader's order
+            not_reranked = f"no span re-ranker: {exc}"
         else:
             predictions = reranked(heldout_examples, predictions, reranker)
     verifier, verifier_report = None, None
@@ -352,4 +352,6 @@ def fit_for(
         )
     if verifier_report is not None:
         a.report["verifier"] = verifier_report
+    if not_reranked is not None:
+        a.report["reranker"] = not_reranked
     return replace(a, reranker=reranker) if reranker is not None else a
