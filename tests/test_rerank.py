@@ -155,6 +155,7 @@ def test_fitting_on_real_questions_beats_the_reader_out_of_fold(sample_dir) -> N
     # a rule fitted with rerank=True holds the re-ranker and decided on the re-ranked spans
     a = fit_for("auto", read_squad(sample_dir / "train.json"), held, preds, rerank=True)
     assert a.reranker is not None and a.reranker.report["questions"] == len(t)
+    assert all(title in a.reranker.summary() for title in cross)
     no = fit_for("auto", read_squad(sample_dir / "train.json"), held, preds, rerank=False)
     assert no.reranker is None
 

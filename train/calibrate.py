@@ -73,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "verifier" in a.report:
         a.report["verifier"]["file"] = str(args.train_file)
     print(json.dumps(a.report, indent=2))
+    if a.reranker is not None:
+        print(a.reranker.summary())
     print(f"answerability: {a.report['decision']}")
     if not args.dry_run:
         meta["answerability"] = a.to_dict()

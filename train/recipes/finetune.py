@@ -80,6 +80,8 @@ def fit_final_answerability(
     except ValueError as exc:  # one paragraph's worth of questions, or a single class: nothing to fit
         say(f"answerability: not fitted ({exc}); the final model decides by sigmoid(cls_logit)")
         return None
+    if a.reranker is not None:
+        say(a.reranker.summary())
     say(f"answerability ({config.answerability}, fitted on {config.dev_file}): {a.report['decision']}")
     return a
 

@@ -142,6 +142,16 @@ class SpanReranker:
         m = match_question(question, index)
         return [self.model(f) for f in candidate_features(question, index, m, head)]
 
+    def summary(self) -> str:
+        """One line: what it was fitted on and, per article, the span F1 it gave out of fold."""
+        r = self.report or {}
+        line = f"span re-ranker (top {self.top_k}) fitted on {r.get('questions', '?')} answerable questions"
+        cross = r.get("cross_fitted") or {}
+        if cross:
+            per = ", ".join(f"{t} {v['reader']:.1f} -> {v['reranked']:.1f}" for t, v in cross.items())
+            line += f"; span F1 of the reader's best -> re-ranked, each article ranked by a model fitted on the others: {per}"
+        return line
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"format": FORMAT, "top_k": self.top_k, "model": self.model.to_dict()}
         if self.report:
