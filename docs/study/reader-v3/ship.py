@@ -28,6 +28,19 @@ def titles(path: Path) -> list[str]:
     return sorted({ex.title for ex in read_squad(path)})
 
 
+def run_commands(script: Path, study: Path, checkpoint: Path) -> list[str]:
+    """The commands of run.sh, one line each, its variables written out."""
+    text = script.read_text().replace("\\\n", " ")
+    subs = {"$PY": "python", "$CK": str(checkpoint), "$RUN": str(study)}
+    out = []
+    for line in text.splitlines():
+        if " -m " in line or "ship.py" in line:
+            for var, value in subs.items():
+                line = line.replace(var, value)
+            out.append(" ".join(line.split()))
+    return out
+
+
 def demo_questions(heldout: dict, wanted: list[str]) -> dict:
     """The first paragraph of each named held-out article, with every question it has."""
     data = []
@@ -64,7 +77,7 @@ def main() -> int:
     heldout["source"] = (
         "SQuAD 2.0 dev (CC BY-SA 4.0, Rajpurkar et al. 2018): every question of the held-out articles"
     )
-    (out / "heldout.json").write_text(json.dumps(heldout, indent=1, ensure_ascii=False) + "\n")
+    (out / "heldout.json").write_text(json.dumps(heldout, ensure_ascii=False) + "\n")
     questions = demo_questions(heldout, args.demo_articles.split(","))
     (out / "questions.json").write_text(json.dumps(questions, indent=1, ensure_ascii=False) + "\n")
     agreement = sidecar["agreement"]
@@ -76,9 +89,7 @@ def main() -> int:
         "articles; small preset, shallow head), seed 0, with a span re-ranker and the guarded decision rule "
         "fitted on 5 other articles. Trained on 2 CPU cores.",
         "made": datetime.date.today().isoformat(),
-        "commands": [
-            line for line in (Path(__file__).parent / "run.sh").read_text().splitlines() if "-m " in line
-        ],
+        "commands": run_commands(Path(__file__).parent / "run.sh", args.study, args.checkpoint),
         "data": {
             "labelled": "SQuAD 2.0 dev, the 13-article cut dev-v2.0.cs224n-13.json, and the first 10 articles of "
             "the official training set, train-v2.0.first10.json (CC BY-SA 4.0, Rajpurkar et al. 2018)",
