@@ -78,6 +78,10 @@ class FrontLifecycle(Lifecycle):
         while not self.engine.ready:
             if self.engine.engine_state in ("failed", "incompatible"):
                 raise RuntimeError(f"the inference engine is {self.engine.engine_state}")
+            # An engine whose model failed exits without a word to the fronts: its mark says so. (The
+            # supervisor's SIGTERM may have reached this front before it listened for one.)
+            if Metrics.load_failed_marked():
+                raise RuntimeError("the inference engine's model failed to load")
             self.engine.state_changed.clear()
             await self._wait_for_engine()
         self._state = "warming"

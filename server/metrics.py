@@ -224,6 +224,12 @@ class Metrics:
             multiprocess.mark_process_dead(os.getpid())
 
     @staticmethod
+    def load_failed_marked() -> bool:
+        """Whether a process of this server (the engine, or a sibling front) marked its load failed."""
+        directory = multiprocess_dir()
+        return directory is not None and (Path(directory) / LOAD_FAILED_MARK).exists()
+
+    @staticmethod
     def process_exiting() -> None:
         """Drop this worker's live gauges from the aggregate (its counters stay counted)."""
         if multiprocess_dir() is not None:

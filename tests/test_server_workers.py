@@ -218,3 +218,38 @@ def test_an_engine_load_over_the_load_timeout_stops_the_server(onnx_export: Path
     finally:
         s.stop()
     assert "took longer than 1 s" in s.log() and "model failed to load in the engine" in s.log()
+
+
+def test_a_front_waiting_for_an_engine_stops_when_the_engine_marks_its_load_failed(
+    onnx_export: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """An engine whose model fails exits without a word to the fronts, and the supervisor's SIGTERM can
+    reach a front before it listens for one: a front waiting for the engine reads the engine's
+    load-failed mark and fails too, instead of waiting for an engine that will never come."""
+    import asyncio
+
+    from server.front import FrontLifecycle
+    from server.metrics import MULTIPROC_ENV, Metrics
+    from server.model_spec import resolve_spec
+    from server.settings import ServerSettings
+
+    shared = tmp_path / "metrics"
+    shared.mkdir()
+    monkeypatch.setenv(MULTIPROC_ENV, str(shared))
+    fatal: list[bool] = []
+    front = FrontLifecycle(
+        ServerSettings(model=onnx_export), resolve_spec(onnx_export, "onnx"), Metrics(),
+        f"ipc://{tmp_path}/no-engine.sock", on_fatal=lambda: fatal.append(True),
+    )  # fmt: skip
+
+    async def scenario() -> str:
+        await front.start()
+        await asyncio.sleep(1.5)
+        waiting = front.state  # no engine there: still waiting, not failed
+        Metrics.mark_load_failed()  # what the engine does when its model fails
+        await asyncio.wait_for(front.until_loaded(), 5.0)
+        await front.stop()
+        return waiting
+
+    assert asyncio.run(scenario()) == "waiting for the engine"
+    assert fatal == [True] and front.state == "failed"
