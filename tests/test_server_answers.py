@@ -57,6 +57,7 @@ def reference_answers(model: Path, backend: str, questions: list[tuple[str, str]
                     "end": p.end,
                     "is_impossible": p.is_impossible,
                     "no_answer_prob": p.no_answer_prob,
+                    "threshold": p.threshold,
                     "n_best": [(e.text, e.start, e.end, e.score) for e in p.n_best[:TOP_K]],
                 }
             )
@@ -93,25 +94,41 @@ def assert_same(served: list[dict], reference: list[dict], tolerance: float | No
             assert e["score"] == pytest.approx(entry[3], abs=tolerance)
 
 
+NEAR_THRESHOLD = 0.02  # the largest no-answer probability gap batching is allowed (asserted below)
+
+
+def _best(answer: dict) -> tuple | None:
+    spans = answer["n_best"]
+    if not spans:
+        return None
+    first = spans[0]
+    return (first["start"], first["end"]) if isinstance(first, dict) else tuple(first[1:3])
+
+
 def assert_agree(served: list[dict], reference: list[dict]) -> None:
-    """int8 batched: every decision the same, the best span the same on nearly every question, the
-    no-answer probability close (the export's own agreement check holds int8 to the same standard)."""
-    decisions = [
-        (g["is_impossible"], g["answer"]) == (w["is_impossible"], w["answer"])
-        for g, w in zip(served, reference, strict=True)
+    """int8 batched (a window's quantisation range depends on its batch mates): the decision to answer
+    the same on nearly every question, and where it differs either the reference sat within the allowed
+    gap of its threshold or the best span moved (the expected-gain rule's threshold follows the span);
+    the best span, and the answer where both answer, the same on nearly every question; the no-answer
+    probability close (the export's own agreement check holds int8 to the same standard)."""
+    pairs = list(zip(served, reference, strict=True))
+    flipped = [(g, w) for g, w in pairs if g["is_impossible"] != w["is_impossible"]]
+    explained = [
+        abs(w["no_answer_prob"] - w["threshold"]) < NEAR_THRESHOLD or _best(g) != _best(w) for g, w in flipped
     ]
-    best = [
-        g["n_best"][:1] and (g["n_best"][0]["start"], g["n_best"][0]["end"]) == w["n_best"][0][1:3]
-        for g, w in zip(served, reference, strict=True)
-        if w["n_best"]
-    ]
-    gaps = [abs(g["no_answer_prob"] - w["no_answer_prob"]) for g, w in zip(served, reference, strict=True)]
+    both = [(g, w) for g, w in pairs if not g["is_impossible"] and not w["is_impossible"]]
+    same_answer = sum(g["answer"] == w["answer"] for g, w in both)
+    best = [_best(g) == _best(w) for g, w in pairs if w["n_best"]]
+    gaps = [abs(g["no_answer_prob"] - w["no_answer_prob"]) for g, w in pairs]
     print(
-        f"int8 batched: decisions {sum(decisions)}/{len(decisions)}, best span {sum(best)}/{len(best)}, max gap {max(gaps):.4f}"
+        f"int8 batched: decisions {len(pairs) - len(flipped)}/{len(pairs)} (differing ones explained: "
+        f"{sum(explained)}/{len(flipped)}), same answer where both answer {same_answer}/{len(both)}, "
+        f"best span {sum(best)}/{len(best)}, max gap {max(gaps):.4f}"
     )
-    assert all(decisions)
+    assert all(explained) and len(flipped) <= 0.02 * len(pairs)
+    assert same_answer >= 0.95 * len(both)
     assert sum(best) >= 0.95 * len(best)
-    assert max(gaps) < 0.02
+    assert max(gaps) < NEAR_THRESHOLD
 
 
 @pytest.mark.parametrize(("which", "backend"), [("tiny", "onnx"), ("tiny", "torch"), ("shipped", "onnx")])
