@@ -198,3 +198,60 @@ def test_a_decision_answers_with_the_reranked_span() -> None:
     assert d.score == -2.0  # the answered span's own score
     plain = p.redecided(Deciding(Answerability.cls_only(0.99), question), CONTEXT)
     assert plain.text == "Normandy" and not plain.reranked
+
+
+def test_calibrate_stores_a_reranker_and_the_report_scores_what_evaluate_answers(
+    spm_dir, sample_dir, tmp_path
+) -> None:
+    """A real checkpoint through the commands: train.rerank_report refuses it before a re-ranker is
+    fitted; train.calibrate fits one with the rule; the report's re-ranked spans are train.evaluate's."""
+    from harness.tiny_models import tiny_qa_checkpoint
+    from train.calibrate import main as calibrate_main
+    from train.evaluate import main as evaluate_main
+    from train.experiments.rerank_report import main as report_main
+
+    ck = tiny_qa_checkpoint(
+        tmp_path / "ck", spm_dir, metadata={"max_seq_len": 128, "doc_stride": 64}, logit_scale=8.0
+    )
+    dev = sample_dir / "dev.json"
+    report_args = [
+        "--checkpoint",
+        str(ck),
+        "--data",
+        str(dev),
+        "--out",
+        str(tmp_path / "report"),
+        "--no-progress",
+    ]
+    with pytest.raises(ValueError, match="no span re-ranker"):
+        report_main(report_args)
+    calibration, train = sample_dir / "calibration.json", sample_dir / "train.json"
+    argv = ["--checkpoint", str(ck), "--data", str(calibration), "--train-file", str(train), "--no-progress"]
+    assert calibrate_main(argv) == 0
+    stored = json.loads((ck / "metadata.json").read_text())["answerability"]["reranker"]
+    assert stored["top_k"] == 10 and set(stored["report"]["cross_fitted"]) == {
+        ex.title for ex in read_squad(calibration)
+    }
+    assert report_main(report_args) == 0
+    out = tmp_path / "report"
+    report = json.loads((out / "rerank.json").read_text())
+    rows = json.loads((out / "decisions.json").read_text())
+    examples = read_squad(dev)
+    assert report["questions"] == len(rows) == len(examples)
+    assert report["answerable"] == sum(bool(ex.answers) for ex in examples)
+    assert (
+        report["pooled_out_of_fold"]["articles"] == 3
+    )  # 2 calibration articles, cross-fitted, + the scored one
+    assert (out / "rerank.png").stat().st_size > 0 and "Span re-ranker on 1 article: 1973_oil_crisis" in (
+        out / "RESULTS.md"
+    ).read_text()
+    assert (
+        evaluate_main(
+            ["--checkpoint", str(ck), "--data", str(dev), "--out", str(tmp_path / "eval"), "--no-progress"]
+        )
+        == 0
+    )
+    nbest = json.loads((tmp_path / "eval" / "nbest.json").read_text())
+    for row in rows:
+        if "reranked_span" in row:
+            assert nbest[row["id"]][0]["text"] == row["reranked_span"]

@@ -138,12 +138,16 @@ def _auc(scores: np.ndarray, positive: np.ndarray) -> float | None:
     return roc_auc(scores, positive)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def results_markdown(report: Mapping[str, Any], rule: str) -> str:
     s = report["span_f1"]
     o = report["oracle_span_f1"]
     d = report["decision"]
     lines = [
-        f"# Span re-ranker on {len(report['articles'])} articles: {', '.join(report['articles'])}",
+        f"# Span re-ranker on {_count(len(report['articles']), 'article')}: {', '.join(report['articles'])}",
         "",
         f"{report['questions']} questions, {report['answerable']} answerable. Span F1 is on the answerable "
         "questions with the decision switched off; differences are in F1 points, per question, summarised "
