@@ -19,17 +19,13 @@ from typing import Any
 import numpy as np
 
 from train.answerability.estimators import as_linear, logistic
-from train.answerability.table import group_folds
+from train.answerability.table import context_indexes, group_folds
 from train.squad import Prediction, SquadExample
-from train.squad.answerability_features import ContextIndex, match_question
-from train.squad.metrics import compute_f1, gold_answers
+from train.squad.answerability_features import match_question
+from train.squad.metrics import best_exact_f1
 from train.squad.rerank import CANDIDATE_FEATURES, TOP_K, SpanReranker, candidate_features, snapped
 
 RERANK_C = 1.0  # inverse L2 strength (standardised features); not tuned
-
-
-def _best_f1(golds: Sequence[str], text: str) -> float:
-    return max(compute_f1(g, text) for g in golds)
 
 
 class CandidateTable:
@@ -44,27 +40,29 @@ class CandidateTable:
         rows: list[list[float]] = []
         labels: list[float] = []
         qrow: list[int] = []
+        ranks: list[int] = []  # the reader's order within its question (after snapping)
         raw: list[float] = []  # the reader's best span as it is, not snapped
         self.questions: list[SquadExample] = []
-        indexes: dict[str, ContextIndex] = {}
+        indexes, _ = context_indexes(examples)
         for ex in examples:
             p = predictions.get(ex.qas_id)
-            golds = gold_answers(text for text, _ in ex.answers)
             if p is None or not ex.answers or not p.n_best:
                 continue
-            index = indexes.setdefault(ex.context, ContextIndex(ex.context))
+            index = indexes[ex.context]
             head = snapped(ex.context, p.n_best)[:top_k]
             feats = candidate_features(ex.question, index, match_question(ex.question, index), head)
             q = len(self.questions)
             self.questions.append(ex)
-            raw.append(_best_f1(golds, p.n_best[0].text))
-            for e, f in zip(head, feats, strict=True):
+            raw.append(best_exact_f1(ex.answer_texts, p.n_best[0].text)[1])
+            for rank, (e, f) in enumerate(zip(head, feats, strict=True)):
                 rows.append([f[n] for n in CANDIDATE_FEATURES])
-                labels.append(_best_f1(golds, e.text))
+                labels.append(best_exact_f1(ex.answer_texts, e.text)[1])
                 qrow.append(q)
+                ranks.append(rank)
         self.x = np.array(rows, dtype=np.float64).reshape(-1, len(CANDIDATE_FEATURES))
         self.f1 = np.array(labels, dtype=np.float64)
         self.question = np.array(qrow, dtype=np.int64)
+        self.rank = np.array(ranks, dtype=np.int64)
         self.articles = np.array([self.questions[q].title for q in qrow])
         self.raw_f1 = np.array(raw, dtype=np.float64)
 
@@ -103,10 +101,7 @@ def fit_reranker(
     if len(t) == 0 or not (0 < t.f1.sum() < len(t.f1)):
         raise ValueError("the re-ranker needs answerable questions whose candidates are partly right")
     report: dict[str, Any] = {"questions": len(t), "candidates": int(len(t.f1)), "top_k": top_k}
-    reader_rank = np.zeros(len(t.f1))
-    for q in range(len(t)):  # the reader's own order as a score: first is highest
-        rows = np.flatnonzero(t.question == q)
-        reader_rank[rows] = -np.arange(len(rows))
+    reader_rank = -t.rank.astype(np.float64)  # the reader's own order as a score: first is highest
     if len(set(t.articles.tolist())) >= 2:
         per_article: dict[str, dict[str, float]] = {}
         for held in group_folds(t.articles, max_folds=len(set(t.articles.tolist()))):
@@ -132,11 +127,9 @@ def reranked(
 ) -> dict[str, Prediction]:
     """Each prediction with its spans re-ranked (the decision is not re-taken: redecide does that)."""
     out = dict(predictions)
-    indexes: dict[str, ContextIndex] = {}
+    indexes, _ = context_indexes(examples)
     for ex in examples:
         p = predictions.get(ex.qas_id)
-        if p is None or not p.n_best:
-            continue
-        index = indexes.setdefault(ex.context, ContextIndex(ex.context))
-        out[ex.qas_id] = p.reranked_by(reranker, ex.question, index)
+        if p is not None and p.n_best:
+            out[ex.qas_id] = p.reranked_by(reranker, ex.question, indexes[ex.context])
     return out

@@ -64,7 +64,8 @@ class Table:
         return [dict(zip(names, r.tolist(), strict=True)) for r in cols]
 
 
-def _indexes(examples: Sequence[SquadExample]) -> tuple[dict[str, ContextIndex], dict[str, int]]:
+def context_indexes(examples: Sequence[SquadExample]) -> tuple[dict[str, ContextIndex], dict[str, int]]:
+    """Each distinct context's sentence index (built once) and its paragraph number."""
     indexes: dict[str, ContextIndex] = {}
     ids: dict[str, int] = {}
     for ex in examples:
@@ -76,7 +77,7 @@ def _indexes(examples: Sequence[SquadExample]) -> tuple[dict[str, ContextIndex],
 
 def question_table(examples: Sequence[SquadExample]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Question-verifier features, labels and articles of labelled questions (no QA model needed)."""
-    indexes, _ = _indexes(examples)
+    indexes, _ = context_indexes(examples)
     x = []
     for ex in examples:
         feats = question_features(ex.question, indexes[ex.context])
@@ -99,7 +100,7 @@ def build_table(
     if not rows:
         raise ValueError("no predictions for the given questions")
     columns = tuple(dict.fromkeys([*names, *SPAN_F1_FEATURES]))
-    indexes, paragraph_ids = _indexes(rows)
+    indexes, paragraph_ids = context_indexes(rows)
     x, answer_f1, has_span = [], [], []
     for ex in rows:
         p = predictions[ex.qas_id]

@@ -18,13 +18,14 @@ from typing import Any
 
 import numpy as np
 
+from train.answerability.estimators import roc_auc
 from train.common.cli import Parser
 from train.evaluation.predict import predict_checkpoint, redecide
 from train.experiments.article_stats import compare_by_article, describe, summary
 from train.model import checkpoint
 from train.squad import Prediction, SquadExample, read_squad
 from train.squad.answerability import NONE_RULE, from_metadata
-from train.squad.metrics import compute_exact, compute_f1, gold_answers
+from train.squad.metrics import best_exact_f1
 from train.squad.rerank import snap_to_words
 
 ORACLE_DEPTHS = (1, 5, 10, 20)
@@ -44,10 +45,6 @@ def build_parser() -> Parser:
     return p
 
 
-def _f1(golds: Sequence[str], text: str) -> float:
-    return max(compute_f1(g, text) for g in golds)
-
-
 def question_rows(
     examples: Sequence[SquadExample], reader: Mapping[str, Prediction], decided: Mapping[str, Prediction]
 ) -> list[dict[str, Any]]:
@@ -55,30 +52,31 @@ def question_rows(
     rows = []
     for ex in examples:
         p, d = reader[ex.qas_id], decided[ex.qas_id]
-        golds = gold_answers(text for text, _ in ex.answers)
+        decided_exact, decided_f1 = best_exact_f1(ex.answer_texts, d.text)
         row: dict[str, Any] = {
             "id": ex.qas_id,
             "article": ex.title,
             "answerable": bool(ex.answers),
             "answered": d.text,
             "answerable_prob": d.answerable_prob,
-            "decided_f1": _f1(golds, d.text),
-            "decided_exact": max(compute_exact(g, d.text) for g in golds),
-            "none_f1": _f1(golds, ""),
+            "decided_f1": decided_f1,
+            "decided_exact": decided_exact,
+            "none_f1": best_exact_f1(ex.answer_texts, "")[1],
         }
         if ex.answers and p.n_best:
             best = p.n_best[0]
             a, b = snap_to_words(ex.context, best.start, best.end)
+            reranked_exact, reranked_f1 = best_exact_f1(ex.answer_texts, d.best_span_text)
             row |= {
                 "reader_span": best.text,
                 "reranked_span": d.best_span_text,
-                "reader_f1": _f1(golds, best.text),
-                "snapped_f1": _f1(golds, ex.context[a:b]),
-                "reranked_f1": _f1(golds, d.best_span_text),
-                "reranked_exact": max(compute_exact(g, d.best_span_text) for g in golds),
+                "reader_f1": best_exact_f1(ex.answer_texts, best.text)[1],
+                "snapped_f1": best_exact_f1(ex.answer_texts, ex.context[a:b])[1],
+                "reranked_f1": reranked_f1,
+                "reranked_exact": reranked_exact,
             }
             for k in ORACLE_DEPTHS:
-                row[f"top{k}_f1"] = max(_f1(golds, e.text) for e in p.n_best[:k])
+                row[f"top{k}_f1"] = max(best_exact_f1(ex.answer_texts, e.text)[1] for e in p.n_best[:k])
         rows.append(row)
     return rows
 
@@ -118,7 +116,7 @@ def build_report(rows: Sequence[Mapping[str, Any]], cross_fitted: Mapping[str, A
         "exact": 100 * float(_column(rows, "decided_exact").mean()),
         "none_f1": 100 * float(_column(rows, "none_f1").mean()),
         "vs_none": compare_by_article(_column(rows, "decided_f1"), _column(rows, "none_f1"), all_articles),
-        "roc_auc": _auc(_column(rows, "answerable_prob"), np.array([r["answerable"] for r in rows])),
+        "roc_auc": roc_auc(_column(rows, "answerable_prob"), np.array([r["answerable"] for r in rows])),
     }
     if cross_fitted:
         cal = {t: v["reranked"] - v["reader"] for t, v in cross_fitted.items()}
@@ -130,12 +128,6 @@ def build_report(rows: Sequence[Mapping[str, Any]], cross_fitted: Mapping[str, A
             pooled, None, report["calibration_cross_fitted"]["questions"] + len(spans)
         )
     return report
-
-
-def _auc(scores: np.ndarray, positive: np.ndarray) -> float | None:
-    from train.answerability.estimators import roc_auc
-
-    return roc_auc(scores, positive)
 
 
 def _count(n: int, noun: str) -> str:

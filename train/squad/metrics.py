@@ -89,11 +89,14 @@ def raw_scores(
     for ex in examples:
         if ex.qas_id not in predictions:
             continue
-        pred = predictions[ex.qas_id]
-        golds = gold_answers(ex.answer_texts)
-        exact[ex.qas_id] = float(max(compute_exact(g, pred) for g in golds))
-        f1[ex.qas_id] = max(compute_f1(g, pred) for g in golds)
+        exact[ex.qas_id], f1[ex.qas_id] = best_exact_f1(ex.answer_texts, predictions[ex.qas_id])
     return exact, f1
+
+
+def best_exact_f1(answer_texts: Iterable[str], pred: str) -> tuple[float, float]:
+    """One answer's (exact, f1) against the best-matching gold answer ("" when the question has none)."""
+    golds = gold_answers(answer_texts)
+    return float(max(compute_exact(g, pred) for g in golds)), max(compute_f1(g, pred) for g in golds)
 
 
 def apply_no_answer_threshold(

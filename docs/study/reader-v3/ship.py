@@ -19,7 +19,7 @@ sys.path.insert(0, str(REPO))
 
 import demo  # noqa: E402
 from train.squad import read_squad  # noqa: E402
-from train.squad.metrics import compute_exact  # noqa: E402
+from train.squad.metrics import best_exact_f1  # noqa: E402
 
 SHIPPED_FILES = ("model.onnx", "export.json", "spiece.model", "tokenizer_config.json")
 
@@ -142,9 +142,10 @@ def main() -> int:
     }
     (out / "provenance.json").write_text(json.dumps(provenance, indent=1) + "\n")
     text, answers = demo.ask_shipped(out)
-    right = sum(
-        max(compute_exact(g, answers[ex.qas_id]) for g in ([t for t, _ in ex.answers] or [""]))
-        for ex in read_squad(out / "questions.json")
+    right = int(
+        sum(
+            best_exact_f1(ex.answer_texts, answers[ex.qas_id])[0] for ex in read_squad(out / "questions.json")
+        )
     )
     provenance["demo"] = {"right": right, "answers": answers}
     (out / "provenance.json").write_text(json.dumps(provenance, indent=1) + "\n")
