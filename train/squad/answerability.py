@@ -51,7 +51,14 @@ from .answerability_features import (
     SpanScores,
     all_features,
 )
-from .answerability_params import AnswerabilityError, Linear, parse_curve, parse_number, parse_object
+from .answerability_params import (
+    AnswerabilityError,
+    Linear,
+    check_format,
+    parse_curve,
+    parse_number,
+    parse_object,
+)
 from .rerank import SpanReranker
 
 FORMAT = 1
@@ -186,8 +193,7 @@ class Answerability:
     def from_dict(cls, raw: Any) -> Answerability:
         """Validate stored numbers (from metadata or a sidecar); AnswerabilityError says what is wrong."""
         raw = parse_object(raw, "answerability")
-        if raw.get("format") != FORMAT:
-            raise AnswerabilityError(f"answerability.format {raw.get('format')!r} is not {FORMAT}")
+        check_format(raw, "answerability", FORMAT)
         model = Linear.from_dict(raw.get("model"), "answerability.model", FEATURES)
         verifier = None
         if raw.get("verifier") is not None:

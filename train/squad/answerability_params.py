@@ -41,6 +41,12 @@ def parse_object(raw: Any, name: str) -> Mapping[str, Any]:
     return raw
 
 
+def check_format(raw: Mapping[str, Any], name: str, expected: int) -> None:
+    """Stored numbers written by another version of their format are refused, not misread."""
+    if raw.get("format") != expected:
+        raise AnswerabilityError(f"{name}.format {raw.get('format')!r} is not {expected}")
+
+
 def parse_curve(raw: Any, name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """A monotone piecewise-linear map (isotonic regression's thresholds) with values in [0, 1]."""
     raw = parse_object(raw, name)

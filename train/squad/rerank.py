@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from train.common.text import STOPWORDS, stem, words
 
 from .answerability_features import ContextIndex, QuestionMatch, answer_type_match, match_question
-from .answerability_params import AnswerabilityError, Linear, parse_number, parse_object
+from .answerability_params import AnswerabilityError, Linear, check_format, parse_number, parse_object
 
 if TYPE_CHECKING:  # a prediction's module decides with the answerability, which holds a re-ranker
     from .prediction import NBestEntry
@@ -162,8 +162,7 @@ class SpanReranker:
     def from_dict(cls, raw: Any) -> SpanReranker:
         """Validate stored numbers; AnswerabilityError says what is wrong."""
         raw = parse_object(raw, "reranker")
-        if raw.get("format") != FORMAT:
-            raise AnswerabilityError(f"reranker.format {raw.get('format')!r} is not {FORMAT}")
+        check_format(raw, "reranker", FORMAT)
         top_k = parse_number(raw.get("top_k", TOP_K), "reranker.top_k")
         if top_k != int(top_k) or not 2 <= top_k <= 100:
             raise AnswerabilityError("reranker.top_k must be a whole number from 2 to 100")
