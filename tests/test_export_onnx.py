@@ -139,16 +139,17 @@ def test_cpu_sessions_skip_the_slow_skiplayernorm_fusion(exports, tmp_path):
 
 
 def test_projection_weights_are_constant_initializers(exports):
-    """q/k/v/o, the segment term, feed-forward and heads multiply constant weights (int8 can quantize
-    them); the position projection is a precomputed table (cache_positions), so there is no r MatMul;
-    only the attention products multiply two activations: content scores, the position scores in
-    POSITION_CHUNKS query chunks, and the weighted sum of values."""
-    from train.model.attention import POSITION_CHUNKS
+    """The one input projection (q, k, v and the segment term), the output projection, feed-forward and
+    heads multiply constant weights (int8 can quantize them); the position projection is a precomputed
+    table (cache_positions), so there is no r MatMul; only the attention products multiply two
+    activations: content scores, the position scores in POSITION_CHUNKS query chunks, and the weighted
+    sum of values."""
+    from train.model.fused import POSITION_CHUNKS
 
     ckpt, out = exports["shallow"]
     n_layer = checkpoint.load(ckpt).config.n_layer
     total, const = matmul_weights(onnx.load(str(out / "model.portable.onnx")))
-    assert const == 7 * n_layer + 3  # per layer: q k v o seg ff1 ff2; heads: start end cls
+    assert const == 4 * n_layer + 3  # per layer: in (q k v seg), out, ff1, ff2; heads: start end cls
     assert total - const == (2 + POSITION_CHUNKS) * n_layer
 
 
@@ -228,17 +229,19 @@ def test_hf_beam_checkpoint_matches_transformers(tmp_path, spm_dir):
 # --- reduced precision ------------------------------------------------------------------------------------
 def test_int8_all_matmuls_per_channel(tmp_path, spm_dir):
     """--quantize-heads quantizes every constant-weight MatMul; per-channel scales exist only for 2-D
-    weights in onnxruntime, so the segment term's [n_head, d_head, 2] weight then stays float."""
+    weights in onnxruntime, and every weight is 2-D (the segment term is columns of the one input
+    projection), so per-channel quantizes them all too."""
     ckpt = tiny_qa_checkpoint(tmp_path / "ckpt", spm_dir, "deep")
     args = ["--checkpoint", str(ckpt), "--out", str(tmp_path / "q"), "--precision", "int8", "--no-optimize"]
     assert main([*args, "--quantize-heads"]) == 0
     q = sc.Sidecar.load(tmp_path / "q").quantization
-    assert q["quantized"] == q["matmuls_with_constant_weight"] == 7 * 2 + 3 * 2 + 2 and not q["excluded"]
+    # per layer: in, out, ff1, ff2; the deep head: start end cls plus its two hidden layers
+    assert q["quantized"] == q["matmuls_with_constant_weight"] == 4 * 2 + 3 * 2 + 2 and not q["excluded"]
     assert main([*args, "--quantize-heads", "--per-channel"]) == 0
     side = sc.Sidecar.load(tmp_path / "q")
     q = side.quantization
-    assert q["per_channel"] and len(q["excluded"]) == 2  # one segment-term MatMul per layer
-    assert q["quantized"] == q["matmuls_with_constant_weight"] - 2 and side.verification["passed"]
+    assert q["per_channel"] and not q["excluded"]
+    assert q["quantized"] == q["matmuls_with_constant_weight"] and side.verification["passed"]
 
 
 @pytest.mark.parametrize("precision", ["int8", "fp16"])
@@ -288,10 +291,10 @@ def test_reduced_precision_agreement(tmp_path, spm_dir, capsys, precision, head)
     if precision == "int8":
         q = side.quantization
         n_heads = {"shallow": 3, "beam": 5}[head]  # the heads' own MatMuls stay float by default
-        assert q["matmuls_with_constant_weight"] == 7 * 2 + n_heads and len(q["excluded"]) == n_heads
-        assert q["quantized"] == 7 * 2  # every backbone weight: q k v o seg ff1 ff2 per layer (r is a table)
+        assert q["matmuls_with_constant_weight"] == 4 * 2 + n_heads and len(q["excluded"]) == n_heads
+        assert q["quantized"] == 4 * 2  # every backbone weight: in (q k v seg), out, ff1, ff2 per layer
         assert all("/transformer/" not in name for name in q["excluded"])
-        assert "int8: quantized 14 of" in printed and side.portable_model_file is None
+        assert "int8: quantized 8 of" in printed and side.portable_model_file is None
     else:
         halves = [i for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT16]
         assert len(halves) > len(model.graph.initializer) // 2 and side.portable_model_file == "model.onnx"

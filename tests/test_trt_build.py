@@ -37,15 +37,18 @@ from export.trt.build import (
 )
 from export.trt.cli import main, shape_flag
 from export.trt.profile import Profile, min_sequence, parse_shape, position_limit, source_graph
-from train.common.contract import INPUT_NAMES
+from train.common.contract import INPUT_NAMES, fused_head_width
 
 
 def position_graph(
-    limit: int = 512, d_model: int = 32, n_head: int = 4, via_cast: bool = False
+    limit: int = 512, d_model: int = 32, n_head: int = 4, via_cast: bool = False, fused: bool = True
 ) -> onnx.ModelProto:
-    """A graph holding what export.trt reads of a real export: a [1, n_head, 2 x limit, d_head] position
-    table sliced by the sequence length (as `QAInference`'s cached positions are)."""
-    table = numpy_helper.from_array(np.zeros((1, n_head, 2 * limit, d_model // n_head), np.float32), "table")
+    """A graph holding what export.trt reads of a real export: a [1, n_head, fused width, 2 x limit]
+    position table (or, before the fused layer, [1, n_head, 2 x limit, d_head]) sliced by the sequence
+    length (as `QAInference`'s cached positions are)."""
+    d_head = d_model // n_head
+    shape = (1, n_head, fused_head_width(d_head), 2 * limit) if fused else (1, n_head, 2 * limit, d_head)
+    table = numpy_helper.from_array(np.zeros(shape, np.float32), "table")
     starts = numpy_helper.from_array(np.array([0], np.int64), "starts")
     ends = numpy_helper.from_array(np.array([2], np.int64), "ends")
     axes = numpy_helper.from_array(np.array([2], np.int64), "axes")
@@ -181,7 +184,11 @@ def test_source_graph_is_the_standard_ops_graph(tmp_path):
 def test_position_limit_of_a_graph():
     assert position_limit(position_graph(512), 32) == 512
     assert position_limit(position_graph(300, via_cast=True), 32) == 300  # an fp16 graph casting the table
-    assert position_limit(position_graph(512), 64) is None  # not [1, n_head, 2L, d_head] for this model
+    assert position_limit(position_graph(512), 64) is None  # not this model's table
+    assert (
+        position_limit(position_graph(384, fused=False), 32) == 384
+    )  # an export made before the fused layer
+    assert position_limit(position_graph(384, fused=False), 64) is None
     no_table = helper.make_model(helper.make_graph([], "empty", [], []))
     assert position_limit(no_table, 32) is None
 

@@ -8,7 +8,8 @@
   the table before `.to(dtype)`. TopK stays float32 (the converter's default block list). Constants beyond fp16 range (the -1e30 mask
   values) are clipped to -65504, which the model's own fp16 path uses too.
 - int8: `quantize_dynamic` with signed int8 weights on every backbone MatMul whose weight is a constant
-  (q/k/v/o projections (r is a precomputed table), the segment term, the feed-forward layers); activation x activation MatMuls
+  (each layer's one input projection, which carries q, k, v and the segment term, its output projection and
+  the feed-forward layers; r is a precomputed table); activation x activation MatMuls
   (attention scores) stay float, and activations are quantized per call (no calibration data). The QA
   heads' MatMuls stay float unless asked (`heads=True`): they map the hidden state straight to logits, so
   the per-tensor activation rounding lands on the logits unattenuated. Measured on a d_model 256 model:
@@ -103,7 +104,8 @@ def quantize_int8(
 
     Every backbone MatMul with a constant weight is quantized; the QA heads' own MatMuls only with
     `heads` (see the module doc). Per-channel scales exist only for 2-D weights in onnxruntime's
-    MatMulInteger kernels, so with `per_channel` the segment term's [n_head, d_head, 2] weight stays float.
+    MatMulInteger kernels, so with `per_channel` a batched (3-D) weight stays float (the fused layers have
+    none; a graph that has one, e.g. a reference layer's segment term, keeps it float).
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 

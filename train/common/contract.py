@@ -33,6 +33,18 @@ SEG_ID_CLS = 2
 SEG_ID_PAD = 3
 NUM_SEGMENT_IDS = 4
 
+# The fused inference layer's query and key columns per head (train.model.fused): d_head, the segment
+# one-hot, one constant column for the padding bias, padded to a multiple of 8 (64 -> 72). Its position
+# tables are [1, n_head, this width, 2 x positions]; export.trt recognises them by it.
+FUSED_COLUMN_MULTIPLE = 8
+
+
+def fused_head_width(d_head: int) -> int:
+    """Columns of a head's extended query and key in the fused layer."""
+    need = d_head + NUM_SEGMENT_IDS + 1
+    return -(-need // FUSED_COLUMN_MULTIPLE) * FUSED_COLUMN_MULTIPLE
+
+
 # The beam head keeps this many starts, then ends per start (the original's start_n_top / end_n_top).
 START_N_TOP = 5
 END_N_TOP = 5

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from train.model.config import XLNetConfig
+from train.model.fused import FusedAttentionWeights
 from train.model.position import relative_shift
 
 
@@ -33,37 +34,6 @@ def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor
         return None
     value = -3.0e4 if dtype == torch.float16 else masked_fill_value(dtype)
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, value)[:, None]
-
-
-# Query chunks of the fused position term: rows [a, e) need only T + (e - a) of the 2T distances, so
-# 4 chunks compute 62.5% of the full [T, 2T] product (and shift 62.5% of its values).
-POSITION_CHUNKS = 4
-
-
-def chunk_bounds(t: int, chunks: int) -> list[tuple[int, int]]:
-    """Row ranges [a, e) of `chunks` near-equal query chunks (one chunk for short eager inputs).
-
-    Traced (export), the bounds are shape arithmetic on the input length; computing them once per
-    forward, not per layer, keeps that arithmetic out of every layer of the graph.
-    """
-    if not torch.jit.is_tracing() and t < 2 * chunks:  # chunking would only add ops
-        return [(0, t)]
-    return [((c * t) // chunks, ((c + 1) * t) // chunks) for c in range(chunks)]
-
-
-def chunked_position_scores(
-    q_r: torch.Tensor, k_r: torch.Tensor, bounds: list[tuple[int, int]], t: int
-) -> torch.Tensor:
-    """relative_shift(q_r @ k_r^T, T) without the distances no query row uses.
-
-    k_r holds distances T .. -T+1 ([B|1, N, 2T, Dh]); query row i reads distance i - j, row
-    T - i + j. A chunk of rows [a, e) therefore needs k_r rows [T - e, 2T - a): T + (e - a) of them,
-    and the usual reshape shift of that [e - a, T + e - a] block gives its [e - a, T] scores.
-    """
-    parts = [
-        relative_shift(q_r[:, :, a:e] @ k_r[:, :, t - e : 2 * t - a].transpose(-1, -2), t) for a, e in bounds
-    ]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
 
 class AttentionOnAttention(nn.Module):
@@ -106,6 +76,7 @@ class RelativeAttention(nn.Module):
         self.aoa = AttentionOnAttention(d) if config.use_aoa else None
         # Inference cache of the projected relative positions [1, N, 2L, Dh] (see XLNetModel.cache_positions).
         self.register_buffer("k_r_table", None, persistent=False)
+        self.fused: FusedAttentionWeights | None = None  # the inference layout (train.model.fused)
 
     def _heads(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """[B, L, D] -> [B, N, L, Dh]."""
@@ -148,45 +119,6 @@ class RelativeAttention(nn.Module):
         if self.aoa is not None:
             out = self.aoa(stream, out)
         return self.layer_norm(self.dropout(out) + stream)
-
-    def forward_fused(
-        self,
-        h: torch.Tensor,
-        k_r: torch.Tensor,
-        seg_onehot: torch.Tensor | None,
-        key_bias: torch.Tensor | None,
-        bounds: list[tuple[int, int]],
-    ) -> torch.Tensor:
-        """Content stream without memory (inference): the same attention in fewer [T, T] passes.
-
-        The segment term where(diff, b_i, a_i) equals b_i + (a_i - b_i) * same(i, j); b_i is constant
-        along the softmax row, so it is dropped, and same(i, j) = onehot(type_i) . onehot(type_j) turns
-        the rest into extra columns of the content MatMul, as does the padding bias (a column of ones
-        against 0 / -1e30 per key). The 1/sqrt(d_head) scale is applied to the queries. What remains
-        on [B, N, T, T] is one Add (content + shifted position) and the softmax: no Where/masked_fill,
-        no Mul. Padding rows attend to the real tokens only (the reference also lets them see
-        themselves); no real token reads a padding row, so every real position's output is the same.
-        """
-        n, dh = self.n_head, self.d_head
-        q = self._heads(h, self.q)
-        k = self._heads(h, self.k)
-        v = self._heads(h, self.v)
-        b, _, t, _ = q.shape
-        q_parts = [(q + self.r_w_bias.reshape(1, n, 1, dh)) * self.scale]
-        k_parts = [k]
-        if seg_onehot is not None:  # [B, 1, T, S]
-            delta = (self.seg_embed[0] - self.seg_embed[1]).reshape(1, n, dh, 1)
-            coeff = ((q + self.r_s_bias.reshape(1, n, 1, dh)) * self.scale) @ delta  # [B, N, T, 1]
-            q_parts.append(coeff * seg_onehot)
-            k_parts.append(seg_onehot.expand(b, n, t, seg_onehot.shape[-1]))
-        if key_bias is not None:  # [B, 1, T, 1]: 0 or the masked-fill value per key
-            q_parts.append(torch.ones_like(key_bias).expand(b, n, t, 1))
-            k_parts.append(key_bias.expand(b, n, t, 1))
-        content = torch.cat(q_parts, dim=-1) @ torch.cat(k_parts, dim=-1).transpose(-1, -2)
-        q_r = (q + self.r_r_bias.reshape(1, n, 1, dh)) * self.scale
-        position = chunked_position_scores(q_r, k_r, bounds, t)
-        probs = torch.softmax(content + position, dim=-1)
-        return self._post(h, probs @ v)
 
     def cached_k_r(self, qlen: int) -> torch.Tensor:
         """Distances qlen .. -qlen+1 are the middle 2*qlen rows of the cached table."""

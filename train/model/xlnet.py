@@ -11,9 +11,9 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from train.common.contract import NUM_SEGMENT_IDS
-from train.model.attention import POSITION_CHUNKS, additive_mask, chunk_bounds, masked_fill_value
+from train.model.attention import additive_mask, masked_fill_value
 from train.model.config import XLNetConfig
+from train.model.fused import FusedAttentionWeights, fused_attention, fused_inputs
 from train.model.layers import XLNetLayer
 from train.model.layout import question_match
 from train.model.position import attention_masks, relative_positions, segment_difference
@@ -79,8 +79,8 @@ class XLNetModel(nn.Module):
         length-T window (T .. -T+1) are the middle 2T rows of the table for `max_len`, so a slice
         replaces a [2T, D] x [D, D] MatMul per layer (~12% of the FLOPs at T = 384). Used in eval
         mode for memory-free inputs up to `max_len` tokens; recompute after changing the weights.
-        `fused` also switches such content-only calls to `RelativeAttention.forward_fused` (segment
-        term and padding folded into the content MatMul; padding rows' outputs differ, see there).
+        `fused` also switches such content-only calls to `train.model.fused` (the attention in few
+        operations, weights rearranged here once; padding rows' outputs differ, see there).
         """
         cfg = self.config
         if cfg.attn_type != "bi" or cfg.bi_data:
@@ -103,12 +103,14 @@ class XLNetModel(nn.Module):
         for layer in cast("Iterable[XLNetLayer]", self.layer):
             attn = layer.rel_attn
             attn.k_r_table = attn._heads(pos, attn.r).contiguous()
+            attn.fused = FusedAttentionWeights(attn, attn.k_r_table) if fused else None
         self.position_cache_len = max_len
         self.fused_inference = fused
 
     def clear_position_cache(self) -> None:
         for layer in cast("Iterable[XLNetLayer]", self.layer):
             layer.rel_attn.k_r_table = None
+            layer.rel_attn.fused = None
         self.position_cache_len = None
         self.fused_inference = False
 
@@ -132,26 +134,26 @@ class XLNetModel(nn.Module):
         attention_mask: torch.Tensor | None,
         output_hidden_states: bool,
     ) -> XLNetModelOutput:
-        """Content stream, no memory, cached positions: see `RelativeAttention.forward_fused`."""
+        """Content stream, no memory, cached positions: see `train.model.fused`."""
         h = self.embed(input_ids, token_type_ids, attention_mask)
-        qlen = input_ids.shape[1]
-        seg_onehot = None
-        if token_type_ids is not None:  # [B, 1, T, S]; ids are 0..NUM_SEGMENT_IDS-1 (P, Q, CLS, PAD)
-            ids = torch.arange(NUM_SEGMENT_IDS, device=input_ids.device)
-            seg_onehot = (token_type_ids[:, None, :, None] == ids).to(h.dtype)
-        key_bias = None
-        if attention_mask is not None:  # [B, 1, T, 1]
-            pad = (attention_mask == 0)[:, None, :, None]
-            key_bias = torch.zeros(pad.shape, dtype=h.dtype, device=h.device).masked_fill(
-                pad, masked_fill_value(h.dtype)
-            )
-        bounds = chunk_bounds(qlen, POSITION_CHUNKS)
+        batch, length = input_ids.shape
+        cfg = self.config
+        inputs = fused_inputs(
+            token_type_ids,
+            attention_mask,
+            batch=batch,
+            length=length,
+            d_head=cfg.d_head,
+            table_len=2 * cast(int, self.position_cache_len),
+            mask_value=masked_fill_value(h.dtype),
+            dtype=h.dtype,
+            device=h.device,
+        )
         hidden: list[torch.Tensor] = []
         for layer in cast("Iterable[XLNetLayer]", self.layer):
             if output_hidden_states:
                 hidden.append(h)
-            attn = layer.rel_attn
-            h = layer.ff(attn.forward_fused(h, attn.cached_k_r(qlen), seg_onehot, key_bias, bounds))
+            h = layer.ff(fused_attention(layer.rel_attn, h, inputs))
         if output_hidden_states:
             hidden.append(h)
         return XLNetModelOutput(
