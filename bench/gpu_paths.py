@@ -23,6 +23,7 @@ import torch
 from server.backends.buckets import Bucket, BucketGrid
 from server.backends.torch_graphs import DTYPES, BucketedRunner, Capture, CudaGraphCapture, EagerReplay, fill
 from train.common.contract import INPUT_NAMES
+from train.model import triton_attention
 
 Feeds = dict[str, np.ndarray]
 Make = Callable[[Feeds], Callable[[], object]]
@@ -55,16 +56,22 @@ def eager_runner(model: torch.nn.Module, device: torch.device) -> Make:
     return make
 
 
-def graph_runner(model: torch.nn.Module, device: torch.device) -> Make:
+def graph_runner(model: torch.nn.Module, device: torch.device, attention_kernel: bool = True) -> Make:
     """One bucket of the measured shape, captured (a CUDA graph on CUDA, the eager stand-in elsewhere),
-    its inputs filled once; the run is the replay."""
+    its inputs filled once; the run is the replay. ``attention_kernel=False`` captures the torch
+    formulation of the attention where the Triton kernel would run (the kernel's own gain, side by side)."""
 
     def make(feeds: Feeds) -> Callable[[], object]:
         rows, length = feeds["input_ids"].shape
         capture: Capture = CudaGraphCapture(device) if device.type == "cuda" else EagerReplay()
         names = getattr(model, "names", ())
         runner = BucketedRunner(model, INPUT_NAMES, names, BucketGrid((rows,), (length,)), device, capture)
-        runner.prepare()
+        enabled = triton_attention.ENABLED
+        triton_attention.ENABLED = attention_kernel and enabled
+        try:
+            runner.prepare()
+        finally:
+            triton_attention.ENABLED = enabled
         slot = runner.slots[Bucket(rows, length)]
         fill(slot.inputs, feeds)
 
@@ -74,6 +81,70 @@ def graph_runner(model: torch.nn.Module, device: torch.device) -> Make:
                 torch.cuda.synchronize(device)
             return slot.outputs
 
+        return run
+
+    return make
+
+
+def served_graph_runner(model: torch.nn.Module, device: torch.device) -> Make:
+    """The same bucket as :func:`graph_runner`, timed as the server calls it: ``BucketedRunner.run`` on
+    numpy windows (the copies into the static buffers, the casts and the copies back included)."""
+
+    def make(feeds: Feeds) -> Callable[[], object]:
+        rows, length = feeds["input_ids"].shape
+        capture: Capture = CudaGraphCapture(device) if device.type == "cuda" else EagerReplay()
+        names = getattr(model, "names", ())
+        runner = BucketedRunner(model, INPUT_NAMES, names, BucketGrid((rows,), (length,)), device, capture)
+        runner.prepare()
+        return lambda: runner.run(feeds)
+
+    return make
+
+
+def ort_bound_runner(export_dir: Path, device: torch.device, cuda_graph: bool) -> Make:
+    """Our portable export on onnxruntime with IO binding: inputs copied to the device once, outputs
+    written into buffers bound there (nothing crosses to the host per run), optionally replayed as
+    onnxruntime's own CUDA graph (``enable_cuda_graph``: one session per shape, captured at its first
+    run). On a CPU, the IO-binding code path on the CPU provider (a dry run; no graph)."""
+    import onnxruntime as ort
+
+    from export.serving.providers import CUDA
+    from export.serving.sessions import session
+    from export.serving.sidecar import Sidecar
+
+    side = Sidecar.load(export_dir)
+    graph = export_dir / (side.portable_model_file or side.model_file)
+    on_gpu = device.type == "cuda"
+    if cuda_graph and not on_gpu:
+        raise Skipped("onnxruntime's CUDA graphs need a CUDA device")
+    where, index = ("cuda", device.index or 0) if on_gpu else ("cpu", 0)
+    options = {"device_id": str(index), "enable_cuda_graph": "1" if cuda_graph else "0"}
+    providers = [(CUDA, options)] if on_gpu else ["CPUExecutionProvider"]
+
+    def make(feeds: Feeds) -> Callable[[], object]:
+        try:
+            sess = session(graph, providers=providers)
+        except Exception as exc:  # a provider that cannot load says why; the row is skipped with it
+            raise Skipped(f"onnxruntime session on {providers}: {exc}") from None
+        inputs = {n: ort.OrtValue.ortvalue_from_numpy(feeds[n], where, index) for n in INPUT_NAMES}
+        plain = sess.run(None, feeds)  # the outputs' shapes and types at this input shape
+        names = [o.name for o in sess.get_outputs()]
+        outputs = {
+            n: ort.OrtValue.ortvalue_from_shape_and_type(list(out.shape), out.dtype, where, index)
+            for n, out in zip(names, plain, strict=True)
+        }
+        binding = sess.io_binding()
+        for n, value in inputs.items():
+            binding.bind_ortvalue_input(n, value)
+        for n, value in outputs.items():
+            binding.bind_ortvalue_output(n, value)
+
+        def run() -> object:
+            sess.run_with_iobinding(binding)
+            binding.synchronize_outputs()
+            return outputs
+
+        run()  # with a CUDA graph: the capture, not a measured run
         return run
 
     return make

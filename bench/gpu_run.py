@@ -4,16 +4,21 @@ The lent machine reaches no package index and takes at most ~64 MiB per call, an
 wheel alone is ~256 MB; its image has torch (CUDA 13), transformers, onnx and the NVIDIA CUDA 13
 wheels, but not onnxruntime-gpu nor the server's fastapi / uvicorn / pydantic. So, on this side:
 
-    python -m bench.gpu_run pack .gpu-parts            # download the missing wheels, tar, split into parts
+    python -m bench.gpu_run pack .gpu-parts --prune-tool ../shared/tools/prune_ort_fatbin.py
+                                                       # download the missing wheels, keep onnxruntime-gpu's
+                                                       # sm_90 code only, tar.xz, split into parts that fit
+                                                       # one call beside this tree (two for an H100/H200)
     python -m bench.gpu_run plan .gpu-parts            # the calls: what each carries, runs, may take
 
 and each planned call carries one part and runs stages while the parts arrive (a warm machine keeps
-them between calls): the torch measurements first (they need nothing carried), then ``install`` (join
-the parts, pip install into ``.gpu-target``), the onnxruntime-CUDA measurements, ``make gpu-test`` and
-``make gpu-check``. Every stage writes ``STAGE.json`` and ``STAGE.log`` under ``--out``; ``report``
+them between calls): the probe first (it needs nothing carried), then, with the last part, ``install``
+(join the parts, pip install into ``.gpu-target``) and the onnxruntime-CUDA rows beside the torch rows
+of the same call, then the rest: the servers, graphs, memory levers, ``make gpu-test`` and
+``make gpu-check``. If the GPU refuses the pruned library ("no kernel image"), ``pack`` again without
+``--prune-tool`` (about five parts). Every stage writes ``STAGE.json`` and ``STAGE.log`` under ``--out``; ``report``
 merges the directories of all calls into ``summary.json`` and ``summary.md`` (for BENCHMARKS.md).
 
-    python -m bench.gpu_run split FILE OUTDIR [--part-mib 60]     python -m bench.gpu_run join PARTS_DIR FILE
+    python -m bench.gpu_run split FILE OUTDIR [--part-mib N]      python -m bench.gpu_run join PARTS_DIR FILE
     python -m bench.gpu_run install PARTS_DIR TARGET              python -m bench.gpu_run parts PARTS_DIR
     python -m bench.gpu_run stages STAGE... --out DIR [--device cpu --preset tiny --shapes 1x16 ...]
     python -m bench.gpu_run report DIR... --out DIR
@@ -25,11 +30,14 @@ paths; the GPU-only configurations report why they did not run).
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
 import json
 import platform
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,8 +55,11 @@ from bench.wheel_parts import (
 
 PROG = "python -m bench.gpu_run"
 MIB = 1 << 20
-# The most one call carries is 64 MiB with the working tree (~3.5 MB tracked): parts of 60 MiB.
-PART_MIB = 60
+# The most one call carries is 64 MiB, the working tree included (tracked and untracked files git does not
+# ignore: ~17 MB now, and growing), so a part's size comes from the tree's real size, with a margin.
+CALL_LIMIT_MIB = 64
+MARGIN_MIB = 2
+REPO = Path(__file__).resolve().parents[1]
 PARTS_DIR = ".gpu-parts"
 WORK_DIR = ".gpu-work"
 TARGET_DIR = ".gpu-target"
@@ -82,13 +93,39 @@ PLATFORMS = (
     "manylinux_2_17_x86_64",
     "manylinux2014_x86_64",
 )
-# The image lacks the server's packages, so every stage that starts a server (or imports server code:
-# graphs) comes after ``install``; the torch latency and the memory levers need nothing carried.
-STAGES_BEFORE_INSTALL = (("probe", "latency-torch"), ("memory",))
+# The image lacks the server's packages, and every stage that imports server code (bench.latency reads the
+# bucketed runner and the server's settings, so latency-torch does; tests/test_gpu_run.py checks the ones
+# before) comes after ``install``. The call that brings the last part installs and first measures the
+# onnxruntime-CUDA rows beside the torch rows of the same run (with a 15-minute lease, the rows that
+# matter most); the other groups follow, one call each.
+STAGES_BEFORE_INSTALL = (("probe",),)
 STAGES_AFTER_INSTALL = (
-    ("install", "serve-torch", "graphs", "latency-ort", "serve-ort"),
-    ("gpu-test", "gpu-check", "report"),
+    ("install", "latency-torch", "latency-ort"),
+    ("serve-torch", "graphs", "serve-ort"),
+    ("memory", "gpu-test", "gpu-check", "report"),
 )
+
+
+def carried_tree_bytes(repo: Path) -> int:
+    """Bytes of the working tree a call carries: the files git tracks or would track (not ignored)."""
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        check=True,
+    )
+    names = {n for n in proc.stdout.decode(errors="surrogateescape").split("\0") if n}
+    return sum((repo / n).stat().st_size for n in names if (repo / n).is_file())
+
+
+def part_mib_for(tree_bytes: int) -> int:
+    """The largest whole-MiB part that fits one call beside the tree (and the margin)."""
+    room = CALL_LIMIT_MIB * MIB - tree_bytes - MARGIN_MIB * MIB
+    if room < 8 * MIB:
+        raise PartsError(
+            f"the working tree is {tree_bytes / MIB:.1f} MiB: a call carries {CALL_LIMIT_MIB} MiB in all, "
+            f"leaving {max(room, 0) / MIB:.1f} MiB for a part; move large untracked files out of the tree"
+        )
+    return room // MIB
 
 
 @dataclass(frozen=True)
@@ -106,29 +143,93 @@ def stages_command(stages: Sequence[str], python: str = "python3") -> str:
 
 
 def plan_runs(parts_dir: str, manifest: dict[str, Any], python: str = "python3") -> list[Run]:
-    """The calls: call k carries part k (with the manifest) and runs the stages that need nothing
-    carried meanwhile; the call that brings the last part installs and runs the onnxruntime stages;
-    one more runs the GPU tests, the smoke check and the report."""
+    """The calls: call k carries part k (with the manifest) and runs a group of stages that need nothing
+    carried meanwhile; the call that brings the last part installs, measures the onnxruntime-CUDA rows
+    beside the torch rows, then runs what is left from before; one call per remaining group."""
     names = [p["file"] for p in manifest["parts"]]
     carried = f"{parts_dir}/{manifest['file']}{MANIFEST_SUFFIX}"
     before = list(STAGES_BEFORE_INSTALL)
     runs = []
     for k, name in enumerate(names):
         stages: list[str] = []
-        if k == len(names) - 1:  # everything not run yet, then what needs the carried wheels
-            stages = [s for group in before for s in group] + list(STAGES_AFTER_INSTALL[0])
+        if k == len(names) - 1:  # install and the rows that matter first, then what was not run yet
+            stages = list(STAGES_AFTER_INSTALL[0]) + [s for group in before for s in group]
         elif before:
             stages = list(before.pop(0))
         command = stages_command(stages, python) if stages else f"{python} -m bench.gpu_run parts {parts_dir}"
         measured = [s for s in stages if s not in ("probe", "install")]
         runs.append(Run((carried, f"{parts_dir}/{name}"), command, min(600, 120 + 240 * len(measured))))
-    runs.append(Run((), stages_command(STAGES_AFTER_INSTALL[1], python), 600))
+    runs += [Run((), stages_command(group, python), 600) for group in STAGES_AFTER_INSTALL[1:]]
     return runs
 
 
-def pack(out_dir: Path, python_version: str, part_mib: int, wheels_dir: Path | None) -> Path:
+def oversized_calls(repo: Path, runs: Sequence[Run], tree_bytes: int) -> list[str]:
+    """The calls whose carried files (paths from the repository root) and the tree exceed what one call
+    carries, each with its size."""
+    found = []
+    for k, r in enumerate(runs, 1):
+        size = tree_bytes + sum((repo / c).stat().st_size for c in r.carry if (repo / c).is_file())
+        if size > CALL_LIMIT_MIB * MIB:
+            found.append(f"call {k} carries {size / MIB:.1f} MiB (the tree {tree_bytes / MIB:.1f} MiB)")
+    return found
+
+
+CUDA_PROVIDER_LIBRARY = "libonnxruntime_providers_cuda.so"
+
+
+def pruned_wheel(wheel: Path, tool: Path, arch: int, out_dir: Path) -> Path:
+    """``wheel`` (onnxruntime-gpu) with its CUDA provider library passed through ``tool`` (the shared
+    prune_ort_fatbin.py: only the sm_``arch`` machine code kept, the rest zeroed), its RECORD entry
+    updated, stored uncompressed so that the wheelhouse's xz removes the zeros."""
+    out = out_dir / wheel.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as src, tempfile.TemporaryDirectory(prefix="prune-") as tmp:
+        libs = [n for n in src.namelist() if n.endswith(CUDA_PROVIDER_LIBRARY)]
+        if len(libs) != 1:
+            raise PartsError(f"{wheel.name}: expected one {CUDA_PROVIDER_LIBRARY}, found {len(libs)}")
+        original, pruned = Path(tmp) / "in.so", Path(tmp) / "out.so"
+        original.write_bytes(src.read(libs[0]))
+        proc = subprocess.run(
+            [sys.executable, str(tool), str(original), str(pruned)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0 or not pruned.is_file():
+            last = ((proc.stderr or proc.stdout).strip().splitlines() or ["(no output)"])[-1]
+            raise PartsError(f"{tool} could not prune {libs[0]}: {last}")
+        print(f"pruned {libs[0]}: {proc.stdout.strip()}")
+        data = pruned.read_bytes()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
+            for info in src.infolist():
+                content = data if info.filename == libs[0] else src.read(info.filename)
+                if info.filename.endswith(".dist-info/RECORD"):
+                    lines = content.decode().splitlines()
+                    content = (
+                        "\n".join(
+                            f"{libs[0]},sha256={digest},{len(data)}"
+                            if line.split(",")[0] == libs[0]
+                            else line
+                            for line in lines
+                        )
+                        + "\n"
+                    ).encode()
+                dst.writestr(info.filename, content)
+    return out
+
+
+def pack(
+    out_dir: Path,
+    python_version: str,
+    part_mib: int,
+    wheels_dir: Path | None,
+    prune: tuple[Path, int] | None = None,
+) -> Path:
     """Download the wheels the lent machine lacks (onnxruntime-gpu for the default stack, the server's
-    packages) for its Python, tar them and split the tar into ``out_dir``; returns the manifest."""
+    packages) for its Python, tar them and split the tar into ``out_dir``; returns the manifest. With
+    ``prune`` (tool, arch), onnxruntime-gpu's CUDA library keeps only that arch's machine code and the
+    tar is xz-compressed: ~256 MB of wheels become two calls' worth."""
     from export.serving.gpu_stacks import DEFAULT_STACK
 
     wanted = [f"onnxruntime-gpu=={DEFAULT_STACK.onnxruntime_gpu}", *SERVER_WHEELS]
@@ -144,7 +245,17 @@ def pack(out_dir: Path, python_version: str, part_mib: int, wheels_dir: Path | N
                 raise PartsError(f"pip download failed: {last}")
         wheels = sorted(where.glob("*.whl"))
         tag = f"cp{python_version.replace('.', '')}"
-        tarball = wheelhouse(wheels, Path(tmp) / f"gpu-wheels-{tag}.tar")
+        if prune is None:
+            tarball = wheelhouse(wheels, Path(tmp) / f"gpu-wheels-{tag}.tar")
+        else:
+            tool, arch = prune
+            wheels = [
+                pruned_wheel(w, tool, arch, Path(tmp) / "pruned")
+                if w.name.startswith("onnxruntime_gpu")
+                else w
+                for w in wheels
+            ]
+            tarball = wheelhouse(wheels, Path(tmp) / f"gpu-wheels-{tag}-sm{arch}.tar.xz")
         return split(tarball, out_dir, part_mib * MIB)
 
 
@@ -183,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = sub.add_parser("split", help="cut FILE into parts + manifest in OUTDIR")
     s.add_argument("file", type=Path)
     s.add_argument("out_dir", type=Path)
-    s.add_argument("--part-mib", type=int, default=PART_MIB)
+    s.add_argument("--part-mib", type=int, help="part size (default: what fits one call beside this tree)")
     s = sub.add_parser("join", help="join the parts in PARTS_DIR into FILE (checked)")
     s.add_argument("parts_dir", type=Path)
     s.add_argument("file", type=Path)
@@ -195,8 +306,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = sub.add_parser("pack", help="download, tar and split the wheels the lent machine lacks")
     s.add_argument("out_dir", type=Path)
     s.add_argument("--python", default="3.12", help="the lent machine's CPython version")
-    s.add_argument("--part-mib", type=int, default=PART_MIB)
+    s.add_argument("--part-mib", type=int, help="part size (default: what fits one call beside this tree)")
     s.add_argument("--wheels", type=Path, help="take the wheels from this directory instead of downloading")
+    s.add_argument(
+        "--prune-tool",
+        type=Path,
+        help="prune_ort_fatbin.py (../shared/tools/): keep only --prune-sm machine code in onnxruntime-gpu",
+    )
+    s.add_argument(
+        "--prune-sm", type=int, default=90, help="with --prune-tool: the GPU arch kept (H100/H200: 90)"
+    )
     s = sub.add_parser("plan", help="print the calls on the lent machine")
     s.add_argument("parts_dir", type=Path)
     s.add_argument("--python", default="python3")
@@ -234,7 +353,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.command == "split":
-        manifest = split(args.file, args.out_dir, args.part_mib * MIB)
+        manifest = split(
+            args.file, args.out_dir, (args.part_mib or part_mib_for(carried_tree_bytes(REPO))) * MIB
+        )
         print(f"{len(load_manifest(manifest)['parts'])} parts and {manifest}")
     elif args.command == "join":
         print(join(find_manifest(args.parts_dir), args.file))
@@ -248,12 +369,20 @@ def run(args: argparse.Namespace) -> int:
 
         print(parts_status(args.parts_dir))
     elif args.command == "pack":
-        manifest = pack(args.out_dir, args.python, args.part_mib, args.wheels)
+        if args.prune_tool is not None and not args.prune_tool.is_file():
+            raise PartsError(f"--prune-tool {args.prune_tool}: no such file")
+        part_mib = args.part_mib or part_mib_for(carried_tree_bytes(REPO))
+        prune = (args.prune_tool, args.prune_sm) if args.prune_tool else None
+        manifest = pack(args.out_dir, args.python, part_mib, args.wheels, prune)
         print(
             f"{len(load_manifest(manifest)['parts'])} parts and {manifest}; next: {PROG} plan {args.out_dir}"
         )
     elif args.command == "plan":
         runs = plan_runs(str(args.parts_dir), load_manifest(find_manifest(args.parts_dir)), args.python)
+        if too_big := oversized_calls(REPO, runs, carried_tree_bytes(REPO)):
+            raise PartsError(
+                "; ".join(too_big) + f": over {CALL_LIMIT_MIB} MiB; pack again with smaller parts"
+            )
         if args.json:
             print(json.dumps([asdict(r) for r in runs], indent=2))
         for k, r in enumerate(runs if not args.json else [], 1):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import markdown_table
+from bench.common import REFERENCE_PATH, markdown_table
 from bench.wheel_parts import PartsError, find_manifest, install, part_problems
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,6 +96,19 @@ def run_child(ctx: StageContext, stage: str, cmd: Sequence[str], timeout_s: floa
     }
 
 
+# The module each stage runs (tests/test_gpu_run.py imports the ones before ``install`` without the
+# server's packages).
+STAGE_MODULES = {
+    "probe": "bench.gpu_run",
+    "latency-torch": "bench.latency",
+    "latency-ort": "bench.latency",
+    "memory": "bench.memory",
+    "graphs": "bench.gpu_graphs",
+    "serve-torch": "bench.serve",
+    "serve-ort": "bench.serve",
+}
+
+
 def python_module(ctx: StageContext, module: str, *args: str) -> list[str]:
     return [ctx.python, "-m", module, *args]
 
@@ -108,7 +121,7 @@ def probe(ctx: StageContext) -> dict[str, Any]:
     result = run_child(
         ctx,
         "probe",
-        python_module(ctx, "bench.gpu_run", "facts", "--json", str(ctx.work / "facts.json")),
+        python_module(ctx, STAGE_MODULES["probe"], "facts", "--json", str(ctx.work / "facts.json")),
         300,
     )
     facts = json.loads((ctx.work / "facts.json").read_text()) if (ctx.work / "facts.json").is_file() else None
@@ -121,7 +134,7 @@ def latency(ctx: StageContext, stage: str, paths: str) -> dict[str, Any]:
     out.unlink(missing_ok=True)
     args = ["--device", ctx.device, "--config", ctx.preset, "--shapes", ctx.shapes, "--paths", paths]
     args += ["--runs", str(ctx.runs), "--warmup", str(ctx.warmup), "--json", str(out)]
-    result = run_child(ctx, stage, python_module(ctx, "bench.latency", *args), 900)
+    result = run_child(ctx, stage, python_module(ctx, STAGE_MODULES[stage], *args), 900)
     return json.loads(out.read_text()) if out.is_file() else {"error": result}
 
 
@@ -177,7 +190,7 @@ def serve(ctx: StageContext, stage: str, configs: dict[str, tuple[str, str, str]
         ]
         args += ["--max-batch-size", str(ctx.max_batch_size), "--skip-overhead", "--json", str(out)]
         args += ["--log-dir", str(ctx.work)]
-        result = run_child(ctx, stage, python_module(ctx, "bench.serve", *args), 600)
+        result = run_child(ctx, stage, python_module(ctx, STAGE_MODULES[stage], *args), 600)
         results[name] = json.loads(out.read_text()) if out.is_file() else {"error": result}
     return results
 
@@ -187,7 +200,7 @@ def memory(ctx: StageContext) -> dict[str, Any]:
     and -base shapes on a GPU; the preset alone on a CPU dry run)."""
     presets = "large,base" if ctx.device == "cuda" else ctx.preset
     args = ["--presets", presets, "--device", ctx.device, "--time", "--runs", str(max(2, ctx.runs // 4))]
-    result = run_child(ctx, "memory", python_module(ctx, "bench.memory", *args), 900)
+    result = run_child(ctx, "memory", python_module(ctx, STAGE_MODULES["memory"], *args), 900)
     lines = (ctx.out / "memory.log").read_text(errors="replace").splitlines()
     start = next((k for k, line in enumerate(lines) if line.startswith("Machine:")), None)
     return (
@@ -201,7 +214,7 @@ def graphs(ctx: StageContext) -> dict[str, Any]:
     out.unlink(missing_ok=True)
     shapes = ",".join(s for s in ctx.shapes.split(",") if not s.startswith("32x"))  # compile: ~30 s a shape
     args = ["--config", ctx.preset, "--shapes", shapes or ctx.shapes, "--kernels", "--json", str(out)]
-    result = run_child(ctx, "graphs", python_module(ctx, "bench.gpu_graphs", *args), 600)
+    result = run_child(ctx, "graphs", python_module(ctx, STAGE_MODULES["graphs"], *args), 600)
     return json.loads(out.read_text()) if out.is_file() else {"error": result}
 
 
@@ -289,11 +302,7 @@ def latency_rows(stages: dict[str, Any]) -> list[list[Any]]:
         for name in ("latency-torch", "latency-ort")
         for row in (stages.get(name, {}).get("result", {}).get("rows") or [])
     ]
-    reference = {
-        r["BxT"]: r["p50 ms"]
-        for r in rows
-        if r["path"].startswith("(a) HF eager") and "autocast" not in r["path"]
-    }
+    reference = {r["BxT"]: r["p50 ms"] for r in rows if r["path"] == REFERENCE_PATH}
     return [
         [
             r["path"],

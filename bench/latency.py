@@ -5,7 +5,8 @@
 present; on a GPU (`--device cuda`) also (g) ours in fp16 and bf16 weights, eager and replayed as one
 recorded CUDA graph (the server's `--torch-cuda-graphs` runner), and (h) our fp32 and fp16 exports on
 onnxruntime's CUDA provider (`bench.gpu_paths`). Batch 1 and 8, sequence 128 and 384 (xlnet-base shape
-by default, random weights), warm-up then >= 20 runs, p50/p90, GFLOP/s and every figure as a ratio to
+by default, random weights), warm-up then >= 20 runs, p50/p90, GFLOP/s of each model's own counted work
+(`bench.common.counted_flops`) and every figure as a ratio to
 (a) from the same run. Threads are pinned (torch.set_num_threads, ORT intra_op_num_threads).
 `--realistic` adds the shared dev questions at their true lengths (one window each, no padding to max),
 answered one by one. `--json FILE` writes the rows and the paths skipped, with why.
@@ -29,8 +30,16 @@ import numpy as np
 import torch
 import transformers
 
-from bench.common import machine_line, markdown_table, pct, time_runs, xlnet_forward_flops
-from bench.gpu_paths import Skipped, cast_model, eager_runner, graph_runner, ort_cuda_runner
+from bench.common import REFERENCE_PATH, counted_flops, machine_line, markdown_table, pct, time_runs
+from bench.gpu_paths import (
+    Skipped,
+    cast_model,
+    eager_runner,
+    graph_runner,
+    ort_bound_runner,
+    ort_cuda_runner,
+    served_graph_runner,
+)
 from export.onnx.exporter import OnnxExportOptions, VerificationFailed, export_onnx
 from export.serving.sessions import session
 from train.common.cli import to_stderr
@@ -202,7 +211,7 @@ def main(argv=None) -> int:
         return make
 
     if "a" not in skip:
-        runners["(a) HF eager"] = torch_runner(HFWrapper(hf))
+        runners[REFERENCE_PATH] = torch_runner(HFWrapper(hf))
     if "b" not in skip:
         runners["(b) HF -> ONNX -> ORT"] = lambda feeds: hf_onnx_runner(hf, feeds, args.threads)
     if "c" not in skip:
@@ -218,6 +227,11 @@ def main(argv=None) -> int:
             runners[f"(g) ours {dtype} eager"] = eager_runner(cast, device)
             graph = "CUDA graph" if device.type == "cuda" else "bucketed, eager replay (CPU dry run)"
             runners[f"(g) ours {dtype} {graph}"] = graph_runner(cast, device)
+            runners[f"(g) ours {dtype} {graph}, served (BucketedRunner.run)"] = served_graph_runner(
+                cast, device
+            )
+            if device.type == "cuda":  # the Triton attention kernel's own gain, same capture otherwise
+                runners[f"(g) ours {dtype} CUDA graph, torch attention"] = graph_runner(cast, device, False)
     exports: dict[str, Path | None] = {}
 
     def exported(precision: str) -> Path | None:
@@ -235,6 +249,12 @@ def main(argv=None) -> int:
         except Skipped as exc:
             skipped[name] = str(exc)
             print(f"{name}: skipped: {exc}")
+        if path is not None:  # the session is made per shape, so a refusal skips at that row
+            runners[f"{name}, IO binding"] = ort_bound_runner(path.parent, device, cuda_graph=False)
+            if device.type == "cuda":
+                runners[f"{name}, IO binding + CUDA graph"] = ort_bound_runner(
+                    path.parent, device, cuda_graph=True
+                )
     for key, precision in (("d", "fp32"), ("e", "int8")):
         if key in skip:
             continue
@@ -256,28 +276,41 @@ def main(argv=None) -> int:
             print("(f) TensorRT: not installed on this machine (no NVIDIA GPU), skipped")
 
     rows = []
+    flop_counts: dict[str, dict[str, float]] = {}
     for shape in args.shapes.split(","):
         b, t = (int(x) for x in shape.lower().split("x"))
         feeds = make_inputs(b, t, args.vocab)
-        flops = xlnet_forward_flops(b, t, config.d_model, config.d_inner, config.n_layer)
+        tensors = tuple(torch.from_numpy(feeds[n]).to(device) for n in INPUT_NAMES)
+        flops = {"HF": counted_flops(HFWrapper(hf), *tensors), "ours": counted_flops(inference, *tensors)}
+        flop_counts[f"{b}x{t}"] = flops
         ref_p50 = None
         for name, make in runners.items():
-            times = time_runs(make(feeds), warmup=args.warmup, runs=args.runs)
+            try:
+                run = make(feeds)
+            except Skipped as exc:  # a path that can only say so at its first shape (a session per shape)
+                skipped[f"{name} {b}x{t}"] = str(exc)
+                print(f"{name} {b}x{t}: skipped: {exc}")
+                continue
+            times = time_runs(run, warmup=args.warmup, runs=args.runs)
             p50, p90 = pct(times, 50), pct(times, 90)
-            if name.startswith("(a)"):
+            if name == REFERENCE_PATH:  # fp32 eager; its bf16 autocast row is another path
                 ref_p50 = p50
             speedup = ref_p50 / p50 if ref_p50 else float("nan")
-            rows.append([name, f"{b}x{t}", p50 * 1e3, p90 * 1e3, flops / p50 / 1e9, speedup])
+            work = flops["HF"] if name.startswith(("(a)", "(b)")) else flops["ours"]
+            rows.append([name, f"{b}x{t}", p50 * 1e3, p90 * 1e3, work / p50 / 1e9, speedup])
             print(f"  {name} {b}x{t}: p50 {p50 * 1e3:.1f} ms", flush=True)
-    header = ["path", "BxT", "p50 ms", "p90 ms", "GFLOP/s", "speed-up vs (a)"]
+    header = ["path", "BxT", "p50 ms", "p90 ms", "GFLOP/s (own count)", "speed-up vs (a)"]
     print(f"\nMachine: {machine_line(args.threads)}")
     if device.type == "cuda":
         print(
             f"GPU: {torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}, TF32 matmul {torch.backends.cuda.matmul.allow_tf32}"
         )
+    counts = ", ".join(
+        f"{shape}: HF {c['HF'] / 1e9:.3g}, ours {c['ours'] / 1e9:.3g}" for shape, c in flop_counts.items()
+    )
     print(
-        f"Model: {args.config} preset (d_model {config.d_model}, {config.n_layer} layers), random weights, "
-        f"{xlnet_forward_flops(1, 384, config.d_model, config.d_inner, config.n_layer) / 1e9:.0f} GFLOP at 1x384\n"
+        f"Model: {args.config} preset (d_model {config.d_model}, {config.n_layer} layers), random weights; "
+        f"GFLOP per forward as torch counts each model's products ({counts})\n"
     )
     print(markdown_table(header, rows))
     if args.json:
@@ -287,6 +320,7 @@ def main(argv=None) -> int:
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "model": {"preset": args.config, "d_model": config.d_model, "n_layer": config.n_layer},
             "rows": [dict(zip(header, row, strict=True)) for row in rows],
+            "flops_counted": flop_counts,
             "skipped": skipped,
         }
         args.json.write_text(json.dumps(record, indent=2))

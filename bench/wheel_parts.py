@@ -115,8 +115,9 @@ def join(manifest: Path, out_file: Path) -> Path:
 
 
 def wheelhouse(wheels: list[Path], out_file: Path) -> Path:
-    """A tar (uncompressed: wheels are zips already) of ``wheels``, flat."""
-    with tarfile.open(out_file, "w") as tar:
+    """A tar of ``wheels``, flat: uncompressed (wheels are zips already), or xz when ``out_file`` ends
+    in ``.xz`` (for wheels stored uncompressed, e.g. a library with long runs of zeros)."""
+    with tarfile.open(out_file, "w:xz" if out_file.suffix == ".xz" else "w") as tar:
         for wheel in wheels:
             tar.add(wheel, arcname=wheel.name)
     return out_file

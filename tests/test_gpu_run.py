@@ -58,10 +58,13 @@ def test_missing_and_damaged_parts_are_named_before_anything_is_written(tmp_path
     assert "no *.parts.json manifest(s)" in capsys.readouterr().out
 
 
-def tiny_wheel(directory: Path, name: str = "gpurun_probe", version: str = "0.1") -> Path:
-    """A minimal valid wheel holding one module, ``{name}.VALUE == 42``."""
+def tiny_wheel(
+    directory: Path, name: str = "gpurun_probe", version: str = "0.1", extra: dict[str, bytes] | None = None
+) -> Path:
+    """A minimal valid wheel holding one module, ``{name}.VALUE == 42`` (and ``extra`` files)."""
     files = {
         f"{name}/__init__.py": b"VALUE = 42\n",
+        **(extra or {}),
         f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
         f"{name}-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
@@ -103,10 +106,11 @@ def test_a_carried_wheelhouse_installs_into_a_target_directory(carried_parts: Pa
 def test_the_plan_carries_each_part_once_and_runs_each_stage_once_in_order(n_parts: int) -> None:
     manifest = {"file": "w.tar", "parts": [{"file": f"w.tar.part{k:02d}"} for k in range(1, n_parts + 1)]}
     runs = plan_runs(".gpu-parts", manifest)
-    assert len(runs) == n_parts + 1  # one call per part, then the tests
+    assert len(runs) == n_parts + 2  # one call per part, then the servers and graphs, then the tests
     carried = [path for r in runs for path in r.carry if ".part" in path and not path.endswith(".json")]
     assert carried == [f".gpu-parts/w.tar.part{k:02d}" for k in range(1, n_parts + 1)]
-    assert all(".gpu-parts/w.tar.parts.json" in r.carry for r in runs[:-1]) and runs[-1].carry == ()
+    assert all(".gpu-parts/w.tar.parts.json" in r.carry for r in runs[:n_parts])
+    assert all(r.carry == () for r in runs[n_parts:])
     stages = [
         s
         for r in runs
@@ -115,16 +119,104 @@ def test_the_plan_carries_each_part_once_and_runs_each_stage_once_in_order(n_par
     ]
     every = [s for group in (*STAGES_BEFORE_INSTALL, *STAGES_AFTER_INSTALL) for s in group]
     assert sorted(stages) == sorted(every)  # each exactly once
-    assert stages.index("install") > max(stages.index(s) for s in ("probe", "latency-torch", "memory"))
     # the image has no fastapi / uvicorn / pydantic: whatever serves or imports the server waits for them
-    needs_server = ("serve-torch", "graphs", "latency-ort", "serve-ort", "gpu-test", "gpu-check")
+    needs_server = (
+        "latency-torch",
+        "serve-torch",
+        "graphs",
+        "latency-ort",
+        "serve-ort",
+        "gpu-test",
+        "gpu-check",
+    )
     assert stages.index("install") < min(stages.index(s) for s in needs_server)
     assert stages[-1] == "report"
     install_call = next(r for r in runs if "install" in r.command)
-    assert install_call is runs[-2]  # the call that brings the last part
+    assert install_call is runs[n_parts - 1]  # the call that brings the last part
+    # ... measures the onnxruntime-CUDA rows beside the torch rows first
+    first = install_call.command.split(" stages ")[1].split()[:3]
+    assert first == ["install", "latency-torch", "latency-ort"]
     assert all(r.timeout_s <= 600 and len(r.command) < 2000 for r in runs)
     # results stay on the warm machine and come back as one archive (a call returns at most 8 files)
     assert all(OUT in r.command and "$OUT/" in r.command for r in runs if " stages " in r.command)
+
+
+def test_the_stages_before_install_import_nothing_the_image_lacks() -> None:
+    """The lent machine's image has no fastapi / uvicorn / pydantic ... until `install`: each module a
+    stage before it runs is imported with those packages made unimportable."""
+    from bench.gpu_stages import STAGE_MODULES
+
+    blocked = ("fastapi", "uvicorn", "starlette", "pydantic", "pydantic_settings", "httptools", "uvloop")
+    blocked += ("orjson", "zmq", "msgspec", "opentelemetry")
+    modules = [STAGE_MODULES[s] for group in STAGES_BEFORE_INSTALL for s in group]
+    code = (
+        "import importlib.abc, sys\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        f"        if name.split('.')[0] in {blocked!r}: raise ImportError('the image lacks ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        f"for m in {modules!r}: __import__(m)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # and the check has teeth: the latency stage does import the server (so it runs after install)
+    late = code.replace(f"for m in {modules!r}", f"for m in {[STAGE_MODULES['latency-torch']]!r}")
+    proc = subprocess.run([sys.executable, "-c", late], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "the image lacks" in proc.stderr
+
+
+def test_parts_fit_one_call_beside_the_tree(tmp_path: Path) -> None:
+    """A part's size comes from the tree's real size; a plan whose calls would overflow says which."""
+    from bench.gpu_run import CALL_LIMIT_MIB, MIB, Run, carried_tree_bytes, oversized_calls, part_mib_for
+
+    tree = carried_tree_bytes(REPO)
+    assert 1 * MIB < tree < 40 * MIB  # the tracked tree (plus untracked, not ignored files)
+    part = part_mib_for(tree)
+    assert (part + 2) * MIB + tree <= CALL_LIMIT_MIB * MIB < (part + 4) * MIB + tree
+    with pytest.raises(PartsError, match="leaving"):
+        part_mib_for(60 * MIB)
+    (tmp_path / "fits").write_bytes(b"x" * (part * MIB))
+    (tmp_path / "too-big").write_bytes(b"x" * ((CALL_LIMIT_MIB + 1) * MIB - tree))
+    runs = [Run(("fits",), "true", 60), Run(("too-big",), "true", 60)]
+    assert oversized_calls(tmp_path, runs, tree) == [
+        f"call 2 carries {CALL_LIMIT_MIB + 1:.1f} MiB (the tree {tree / MIB:.1f} MiB)"
+    ]
+
+
+def test_a_pruned_wheel_keeps_a_valid_record_and_travels_xz(tmp_path: Path) -> None:
+    """--prune-tool rewrites the CUDA provider library inside the wheel (here a stand-in tool that zeroes
+    the second half, as the real one zeroes the other archs' code), updates its RECORD hash, stores it
+    uncompressed, and the xz wheelhouse then carries the zeros for almost nothing; pip installs it."""
+    from bench.gpu_run import CUDA_PROVIDER_LIBRARY, pruned_wheel
+
+    name = "onnxruntime_gpu"
+    lib = f"{name}/capi/{CUDA_PROVIDER_LIBRARY}"
+    content = os.urandom(200_000)
+    wheel = tiny_wheel(tmp_path / "wheels", name=name, version="1.0", extra={lib: content})
+    tool = tmp_path / "zero_half.py"
+    tool.write_text(
+        "import sys\n"
+        "data = open(sys.argv[1], 'rb').read()\n"
+        "open(sys.argv[2], 'wb').write(data[: len(data) // 2] + bytes(len(data) - len(data) // 2))\n"
+        "print('1 blob, 100 KiB kept')\n"
+    )
+    pruned = pruned_wheel(wheel, tool, 90, tmp_path / "out")
+    with zipfile.ZipFile(pruned) as zf:
+        data = zf.read(lib)
+        record = zf.read(f"{name}-1.0.dist-info/RECORD").decode()
+        assert zf.getinfo(lib).compress_type == zipfile.ZIP_STORED
+    assert data == content[:100_000] + bytes(100_000)
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    assert f"{lib},sha256={digest},{len(data)}" in record.splitlines()
+    tar = wheelhouse([pruned], tmp_path / "house.tar.xz")
+    assert tar.stat().st_size < 130_000  # the random half, the zeros gone
+    split(tar, tmp_path / "parts", 64 * 1024)
+    assert main(["install", str(tmp_path / "parts"), str(tmp_path / "target")]) == 0
+    assert (tmp_path / "target" / lib).read_bytes() == data
+    broken = tmp_path / "fails.py"
+    broken.write_text("import sys\nsys.exit('no .nv_fatbin section')\n")
+    with pytest.raises(PartsError, match="no .nv_fatbin section"):
+        pruned_wheel(wheel, broken, 90, tmp_path / "out2")
 
 
 def test_the_stages_run_on_the_cpu_on_tiny_shapes(carried_parts: Path, tmp_path: Path) -> None:
