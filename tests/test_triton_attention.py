@@ -30,11 +30,11 @@ for dtype in [torch.float32, *half]:
         v = torch.randn(b, t, n, dh)
         k[1 if b > 1 else 0, -3:, :, width - 1] = -1e30 if dtype == torch.float32 else -3e4  # padded keys
         q[..., width - 1] = 1.0
-        table = torch.randn(1, n, width, 2 * 80)  # distances 80 .. -79, the window's are the middle 2T
+        table = torch.randn(1, n, 2 * 80, width)  # distances 80 .. -79, the window's are the middle 2T
         plan = FusedInputs(b, t, torch.empty(0), torch.empty(0), position_chunks(t, 160, 1), 80 - t)
         qh, kh, vh = q.transpose(1, 2), k.permute(0, 2, 3, 1), v.transpose(1, 2)
         want = torch.softmax(qh @ kh + position_scores(qh, table, plan, n), -1) @ vh
-        distances = qh @ table[..., 80 - t : 80 + t]
+        distances = qh @ table[:, :, 80 - t : 80 + t].transpose(-1, -2)
         cast = [x.to(device, dtype) for x in (q, k, v, distances)]
         got = relative_attention(*cast, block=block)
         assert got.shape == (b, t, n, dh) and got.dtype == dtype

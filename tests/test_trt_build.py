@@ -37,17 +37,16 @@ from export.trt.build import (
 )
 from export.trt.cli import main, shape_flag
 from export.trt.profile import Profile, min_sequence, parse_shape, position_limit, source_graph
-from train.common.contract import INPUT_NAMES, fused_head_width
+from train.common.contract import INPUT_NAMES
 
 
 def position_graph(
     limit: int = 512, d_model: int = 32, n_head: int = 4, via_cast: bool = False, fused: bool = True
 ) -> onnx.ModelProto:
-    """A graph holding what export.trt reads of a real export: a [1, n_head, fused width, 2 x limit]
-    position table (or, before the fused layer, [1, n_head, 2 x limit, d_head]) sliced by the sequence
-    length (as `QAInference`'s cached positions are)."""
-    d_head = d_model // n_head
-    shape = (1, n_head, fused_head_width(d_head), 2 * limit) if fused else (1, n_head, 2 * limit, d_head)
+    """A graph holding what export.trt reads of a real export: a [1, n_head, 2 x limit, d_head + 1]
+    position table (d_head before the fused layer's position-bias column) sliced by the sequence length
+    (as `QAInference`'s cached positions are)."""
+    shape = (1, n_head, 2 * limit, d_model // n_head + (1 if fused else 0))
     table = numpy_helper.from_array(np.zeros(shape, np.float32), "table")
     starts = numpy_helper.from_array(np.array([0], np.int64), "starts")
     ends = numpy_helper.from_array(np.array([2], np.int64), "ends")

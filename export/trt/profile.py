@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from export.serving.sidecar import Sidecar
-from train.common.contract import fused_head_width, shortest_sequence
+from train.common.contract import shortest_sequence
 
 Shape = tuple[int, int]  # batch x sequence
 
@@ -58,10 +58,9 @@ def position_limit(model: Any, d_model: int) -> int | None:
     """The longest sequence an exported graph can run, or None if it sets no limit.
 
     `QAInference` precomputes each layer's projected relative positions for 512 tokens and the graph
-    slices the 2T distances of a window out of these constants: [1, n_head, fused width, 2 x limit]
-    (the fused layer, `train.common.contract.fused_head_width`), or [1, n_head, 2 x limit, d_head] in
-    exports made before it; a longer input gets a short slice and fails. A graph that computes the
-    sinusoids itself (no tables) has no limit of its own.
+    slices the 2T distances of a window out of these [1, n_head, 2 x limit, d_head (+ 1: the fused
+    layer's position-bias column)] constants; a longer input gets a short slice and fails. A graph that
+    computes the sinusoids itself (no tables) has no limit of its own.
     """
     inits = {init.name: init for init in model.graph.initializer}
     producer = {out: node for node in model.graph.node for out in node.output}
@@ -75,10 +74,7 @@ def position_limit(model: Any, d_model: int) -> int | None:
         dims = list(inits[source].dims) if source in inits else []
         if len(dims) != 4 or dims[0] != 1 or d_model % dims[1]:
             continue
-        d_head = d_model // dims[1]
-        if dims[2] == fused_head_width(d_head) and dims[3] % 2 == 0:
-            limits.append(dims[3] // 2)
-        elif dims[3] == d_head and dims[2] % 2 == 0:
+        if dims[3] - d_model // dims[1] in (0, 1) and dims[2] % 2 == 0:
             limits.append(dims[2] // 2)
     return min(limits) if limits else None
 

@@ -33,9 +33,8 @@ SEG_ID_CLS = 2
 SEG_ID_PAD = 3
 NUM_SEGMENT_IDS = 4
 
-# The fused inference layer's query and key columns per head (train.model.fused): d_head, the segment
-# one-hot, one constant column for the padding bias, padded to a multiple of 8 (64 -> 72). Its position
-# tables are [1, n_head, this width, 2 x positions]; export.trt recognises them by it.
+# The fused inference layer's query and key columns per head (train.model.fused): d_head, a bias column,
+# the segment one-hot, padded to a multiple of 8 (64 -> 72).
 FUSED_COLUMN_MULTIPLE = 8
 
 

@@ -6,21 +6,26 @@ relative shift of Transformer-XL; traced for ONNX, each reshape also computes it
 it reshapes (4 layers: 722 nodes, 152 of them Unsqueeze). Here, per layer:
 
 - one projection ``h @ W_in + b_in`` gives every head's query, key and value. Weight-only arithmetic is
-  done once, when the weights are prepared: the 1/sqrt(d_head) scale and the content bias ``r_w_bias``
-  are folded into the query columns, and the segment term becomes columns of its own (below).
-- the query and key of a head are ``E`` wide (`fused_head_width`: d_head + 4 segment ids + 1, padded to a
-  multiple of 8: 64 -> 72). The segment term where(same segment, a_i, b_i) is b_i + (a_i - b_i) * same(i, j); b_i is
-  constant along the softmax row and dropped, and same(i, j) = onehot(type_i) . onehot(type_j). So the
-  query carries (a_i - b_i) times its one-hot (4 columns computed by the projection, masked per token),
-  the key its one-hot; a constant-1 query column meets the key's padding bias (0, or very negative). The
-  content scores, segment term and padding mask are one MatMul.
-- the position scores: the same extended query against a precomputed table of projected relative
-  positions (``kr``: its extra columns hold the position bias ``(r_r_bias - r_w_bias) . k_r``, met by
-  the constant-1 column), then the relative shift as index arithmetic: row i reads distance column
-  T - i + j, which in the product read flat is one contiguous slice viewed with a row stride one less
-  than the product's (`PositionChunk`). Per query chunk, so that rows do not pay for distances they
-  never read. (A GatherElements by a precomputed index is one node, but on the CPU it took 1.5 ms per
-  xlnet-base layer at 1x384 against 0.8 for the slices: it reads an int64 index per score.)
+  done once, when the weights are prepared: the content bias ``r_w_bias`` is folded into the query
+  columns, and the segment term becomes columns of its own (below). The 1/sqrt(d_head) scale is applied
+  by the per-token query mask (a Mul that is there anyway), not folded into the weights: the int8 export
+  quantizes this projection with one scale per tensor, and query weights 8x smaller than the key and
+  value weights beside them lost resolution (int8 agreed with fp32 on 96% of answered questions instead
+  of 99%).
+- the query and key of a head are ``E`` wide (`fused_head_width`: d_head + 1 + 4 segment ids, padded to
+  a multiple of 8: 64 -> 72): the head's columns, a bias column (1 in the query, the key's padding bias:
+  0 or very negative), then the segment term. where(same segment, a_i, b_i) is b_i + (a_i - b_i) *
+  same(i, j); b_i is constant along the softmax row and dropped, and same(i, j) = onehot(type_i) .
+  onehot(type_j), so the query carries (a_i - b_i) times its one-hot (4 columns computed by the
+  projection, masked per token) and the key its one-hot. Content scores, segment term and padding mask
+  are one MatMul.
+- the position scores: the query's first d_head + 1 columns against a precomputed table of projected
+  relative positions whose extra column is the position bias ``(r_r_bias - r_w_bias) . k_r`` (met by
+  the query's 1), then the relative shift as index arithmetic: row i reads distance column T - i + j,
+  which in the product read flat is one contiguous slice viewed with a row stride one less than the
+  product's (`PositionChunk`). Per query chunk, so that rows do not pay for distances they never read.
+  (A GatherElements by a precomputed index is one node, but on the CPU it took 1.5 ms per xlnet-base
+  layer at 1x384 against 0.8 for the slices: it reads an int64 index per score.)
 - softmax(content + position) @ v, one output projection, residual, LayerNorm.
 
 Shapes are read once per forward (`FusedInputs`), so every layer's reshapes share the same shape values
@@ -31,6 +36,7 @@ see themselves), and no real token reads a padding row.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple, cast
 
 import torch
@@ -90,8 +96,9 @@ class FusedInputs(NamedTuple):
 
     batch: int
     length: int
-    query_mask: torch.Tensor  # [B, T, 1, E]: 1 on the head's columns, the token's segment one-hot, 1s
-    key_add: torch.Tensor  # [B, T, 1, E]: 0 on the head's columns, the one-hot, the padding bias, 0s
+    query_mask: torch.Tensor  # [B, T, 1, E]: the scale on the head's columns, 1 on the bias column, the
+    # token's segment one-hot (times the scale and the segment gain), 0s
+    key_add: torch.Tensor  # [B, T, 1, E]: 0 on the head's columns, the padding bias, the one-hot, 0s
     chunks: tuple[PositionChunk, ...]  # the query rows of the position term, in order
     table_start: int  # the window's distances T .. -T+1 start at this column of each layer's table
 
@@ -103,6 +110,8 @@ def fused_inputs(
     batch: int,
     length: int,
     d_head: int,
+    scale: float,
+    segment_gain: float,
     table_len: int,
     mask_value: float,
     dtype: torch.dtype,
@@ -120,14 +129,18 @@ def fused_inputs(
         key_bias = torch.zeros(pad.shape, dtype=dtype, device=device).masked_fill(pad, mask_value)
     else:
         key_bias = torch.zeros(batch, length, 1, dtype=dtype, device=device)
-    rest = width - d_head - NUM_SEGMENT_IDS
-    ones_head = torch.ones(batch, length, d_head, dtype=dtype, device=device)
-    zeros_head = torch.zeros(batch, length, d_head, dtype=dtype, device=device)
+    rest = width - d_head - 1 - NUM_SEGMENT_IDS
     query_mask = torch.cat(
-        [ones_head, onehot, torch.ones(batch, length, rest, dtype=dtype, device=device)], -1
+        [
+            torch.full((batch, length, d_head), scale, dtype=dtype, device=device),
+            torch.ones(batch, length, 1, dtype=dtype, device=device),  # meets the padding / position bias
+            onehot * (scale * segment_gain),
+            torch.zeros(batch, length, rest, dtype=dtype, device=device),
+        ],
+        -1,
     )
-    zeros_rest = torch.zeros(batch, length, rest - 1, dtype=dtype, device=device)
-    key_add = torch.cat([zeros_head, onehot, key_bias, zeros_rest], -1)
+    zeros = torch.zeros(batch, length, d_head, dtype=dtype, device=device)
+    key_add = torch.cat([zeros, key_bias, onehot, zeros[..., :rest]], -1)
     return FusedInputs(
         batch=batch,
         length=length,
@@ -136,6 +149,29 @@ def fused_inputs(
         chunks=position_chunks(length, table_len, POSITION_CHUNKS),
         table_start=table_len // 2 - length,
     )
+
+
+@torch.no_grad()
+def segment_columns(attn: RelativeAttention) -> tuple[torch.Tensor, torch.Tensor]:
+    """The segment term's query columns (weight [D, N], bias [N]): a_i - b_i = (q_i + r_s_bias) . delta
+    per head, delta = seg_embed[0] - seg_embed[1] (same segment minus different), before the scale."""
+    f32 = torch.float32
+    delta = (attn.seg_embed[0] - attn.seg_embed[1]).detach().to(f32)  # [N, Dh]
+    weight = torch.einsum("dnh,nh->dn", attn.q.detach().to(f32), delta)
+    return weight, (attn.r_s_bias.detach().to(f32) * delta).sum(-1)
+
+
+def segment_gain(layers: Sequence[RelativeAttention]) -> float:
+    """How much larger the segment columns' weights are than the q, k, v weights beside them (at least 1):
+    the fused projection divides them by it and the query mask multiplies it back. int8 quantizes the
+    projection with one scale per tensor, so columns several times larger than the rest (3-6x in the
+    reader-v3 model) would set that scale and cost q, k and v two bits of resolution."""
+    ratios = [
+        float(segment_columns(a)[0].abs().max())
+        / float(torch.stack([getattr(a, n).detach().abs().max() for n in ("q", "k", "v")]).max())
+        for a in layers
+    ]
+    return max([1.0, *ratios])
 
 
 class FusedAttentionWeights(nn.Module):
@@ -147,44 +183,41 @@ class FusedAttentionWeights(nn.Module):
 
     w_in: torch.Tensor  # [2 N E + N Dh, D] (a Linear's layout)
     b_in: torch.Tensor  # [2 N E + N Dh]
-    kr: torch.Tensor  # [1, N, E, 2L]
+    kr: torch.Tensor  # [1, N, 2L, Dh + 1]: the projected positions and the position bias
     w_out: torch.Tensor  # [D, N Dh]
 
     @torch.no_grad()
-    def __init__(self, attn: RelativeAttention, k_r: torch.Tensor) -> None:
+    def __init__(self, attn: RelativeAttention, k_r: torch.Tensor, segment_gain: float = 1.0) -> None:
         super().__init__()
         n, dh, d = attn.n_head, attn.d_head, attn.d_model
         width = fused_head_width(dh)
-        seg0 = dh  # first segment column; the constant-1 column follows the one-hot
-        one = dh + NUM_SEGMENT_IDS
+        one = dh  # the bias column: 1 in the query, the padding bias in the key, the position bias in kr
+        seg0, seg_end = dh + 1, dh + 1 + NUM_SEGMENT_IDS
         f32 = torch.float32
         wq, wk, wv, wo = (getattr(attn, name).detach().to(f32) for name in ("q", "k", "v", "o"))  # [D, N, Dh]
         r_w, r_r, r_s = (
             getattr(attn, name).detach().to(f32) for name in ("r_w_bias", "r_r_bias", "r_s_bias")
         )
         scale = attn.scale
-        delta = (attn.seg_embed[0] - attn.seg_embed[1]).detach().to(f32)  # [N, Dh]: a_i - b_i = q_s . delta
         q_w = torch.zeros(d, n, width)
         q_b = torch.zeros(n, width)
-        q_w[:, :, :dh] = wq * scale
-        q_b[:, :dh] = r_w * scale
-        seg_w = torch.einsum("dnh,nh->dn", wq, delta) * scale  # [D, N]
-        seg_b = (r_s * delta).sum(-1) * scale  # [N]
-        q_w[:, :, seg0:one] = seg_w[:, :, None]
-        q_b[:, seg0:one] = seg_b[:, None]
+        q_w[:, :, :dh] = wq  # the scale comes with the query mask (`fused_inputs`)
+        q_b[:, :dh] = r_w
+        seg_w, seg_b = (x / segment_gain for x in segment_columns(attn))  # the mask multiplies it back
+        q_w[:, :, seg0:seg_end] = seg_w[:, :, None]
+        q_b[:, seg0:seg_end] = seg_b[:, None]
         q_b[:, one] = 1.0
         k_w = torch.zeros(d, n, width)
         k_w[:, :, :dh] = wk
         w_in = torch.cat([q_w.reshape(d, -1), k_w.reshape(d, -1), wv.reshape(d, -1)], dim=1)
         b_in = torch.cat([q_b.reshape(-1), torch.zeros(n * width + n * dh)])
         k_r32 = k_r.detach().to(f32)  # [1, N, 2L, Dh]
-        kr = torch.zeros(1, n, k_r32.shape[2], width)
-        kr[..., :dh] = k_r32
-        kr[..., one] = torch.einsum("bnph,nh->bnp", k_r32, (r_r - r_w) * scale)  # the position bias
+        position_bias = torch.einsum("bnph,nh->bnp", k_r32, (r_r - r_w) * scale)
+        kr = torch.cat([k_r32, position_bias[..., None]], -1)
         dtype = attn.q.dtype
         self.register_buffer("w_in", w_in.t().contiguous().to(dtype), persistent=False)
         self.register_buffer("b_in", b_in.to(dtype), persistent=False)
-        self.register_buffer("kr", kr.transpose(-1, -2).contiguous().to(dtype), persistent=False)
+        self.register_buffer("kr", kr.contiguous().to(dtype), persistent=False)
         self.register_buffer("w_out", wo.reshape(d, -1).clone().to(dtype), persistent=False)
         self.n_head, self.d_head, self.width = n, dh, width
 
@@ -194,10 +227,11 @@ def position_scores(q: torch.Tensor, kr: torch.Tensor, inputs: FusedInputs, n_he
     the relative shift as two slices of the product read flat (see `PositionChunk`). The head count is
     passed, not read from q: read, it would be a shape node per layer in the exported graph."""
     b, n, t = inputs.batch, n_head, inputs.length
+    q = q[..., : kr.shape[-1]]  # the head's columns and the bias column
     parts = []
     for c in inputs.chunks:
         rows = q if len(inputs.chunks) == 1 else q[:, :, c.first : c.end]
-        product = rows @ kr[..., c.table_from : c.table_to]  # [B, N, rows, width]
+        product = rows @ kr[:, :, c.table_from : c.table_to].transpose(-1, -2)  # [B, N, rows, width]
         flat = product.reshape(b, n, -1)[:, :, c.flat_from : c.flat_to]
         parts.append(flat.reshape(b, n, c.end - c.first, c.row_width)[..., :t])
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
@@ -214,7 +248,8 @@ def fused_attention(attn: RelativeAttention, h: torch.Tensor, inputs: FusedInput
     v = v.reshape(b, t, n, dh)
     if triton_attention.wanted(h, dh):  # one kernel from here to the attended values (on a GPU)
         start = inputs.table_start
-        distances = q.transpose(1, 2) @ w.kr[..., start : start + 2 * t]  # [B, N, T, 2T]
+        window = w.kr[:, :, start : start + 2 * t].transpose(-1, -2)
+        distances = q[..., : w.kr.shape[-1]].transpose(1, 2) @ window  # [B, N, T, 2T]
         attended = triton_attention.relative_attention(q, k, v, distances).reshape(b, t, n * dh)
     else:
         q = q.transpose(1, 2)  # [B, N, T, E]

@@ -13,7 +13,7 @@ from torch.utils.checkpoint import checkpoint
 
 from train.model.attention import additive_mask, masked_fill_value
 from train.model.config import XLNetConfig
-from train.model.fused import FusedAttentionWeights, fused_attention, fused_inputs
+from train.model.fused import FusedAttentionWeights, fused_attention, fused_inputs, segment_gain
 from train.model.layers import XLNetLayer
 from train.model.layout import question_match
 from train.model.position import attention_masks, relative_positions, segment_difference
@@ -68,6 +68,7 @@ class XLNetModel(nn.Module):
             self.tie_relative_biases()
         self.position_cache_len: int | None = None
         self.fused_inference = False
+        self.segment_gain = 1.0  # of the fused layers' segment columns (train.model.fused.segment_gain)
         # Memory for time: keep each layer's inputs only and run its forward again in backward.
         self.activation_checkpointing = False
 
@@ -100,10 +101,11 @@ class XLNetModel(nn.Module):
             batch_size=1,
             device=device,
         ).to(self.word_embedding.weight.dtype)
-        for layer in cast("Iterable[XLNetLayer]", self.layer):
-            attn = layer.rel_attn
+        layers = [layer.rel_attn for layer in cast("Iterable[XLNetLayer]", self.layer)]
+        self.segment_gain = segment_gain(layers) if fused else 1.0
+        for attn in layers:
             attn.k_r_table = attn._heads(pos, attn.r).contiguous()
-            attn.fused = FusedAttentionWeights(attn, attn.k_r_table) if fused else None
+            attn.fused = FusedAttentionWeights(attn, attn.k_r_table, self.segment_gain) if fused else None
         self.position_cache_len = max_len
         self.fused_inference = fused
 
@@ -144,6 +146,8 @@ class XLNetModel(nn.Module):
             batch=batch,
             length=length,
             d_head=cfg.d_head,
+            scale=cast("XLNetLayer", self.layer[0]).rel_attn.scale,
+            segment_gain=self.segment_gain,
             table_len=2 * cast(int, self.position_cache_len),
             mask_value=masked_fill_value(h.dtype),
             dtype=h.dtype,
