@@ -45,7 +45,7 @@ class QAInference(nn.Module):
 
     The projected relative positions are precomputed for windows up to `max_positions` tokens
     (`XLNetModel.cache_positions`, ~12% fewer FLOPs; longer inputs are an error), and attention runs
-    the fused inference path (`RelativeAttention.forward_fused`): the same outputs at every real
+    the fused inference path (`train.model.fused`): the same outputs at every real
     token, padding rows may differ. token_type_ids must be 0..3 (paragraph, question, <cls>, padding).
     `max_positions=None` keeps the training-time path (the reference in tests).
     """
