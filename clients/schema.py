@@ -184,6 +184,7 @@ class ModelInfoResponse(BaseModel):
     doc_stride: int
     max_query_len: int
     max_answer_len: int
+    n_best: int | None = None  # candidates per window when decoding (servers before it did not say)
     no_answer_threshold: float
     answerability: dict[str, Any] | None = None
     ready: bool

@@ -107,14 +107,14 @@ class HostPath:
         spec: ModelSpec,
         tokenizer: TokenizerLike,
         *,
-        n_best_pool: int = 20,
+        n_best_pool: int | None = None,
         threshold: float | None = None,
         limits: WorkLimits | None = None,
         contexts: ContextCache | None = None,
     ) -> None:
         self.spec = spec
         self.tokenizer = tokenizer
-        self.n_best_pool = n_best_pool
+        self.n_best_pool = n_best_pool or spec.serving.n_best  # the model's own unless the server says
         self.threshold = threshold  # the server's own no-answer threshold, replacing the model's rule
         self.limits = limits or WorkLimits()
         self.contexts = contexts if contexts is not None else ContextCache(0)

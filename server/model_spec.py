@@ -17,7 +17,7 @@ from typing import Any
 
 from export.serving.backends import EXPORT_BACKENDS
 from export.serving.sidecar import SIDECAR_FILE, ServingSettings, Sidecar, SidecarError
-from train.common.contract import INPUT_NAMES, shortest_sequence
+from train.common.contract import INPUT_NAMES, ModelSettings, shortest_sequence
 from train.common.contract import OUTPUT_NAMES as OUTPUTS_BY_HEAD
 from train.squad.answerability import NONE_RULE, Answerability, AnswerabilityError
 
@@ -123,16 +123,6 @@ def _int(data: dict[str, Any], key: str, default: int, where: Path) -> int:
     return value
 
 
-def _threshold(data: dict[str, Any], where: Path) -> float:
-    default = float(_DEFAULTS.no_answer_threshold)
-    value = data.get("no_answer_threshold", default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
-        raise ModelSpecError(f"{where}: 'no_answer_threshold' must be a number in [0, 1], got {value!r}")
-    return float(value)
-
-
 def _head(value: Any, where: Path) -> str:
     if value not in OUTPUTS_BY_HEAD:
         raise ModelSpecError(f"{where}: unknown QA head {value!r}; expected one of {sorted(OUTPUTS_BY_HEAD)}")
@@ -140,18 +130,22 @@ def _head(value: Any, where: Path) -> str:
 
 
 def _lengths(data: dict[str, Any], where: Path) -> ServingSettings:
-    """A checkpoint's serving settings: its metadata's, else the defaults (as an export's sidecar has)."""
-    ints = (f.name for f in dataclasses.fields(ServingSettings) if f.name != "no_answer_threshold")
-    out = ServingSettings(
-        **{name: _int(data, name, getattr(_DEFAULTS, name), where) for name in ints},
-        no_answer_threshold=_threshold(data, where),
+    """A checkpoint's serving settings: its metadata's `ModelSettings` (defaults where it does not say, as
+    an export's sidecar has) and the beam head's top-k."""
+    try:
+        settings = ModelSettings.from_metadata(data)
+    except ValueError as exc:
+        raise ModelSpecError(f"{where}: {exc}") from None
+    top_k = {n: _int(data, n, getattr(_DEFAULTS, n), where) for n in ("start_n_top", "end_n_top")}
+    return ServingSettings(
+        max_seq_len=settings.max_seq_len,
+        doc_stride=settings.doc_stride,
+        max_query_len=settings.max_query_len,
+        max_answer_len=settings.max_answer_len,
+        n_best=settings.n_best,
+        no_answer_threshold=settings.no_answer_threshold,
+        **top_k,
     )
-    if out.max_seq_len < out.max_query_len + 4:
-        raise ModelSpecError(
-            f"{where}: max_seq_len={out.max_seq_len} leaves no room for the paragraph "
-            f"(max_query_len={out.max_query_len})"
-        )
-    return out
 
 
 def _need_tokenizer(directory: Path) -> None:

@@ -282,6 +282,9 @@ async def model_info(runtime: RuntimeDep, settings: SettingsDep) -> ModelInfoRes
     public["name"] = runtime.name
     threshold = settings.no_answer_threshold
     public["no_answer_threshold"] = spec.serving.no_answer_threshold if threshold is None else threshold
+    public["n_best"] = (
+        settings.n_best_pool or spec.serving.n_best
+    )  # what decoding uses: --n-best-pool, else the model's
     if threshold is not None:  # the server's --no-answer-threshold replaces the model's rule
         public["answerability"] |= {"rule": "threshold", "threshold": threshold, "set_by": "server"}
     return ModelInfoResponse(

@@ -16,7 +16,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from export.serving.backends import ServerBackend
 from export.serving.providers import TENSORRT, parse_providers
-from train.common.contract import DEFAULTS
 
 ENV_PREFIX = "XLNETQA_"
 ENGINE_ADDRESS_ENV = (
@@ -157,8 +156,12 @@ class ServerSettings(BaseSettings):
     no_answer_threshold: float | None = Field(
         None, ge=0.0, le=1.0, description="Default: the model's sidecar"
     )
-    n_best_pool: int = Field(
-        DEFAULTS.n_best, ge=1, le=100, description="Candidate starts/ends per window when decoding"
+    n_best_pool: int | None = Field(
+        None,
+        ge=1,
+        le=100,
+        description="Candidate starts/ends per window when decoding; default: the model's n_best (its "
+        "sidecar or checkpoint metadata)",
     )
     load_timeout_s: float | None = Field(
         None,

@@ -17,7 +17,6 @@ import sys
 from collections.abc import Sequence
 
 from train.common.cli import Parser, run
-from train.common.contract import DEFAULTS
 from train.evaluation.predict import evaluate_checkpoint
 
 
@@ -45,7 +44,7 @@ def build_parser() -> Parser:
     p.add_argument("--doc-stride", type=int, default=None)
     p.add_argument("--max-query-len", type=int, default=None)
     p.add_argument("--max-answer-len", type=int, default=None)
-    p.add_argument("--n-best", type=int, default=DEFAULTS.n_best)
+    p.add_argument("--n-best", type=int, default=None, help="default: the checkpoint's (its metadata)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="cpu")
     p.add_argument("--no-progress", action="store_true")

@@ -18,7 +18,15 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from export.serving.backends import EXPORT_BACKENDS, TRT, canonical_backend
-from train.common.contract import DEFAULTS, END_N_TOP, INPUT_NAMES, OUTPUT_NAMES, START_N_TOP
+from train.common.contract import (
+    DEFAULTS,
+    END_N_TOP,
+    INPUT_NAMES,
+    OUTPUT_NAMES,
+    START_N_TOP,
+    ModelSettings,
+    window_problems,
+)
 from train.common.digests import sha256_file
 from train.squad.answerability import Answerability, AnswerabilityError, from_metadata
 
@@ -28,8 +36,8 @@ TOKENIZER_FILES = ("spiece.model", "tokenizer_config.json")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 BACKENDS = EXPORT_BACKENDS
 PRECISIONS = ("fp32", "fp16", "int8")
-# Serving settings when the checkpoint's metadata does not say (the original XLNet SQuAD recipe).
-DEFAULT_SETTINGS: dict[str, float | int] = {k: v for k, v in DEFAULTS.as_dict().items() if k != "n_best"}
+# Serving settings when the checkpoint's metadata does not say (ModelSettings' defaults: BERT's run_squad).
+DEFAULT_SETTINGS: dict[str, float | int] = DEFAULTS.as_dict()
 
 # onnxruntime graph rewrites that make these graphs slower on the CPU execution provider, so every CPU
 # session (export's offline optimisation, verification, benchmarks, the server) switches them off.
@@ -49,13 +57,8 @@ class SidecarError(ValueError):
 
 
 def settings_from_metadata(metadata: Mapping[str, Any] | None) -> dict[str, float | int]:
-    """Threshold and window settings: the fine-tuning run's values where recorded, else the defaults."""
-    out = dict(DEFAULT_SETTINGS)
-    for key, default in DEFAULT_SETTINGS.items():
-        value = (metadata or {}).get(key)
-        if value is not None:
-            out[key] = type(default)(value)
-    return out
+    """The model's settings (`ModelSettings`): the fine-tuning run's where recorded, else the defaults."""
+    return ModelSettings.from_metadata(metadata).as_dict()
 
 
 @dataclass(kw_only=True)
@@ -68,6 +71,7 @@ class ServingSettings:
     doc_stride: int = DEFAULTS.doc_stride
     max_query_len: int = DEFAULTS.max_query_len
     max_answer_len: int = DEFAULTS.max_answer_len
+    n_best: int = DEFAULTS.n_best
     no_answer_threshold: float = DEFAULTS.no_answer_threshold
     start_n_top: int = START_N_TOP
     end_n_top: int = END_N_TOP
@@ -155,7 +159,7 @@ class Sidecar(ServingSettings):
             "doc_stride",
             "max_query_len",
         )
-        ints += ("max_answer_len", "start_n_top", "end_n_top")
+        ints += ("max_answer_len", "n_best", "start_n_top", "end_n_top")
         p += [
             f"{n} must be a positive integer, got {getattr(self, n)!r}"
             for n in ints
@@ -165,10 +169,7 @@ class Sidecar(ServingSettings):
             p.append(f"opset must be a positive integer or null, got {self.opset!r}")
         seq, query, stride = self.max_seq_len, self.max_query_len, self.doc_stride
         if all(_positive_int(x) for x in (seq, query, stride)):
-            if query + 4 > seq:
-                p.append(f"max_query_len ({query}) leaves no room for the paragraph in max_seq_len ({seq})")
-            if stride > seq:
-                p.append(f"doc_stride ({stride}) must not exceed max_seq_len ({seq})")
+            p += window_problems(seq, stride, query)
         thr = self.no_answer_threshold
         if isinstance(thr, bool) or not isinstance(thr, int | float) or not 0.0 <= thr <= 1.0:
             p.append(f"no_answer_threshold must be a probability in [0, 1], got {thr!r}")

@@ -10,7 +10,9 @@ train/recipes/presets.py: 512-token windows, answers up to 64 tokens, n-best 5).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 from train.common.heads import REGISTRY, head_spec
 
@@ -59,10 +61,36 @@ def shortest_sequence(head: str, start_n_top: int, end_n_top: int) -> int:
     return head_spec(head).shortest_sequence(start_n_top, end_n_top)
 
 
+# A window holds the question, two <sep>, <cls> and at least one paragraph token.
+WINDOW_OVERHEAD = 4
+
+
+def window_problems(max_seq_len: int, doc_stride: int, max_query_len: int) -> list[str]:
+    """What is wrong with these window sizes (positive integers assumed), one line each; [] if nothing."""
+    found = []
+    if max_query_len + WINDOW_OVERHEAD > max_seq_len:
+        found.append(
+            f"max_seq_len={max_seq_len} leaves no room for the paragraph with max_query_len={max_query_len} "
+            f"(needs max_seq_len >= max_query_len + {WINDOW_OVERHEAD})"
+        )
+    if doc_stride > max_seq_len:
+        found.append(f"doc_stride ({doc_stride}) must not exceed max_seq_len ({max_seq_len})")
+    return found
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 @dataclass(frozen=True)
-class InferenceSettings:
-    """How questions are windowed and answers decoded: BERT's run_squad.py defaults (384/128/64, answers
-    up to 30 tokens, n-best 20), not the original XLNet's (see the module docstring)."""
+class ModelSettings:
+    """How a model's questions are windowed and its answers decoded: the one type of these settings.
+
+    Fine-tuning writes them into the checkpoint's ``metadata.json`` (`to_metadata`), the exporter copies
+    them into ``export.json``, and every reader (evaluation, export, the server's model spec) reads them
+    with `from_metadata`, where a key the model does not record takes the default: BERT's run_squad.py
+    (384/128/64, answers up to 30 tokens, n-best 20), not the original XLNet's (see the module docstring).
+    """
 
     max_seq_len: int = 384
     doc_stride: int = 128
@@ -74,5 +102,38 @@ class InferenceSettings:
     def as_dict(self) -> dict[str, float | int]:
         return asdict(self)
 
+    def to_metadata(self) -> dict[str, float | int]:
+        """The keys fine-tuning records (the same names as the fields)."""
+        return self.as_dict()
 
-DEFAULTS = InferenceSettings()
+    def problems(self) -> list[str]:
+        """What is wrong with these settings, one line each ([] if nothing)."""
+        ints = ("max_seq_len", "doc_stride", "max_query_len", "max_answer_len", "n_best")
+        found = [
+            f"{n} must be a positive integer, got {getattr(self, n)!r}"
+            for n in ints
+            if not _positive_int(getattr(self, n))
+        ]
+        thr = self.no_answer_threshold
+        if isinstance(thr, bool) or not isinstance(thr, int | float) or not 0.0 <= thr <= 1.0:
+            found.append(f"no_answer_threshold must be a probability in [0, 1], got {thr!r}")
+        if not found:
+            found += window_problems(self.max_seq_len, self.doc_stride, self.max_query_len)
+        return found
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any] | None, **overrides: Any) -> ModelSettings:
+        """The settings a checkpoint's metadata (or an export's sidecar) records, defaults for the keys it
+        does not, then ``overrides`` that are not None (command-line flags); ValueError naming every
+        problem."""
+        given = {f.name: (metadata or {}).get(f.name) for f in fields(cls)}
+        given.update({k: v for k, v in overrides.items() if v is not None})
+        if unknown := set(overrides) - {f.name for f in fields(cls)}:
+            raise TypeError(f"unknown settings {sorted(unknown)}")
+        settings = cls(**{k: v for k, v in given.items() if v is not None})
+        if found := settings.problems():
+            raise ValueError("; ".join(found))
+        return settings
+
+
+DEFAULTS = ModelSettings()

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from train.common.contract import DEFAULTS, TOKEN_OUTPUTS
+from train.common.contract import DEFAULTS, TOKEN_OUTPUTS, ModelSettings
 from train.common.heads import head_spec
 from train.model import checkpoint
 from train.squad import (
@@ -166,12 +166,13 @@ def predict_ensemble(
             raise ValueError(f"{m.path}: another tokenizer than {first.path}'s; an ensemble shares one")
         if any(m.metadata.get(k) != meta.get(k) for k in (*WINDOW_KEYS, "n_best", "max_answer_len")):
             raise ValueError(f"{m.path}: other windows or decoding than {first.path}'s")
-    fkw = {k: meta[k] for k in WINDOW_KEYS if meta.get(k)}
-    features = featurize(examples, first.tokenizer, **fkw)
+    settings = ModelSettings.from_metadata(meta)
+    features = featurize(examples, first.tokenizer, **{k: getattr(settings, k) for k in WINDOW_KEYS})
     outputs = [predict_features(m.model, features, batch_size=batch_size, progress=progress) for m in members]
-    kw = {k: meta[k] for k in ("n_best", "max_answer_len") if meta.get(k)}
     merged = outputs[0] if len(outputs) == 1 else average_outputs(outputs)
-    return decode_outputs(examples, features, merged, **kw)
+    return decode_outputs(
+        examples, features, merged, n_best=settings.n_best, max_answer_len=settings.max_answer_len
+    )
 
 
 @dataclass
@@ -295,7 +296,7 @@ def evaluate_checkpoint(
     doc_stride: int | None = None,
     max_query_len: int | None = None,
     max_answer_len: int | None = None,
-    n_best: int = DEFAULTS.n_best,
+    n_best: int | None = None,
     batch_size: int = 32,
     device: str = "cpu",
     progress: bool = True,
@@ -304,7 +305,7 @@ def evaluate_checkpoint(
     """Official SQuAD 2.0 scores of a fine-tuned checkpoint on ``data``, with the prediction files written
     to ``out`` (what ``python -m train.evaluate`` does; the study's evaluation stage calls it too).
 
-    Window sizes and lengths left None come from the checkpoint's metadata. ``answerability`` is
+    Window sizes, lengths and the n-best left None come from the checkpoint's metadata (`ModelSettings`). ``answerability`` is
     ``stored`` (the checkpoint's fitted model, if any) or ``cls`` (sigmoid(cls_logit) against the stored
     threshold); ``threshold`` replaces the decision rule. Articles that make the scores in-sample are
     passed to ``warn`` as ``warning: ...`` lines and listed as ``in_sample`` in the metrics.
@@ -319,15 +320,15 @@ def evaluate_checkpoint(
     if loaded.tokenizer is None:
         raise ValueError(f"{checkpoint_dir} has no spiece.model")
     meta = loaded.metadata
-
-    def pick(value: Any, key: str, default: Any) -> Any:
-        return value if value is not None else meta.get(key, default)
-
-    fkw = {
-        "max_seq_len": pick(max_seq_len, "max_seq_len", 384),
-        "doc_stride": pick(doc_stride, "doc_stride", 128),
-        "max_query_len": pick(max_query_len, "max_query_len", 64),
-    }
+    settings = ModelSettings.from_metadata(
+        meta,
+        max_seq_len=max_seq_len,
+        doc_stride=doc_stride,
+        max_query_len=max_query_len,
+        max_answer_len=max_answer_len,
+        n_best=n_best,
+    )
+    fkw = {k: getattr(settings, k) for k in WINDOW_KEYS}
     stored = meta if answerability == "stored" else {k: v for k, v in meta.items() if k != "answerability"}
     deciding = answerability_from_metadata(stored)
     examples = read_squad(data)
@@ -344,8 +345,8 @@ def evaluate_checkpoint(
         answerability=deciding,
         batch_size=batch_size,
         device=device,
-        n_best=n_best,
-        max_answer_len=pick(max_answer_len, "max_answer_len", 30),
+        n_best=settings.n_best,
+        max_answer_len=settings.max_answer_len,
         progress=progress,
     )
     result.metrics["in_sample"] = warnings

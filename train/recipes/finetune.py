@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from train.answerability.fit import fit_for
+from train.common.contract import ModelSettings
 from train.engine.execution import seed_everything, to_tensors
 from train.engine.loop import LoopPlan, StepReport
 from train.engine.optim import make_optimizer, make_scheduler
@@ -318,21 +319,24 @@ class FinetuneRecipe(Recipe):
         self, metrics: dict, threshold: float, at_step: int, answerability: Answerability | None = None
     ) -> dict:
         c = self.config
+        settings = ModelSettings(  # what evaluation, the export and the server read back (from_metadata)
+            max_seq_len=c.max_seq_len,
+            doc_stride=c.doc_stride,
+            max_query_len=c.max_query_len,
+            max_answer_len=c.max_answer_len,
+            n_best=c.n_best,
+            no_answer_threshold=float(threshold),
+        )
         return {
             "stage": "finetune",
             "step": at_step,
             "head": c.head,
             "recipe": c.recipe,
-            "no_answer_threshold": threshold,
+            **settings.to_metadata(),
             "threshold_selected_on": str(c.dev_file),
             THRESHOLD_SELECTED_ON: article_titles(self.dev_examples),
             FINE_TUNED_ON: article_titles(self.train_examples),
             "answerability": answerability.to_dict() if answerability is not None else None,
-            "max_seq_len": c.max_seq_len,
-            "doc_stride": c.doc_stride,
-            "max_query_len": c.max_query_len,
-            "max_answer_len": c.max_answer_len,
-            "n_best": c.n_best,
             "dev_metrics": metrics,
             "dev_file": str(c.dev_file),
             "init": str(c.init) if c.init else None,

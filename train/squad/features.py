@@ -27,7 +27,7 @@ from typing import Literal
 
 import numpy as np
 
-from train.common.contract import CLS_ID, DEFAULTS, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEP_ID
+from train.common.contract import CLS_ID, DEFAULTS, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEP_ID, window_problems
 
 from .alignment import ContextEncoder, TokenizerLike, align_answer, offsets_array, span_text
 from .data import SquadExample
@@ -105,11 +105,8 @@ def _check_lengths(max_seq_len: int, doc_stride: int, max_query_len: int) -> Non
         raise ValueError(f"doc_stride must be >= 1, got {doc_stride}")
     if max_query_len < 1:
         raise ValueError(f"max_query_len must be >= 1, got {max_query_len}")
-    if max_seq_len < max_query_len + 4:
-        raise ValueError(
-            f"max_seq_len={max_seq_len} leaves no room for the paragraph with max_query_len={max_query_len} "
-            "(needs max_seq_len >= max_query_len + 4)"
-        )
+    if found := window_problems(max_seq_len, doc_stride, max_query_len):
+        raise ValueError("; ".join(found))
 
 
 def _featurize_example(

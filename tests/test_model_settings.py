@@ -1,0 +1,75 @@
+"""One typed home for a model's settings (train.common.contract.ModelSettings): what fine-tuning records
+is what evaluation, the export's sidecar, the server's model spec and its decoding use, n_best included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from export.onnx.cli import main as export_main
+from export.serving.sidecar import Sidecar, SidecarError
+from harness.tiny_models import tiny_qa_checkpoint
+from server.host_path import HostPath
+from server.model_spec import ModelSpecError, resolve_spec
+from train.common.contract import DEFAULTS, WINDOW_OVERHEAD, ModelSettings
+from train.common.sample_data import SAMPLE_DEV
+from train.evaluation.predict import evaluate_checkpoint
+from train.tokenizer import XLNetTokenizer
+
+RECIPE = {"max_seq_len": 128, "doc_stride": 64, "max_query_len": 32, "max_answer_len": 16, "n_best": 5}
+
+
+def test_defaults_overrides_and_every_problem_named() -> None:
+    assert ModelSettings.from_metadata(None) == DEFAULTS
+    got = ModelSettings.from_metadata({**RECIPE, "other": "ignored"}, n_best=None, max_answer_len=8)
+    assert (got.max_seq_len, got.n_best, got.max_answer_len) == (128, 5, 8)  # None: keep the model's
+    with pytest.raises(ValueError) as exc:
+        ModelSettings.from_metadata({"n_best": 0, "max_answer_len": "30", "no_answer_threshold": 2})
+    message = str(exc.value)
+    assert "n_best must be a positive integer, got 0" in message
+    assert "max_answer_len must be a positive integer, got '30'" in message
+    assert "no_answer_threshold must be a probability in [0, 1], got 2" in message
+    with pytest.raises(ValueError, match=f"needs max_seq_len >= max_query_len \\+ {WINDOW_OVERHEAD}"):
+        ModelSettings.from_metadata({"max_seq_len": 40, "max_query_len": 40})
+    with pytest.raises(TypeError, match="unknown settings"):
+        ModelSettings.from_metadata(None, n_bets=3)
+
+
+def test_a_recipe_model_is_evaluated_exported_and_served_with_its_n_best(
+    tmp_path: Path, spm_dir: Path
+) -> None:
+    """Walk the settings from the checkpoint's metadata to the served model: one type all the way."""
+    ckpt = tiny_qa_checkpoint(tmp_path / "ckpt", spm_dir, "shallow", metadata=dict(RECIPE))
+    # evaluation: the checkpoint's n_best unless asked otherwise
+    result = evaluate_checkpoint(ckpt, SAMPLE_DEV, tmp_path / "eval", progress=False)
+    assert 1 <= max(len(p.n_best) for p in result.predictions.values()) <= RECIPE["n_best"]
+    more = evaluate_checkpoint(ckpt, SAMPLE_DEV, tmp_path / "eval20", n_best=20, progress=False)
+    assert max(len(p.n_best) for p in more.predictions.values()) > RECIPE["n_best"]
+    # export: the sidecar records every setting, n_best included
+    assert export_main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "onnx")]) == 0
+    side = Sidecar.load(tmp_path / "onnx")
+    assert {k: getattr(side, k) for k in RECIPE} == RECIPE
+    # the server: from the export and from the checkpoint alike, decoding with the model's n_best
+    tokenizer = XLNetTokenizer.from_dir(spm_dir)
+    for model_dir, backend in ((tmp_path / "onnx", "onnx"), (ckpt, "torch")):
+        spec = resolve_spec(model_dir, backend)
+        assert {k: getattr(spec.serving, k) for k in RECIPE} == RECIPE, backend
+        assert HostPath(spec, tokenizer).n_best_pool == RECIPE["n_best"]
+        assert HostPath(spec, tokenizer, n_best_pool=7).n_best_pool == 7  # --n-best-pool says otherwise
+    assert spec.public()["n_best"] == RECIPE["n_best"]
+
+
+def test_bad_recorded_settings_are_refused_where_they_are_read(tmp_path: Path, spm_dir: Path) -> None:
+    ckpt = tiny_qa_checkpoint(tmp_path / "ckpt", spm_dir, "shallow", metadata={"n_best": -1})
+    with pytest.raises(ModelSpecError, match="n_best must be a positive integer, got -1"):
+        resolve_spec(ckpt, "torch")
+    with pytest.raises(ValueError, match="n_best must be a positive integer"):
+        evaluate_checkpoint(ckpt, SAMPLE_DEV, tmp_path / "eval", progress=False)
+    good = tiny_qa_checkpoint(tmp_path / "good", spm_dir, "shallow")
+    assert export_main(["--checkpoint", str(good), "--out", str(tmp_path / "onnx")]) == 0
+    data = Sidecar.load(tmp_path / "onnx").to_dict()
+    with pytest.raises(SidecarError, match="n_best must be a positive integer, got 0"):
+        Sidecar.from_dict({**data, "n_best": 0})
+    old = {k: v for k, v in data.items() if k != "n_best"}  # a sidecar written before n_best was recorded
+    assert Sidecar.from_dict(old).n_best == DEFAULTS.n_best
