@@ -1,0 +1,111 @@
+"""The import contracts (pyproject.toml, `lint-imports`) hold what ARCHITECTURE.md's layer table says: the
+server's is an allow-list (its forbidden list is exactly every package the table does not let it import),
+and a copy of the code with one forbidden import per row of the table fails `lint-imports`, each import
+named in the report."""
+
+from __future__ import annotations
+
+import pkgutil
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+from paths import REPO
+
+PACKAGES = ("train", "export", "server", "clients", "bench", "harness")
+# What the server may import of train/ and export/ (ARCHITECTURE.md's table; train.model only in its torch
+# backend, by the contract's ignore_imports).
+SERVER_MAY_IMPORT = (
+    "export.serving",
+    "export.trt.runtime",
+    "export.trt.cuda",
+    "train.common",
+    "train.tokenizer",
+    "train.squad",
+)
+SERVER_CONTRACT = "the server imports only what the table allows"
+
+
+def contracts() -> list[dict]:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
+def children(package: str) -> set[str]:
+    return {m.name for m in pkgutil.iter_modules([str(REPO / package.replace(".", "/"))], package + ".")}
+
+
+def test_the_server_contract_is_an_allow_list_of_the_table() -> None:
+    contract = next(c for c in contracts() if c["name"].startswith(SERVER_CONTRACT))
+    everything = (children("train") | children("export") | children("export.trt")) - {"export.trt"}
+    allowed = {m for m in everything if any(m == a or m.startswith(a + ".") for a in SERVER_MAY_IMPORT)}
+    assert set(contract["forbidden_modules"]) == everything - allowed
+    architecture = (REPO / "ARCHITECTURE.md").read_text()
+    row = next(line for line in architecture.splitlines() if line.startswith("| `server/` |"))
+    for name in ("export.serving", "export.trt.runtime", "train.common", "train.tokenizer", "train.squad"):
+        assert f"`{name}`" in row, name
+    assert all(
+        ignored.startswith("server.backends.torch -> train.model.") for ignored in contract["ignore_imports"]
+    )
+
+
+# One forbidden import per row of the table: (the file it is added to, the import, the module it reaches).
+VIOLATIONS = [
+    ("harness/tiny_models.py", "import bench.common", "harness.tiny_models -> bench.common"),  # harness row
+    ("server/batching.py", "import train.engine.loop", "server.batching -> train.engine.loop"),  # server row
+    ("server/quotas.py", "import export.onnx.graph", "server.quotas -> export.onnx.graph"),  # server row
+    (
+        "export/serving/runner.py",
+        "import server.settings",
+        "export.serving.runner -> server.settings",
+    ),  # export
+    (
+        "train/squad/decode.py",
+        "import export.serving.sidecar",
+        "train.squad.decode -> export.serving.sidecar",
+    ),
+    ("train/model/layers.py", "import clients.schema", "train.model.layers -> clients.schema"),  # train row
+    (
+        "clients/client.py",
+        "import train.common.contract",
+        "clients.client -> train.common.contract",
+    ),  # the SDK
+]
+
+
+@pytest.fixture(scope="module")
+def broken_copy(tmp_path_factory: pytest.TempPathFactory) -> str:
+    copy = tmp_path_factory.mktemp("contracts")
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, copy / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copy(REPO / "pyproject.toml", copy / "pyproject.toml")
+    for path, line, _ in VIOLATIONS:
+        target = copy / path
+        assert target.is_file(), path
+        target.write_text(target.read_text() + f"\n{line}  # injected by tests/test_import_contracts.py\n")
+    lint = Path(sys.executable).with_name("lint-imports")
+    proc = subprocess.run(
+        [str(lint), "--config", "pyproject.toml", "--no-cache"],
+        cwd=copy,
+        env={"PATH": str(lint.parent), "PYTHONPATH": str(copy)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize(("path", "line", "chain"), VIOLATIONS, ids=[v[0] for v in VIOLATIONS])
+def test_a_forbidden_import_in_each_row_fails_lint_imports(
+    broken_copy: str, path: str, line: str, chain: str
+) -> None:
+    assert chain in broken_copy, broken_copy[-3000:]
+
+
+def test_the_real_tree_keeps_every_contract() -> None:
+    lint = Path(sys.executable).with_name("lint-imports")
+    proc = subprocess.run([str(lint), "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and " 0 broken" in proc.stdout, proc.stdout[-3000:]
