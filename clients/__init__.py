@@ -51,10 +51,9 @@ host with a key is a ``ValueError`` unless ``allow_insecure_http=True``. HTTPS: 
 bundle's path (or an ``ssl.SSLContext``; ``False`` only on purpose).
 """
 
-from clients.client import (
-    AsyncXLNetQAClient,
+from clients.client import AsyncXLNetQAClient, XLNetQAClient
+from clients.errors import (
     XLNetQAAuthenticationError,
-    XLNetQAClient,
     XLNetQAClientError,
     XLNetQAConnectionError,
     XLNetQAError,

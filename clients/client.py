@@ -23,9 +23,7 @@ on it, and a retry would double its load).
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import ipaddress
-import math
 import os
 import random
 import ssl
@@ -37,6 +35,15 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from clients.errors import (
+    XLNetQAClientError,
+    XLNetQAConnectionError,
+    XLNetQAError,
+    XLNetQAResponseError,
+    XLNetQATimeoutError,
+    error_from,
+    retry_after,
+)
 from clients.models import Answer, ModelInfo, QARequest, request_payload
 
 DEFAULT_DEADLINE_S = 60.0  # one call, retries included, unless the caller sets another (None: none)
@@ -55,79 +62,6 @@ BatchItem = QARequest | Mapping[str, Any] | tuple[str, str]
 Model = TypeVar("Model", bound=BaseModel)
 
 
-class XLNetQAError(Exception):
-    """A request failed. ``status_code`` is None when no HTTP response came back."""
-
-    def __init__(
-        self,
-        message: str,
-        status_code: int | None = None,
-        error: str | None = None,
-        body: Any = None,
-        request_id: str | None = None,
-    ) -> None:
-        super().__init__(f"{status_code}: {message}" if status_code else message)
-        self.message = message
-        self.status_code = status_code
-        self.error = error  # the server's machine-readable kind, e.g. "validation_error"
-        self.body = body
-        self.request_id = request_id  # quote it when reporting a server problem
-
-
-class XLNetQAClientError(XLNetQAError):
-    """4xx: the request is wrong (bad input, too large); not retried."""
-
-
-class XLNetQAServerError(XLNetQAError):
-    """5xx: the server failed or is unavailable (503 after all retries)."""
-
-
-class XLNetQAConnectionError(XLNetQAError):
-    """The server could not be reached after all retries."""
-
-
-class XLNetQATimeoutError(XLNetQAError):
-    """No response within ``timeout`` (one attempt) or ``deadline`` (the whole call with retries)."""
-
-
-class XLNetQAAuthenticationError(XLNetQAClientError):
-    """401: no API key, or one the server does not know (``api_key=`` or ``XLNETQA_API_KEY``)."""
-
-
-class XLNetQARateLimitError(XLNetQAClientError):
-    """429: this key is over a rate, window or daily limit; ``retry_after`` is the server's hint (s).
-    Retried while the hint fits in what is left of the call's deadline and retries remain."""
-
-    def __init__(self, *args: Any, retry_after: float | None = None, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.retry_after = retry_after
-
-
-class XLNetQAResponseError(XLNetQAError):
-    """The server answered, but not in the shape the API promises (a proxy's page, a version mismatch)."""
-
-
-def _error_from(response: httpx.Response) -> XLNetQAError:
-    try:
-        body = response.json()
-    except ValueError:
-        body = response.text[:1000]
-    request_id = response.headers.get("x-request-id")
-    if isinstance(body, dict):
-        message = str(body.get("message") or body.get("detail") or body)
-        kind = body.get("error")
-        request_id = body.get("request_id") or request_id
-    else:
-        message, kind = (str(body) or response.reason_phrase), None
-    if response.status_code == 401:
-        return XLNetQAAuthenticationError(message, 401, kind, body, request_id)
-    if response.status_code == 429:
-        hint = _retry_after(response)
-        return XLNetQARateLimitError(message, 429, kind, body, request_id, retry_after=hint)
-    cls = XLNetQAClientError if response.status_code < 500 else XLNetQAServerError
-    return cls(message, response.status_code, kind, body, request_id)
-
-
 def _parse(model: type[Model], response: httpx.Response, key: str | None = None) -> Any:
     """The response body as ``model`` (a list of them under ``key``), or XLNetQAResponseError."""
     request_id = response.headers.get("x-request-id")
@@ -142,22 +76,6 @@ def _parse(model: type[Model], response: httpx.Response, key: str | None = None)
         raise XLNetQAResponseError(
             message, response.status_code, body=response.text[:1000], request_id=request_id
         ) from None
-
-
-def _retry_after(response: httpx.Response | None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or HTTP date), None if absent, unreadable or not
-    a finite number (``inf``, ``nan``, a date past what the platform's clock holds)."""
-    value = response.headers.get("retry-after") if response is not None else None
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError, OverflowError):
-            return None
-    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def _loopback(host: str) -> bool:
@@ -285,15 +203,15 @@ class _Attempts:
     def after_response(self, response: httpx.Response) -> float | None:
         """None when the response is final (a success), a delay before retrying a 503; raises errors."""
         if response.status_code == 503:
-            return self._wait(self.policy._delay(self.attempt, response), _error_from(response))
+            return self._wait(self.policy._delay(self.attempt, response), error_from(response))
         if response.status_code == 429:  # only with the server's hint: waiting it out may succeed
-            error = _error_from(response)
-            hint = _retry_after(response)
+            error = error_from(response)
+            hint = retry_after(response)
             if hint is None or hint > self.policy.max_backoff:  # a long wait is the caller's to choose
                 raise error
             return self._wait(hint * random.uniform(1.0, 1.1), error)
         if response.is_error:
-            raise _error_from(response)
+            raise error_from(response)
         return None
 
 
@@ -352,7 +270,7 @@ class _Policy:
     def _delay(self, attempt: int, response: httpx.Response | None) -> float:
         """Retry-After when the server sent one (plus up to 10% jitter, so clients told the same do not
         return in lockstep), else backoff * 2**attempt with full jitter; capped at max_backoff."""
-        hinted = _retry_after(response)
+        hinted = retry_after(response)
         if hinted is not None:
             return min(hinted * random.uniform(1.0, 1.1), self.max_backoff)
         base = self.backoff * (2**attempt)
