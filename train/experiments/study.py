@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import time
-from argparse import Namespace, _ArgumentGroup
+from argparse import Namespace
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -33,9 +33,9 @@ from typing import Any
 
 from train.common.cli import Parser
 from train.common.sample_data import SAMPLE_DIR as SAMPLE
-from train.engine.optim import OPTIMIZERS
 from train.engine.runlog import read_series
 from train.evaluation.predict import evaluate_checkpoint
+from train.experiments import study_flags
 from train.experiments.heldout import compare_rules, plot_reliability, predict_files
 from train.experiments.runs import given, short_pretraining
 from train.experiments.study_report import (
@@ -57,106 +57,8 @@ MODIFIERS = ("synth", "match", "plausible", "hard")
 
 
 def build_parser() -> Parser:
-    p = Parser(prog="python -m train.study", description=__doc__.splitlines()[0])
-    _data_arguments(p.add_argument_group("data"))
-    _run_arguments(p.add_argument_group("runs"))
-    _pretraining_arguments(p.add_argument_group("pretraining"))
-    _synth_arguments(p.add_argument_group("synthetic-question stage (runs named ...+synth)"))
-    _finetuning_arguments(p.add_argument_group("fine-tuning"))
-    p.add_argument("--out", default="runs/study")
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
-    return p
-
-
-def _data_arguments(g: _ArgumentGroup) -> None:
-    g.add_argument("--train-file", default=str(SAMPLE / "train.json"), help="SQuAD 2.0 file to fine-tune on")
-    g.add_argument("--eval-file", default=str(SAMPLE / "dev.json"), help="SQuAD 2.0 file to evaluate on")
-    g.add_argument(
-        "--labelled",
-        nargs="+",
-        help="instead: SQuAD 2.0 files (their articles together) split by article into train and eval",
-    )
-    g.add_argument("--finetune-articles", type=int, default=9, help="with --labelled: articles to train on")
-    g.add_argument(
-        "--eval-articles",
-        help="with --labelled: comma-separated titles to score, instead of the articles after "
-        "--finetune-articles (never the sample's calibration articles: make demo and the tests fit on them)",
-    )
-    g.add_argument(
-        "--calibration-articles",
-        "--threshold-articles",
-        dest="calibration_articles",
-        type=article_count_or_titles,
-        default=None,
-        help="fine-tuning-side articles held out of fine-tuning, where the answerability model (combination, "
-        "calibration, threshold, rule) is fitted by cross-fitting: a count (the last ones) or comma-separated "
-        "titles (default 2 with --labelled; 0: on the eval file itself, optimistic)",
-    )
-    g.add_argument(
-        "--calibration-file",
-        help="with --train-file: articles held out of fine-tuning to fit the answerability on (default: the "
-        "sample's calibration.json with the sample's files, else --calibration-articles of --train-file)",
-    )
-    g.add_argument(
-        "--corpus", nargs="+", default=[str(SAMPLE / "corpus.json")], help="unlabelled pretraining text"
-    )
-
-
-def _run_arguments(g: _ArgumentGroup) -> None:
-    g.add_argument(
-        "--runs",
-        default="pretrained,random",
-        help="comma-separated: pretrained | random, each optionally +synth (e.g. pretrained+synth)",
-    )
-    g.add_argument(
-        "--seeds",
-        default="0",
-        help="comma-separated seeds of every run's synthetic stage and fine-tuning; with several, each seed "
-        "is scored and so is their ensemble (logits averaged)",
-    )
-    g.add_argument("--config", default="small", help="model preset")
-    g.add_argument("--vocab", type=int, default=4000)
-    g.add_argument("--head", default="shallow")
-    g.add_argument("--threads", type=int, default=None, help="torch threads per stage")
-
-
-def _pretraining_arguments(g: _ArgumentGroup) -> None:
-    g.add_argument("--pretrain-steps", type=int, default=1000)
-    g.add_argument("--pretrain-batch", type=int, default=16)
-    g.add_argument("--pretrain-lr", type=float, default=1e-3)
-    g.add_argument("--seq-len", type=int, default=128, help="pretraining sequence length")
-    g.add_argument("--max-gram", type=int, default=1, help="longest predicted span in pretraining")
-    g.add_argument("--pretrain-optimizer", choices=OPTIMIZERS, default="xlnet")
-    g.add_argument("--pretrain-weight-decay", type=float, default=0.0)
-
-
-def _synth_arguments(g: _ArgumentGroup) -> None:
-    g.add_argument("--synth-steps", type=int, default=1000)
-    g.add_argument("--synth-lr", type=float, default=5e-4)
-    g.add_argument("--synth-answerable", type=float, default=0.5)
-    g.add_argument("--synth-in-place", type=float, default=0.5)
-    g.add_argument("--synth-per-sentence", type=int, default=2)
-    g.add_argument(
-        "--synth-keep-out-of-window", type=float, default=1.0, help="share of answer-less windows kept"
-    )
-    g.add_argument(
-        "--synth-hard-negatives",
-        type=float,
-        default=0.5,
-        help="runs named ...+hard: share of unanswerable synthetic questions made by an edit",
-    )
-
-
-def _finetuning_arguments(g: _ArgumentGroup) -> None:
-    g.add_argument("--finetune-steps", type=int, default=1500)
-    g.add_argument("--finetune-batch", type=int, default=16)
-    g.add_argument("--finetune-lr", type=float, default=5e-4)
-    g.add_argument("--layer-decay", type=float, default=0.9)
-    g.add_argument("--max-seq-len", type=int, default=192, help="fine-tuning window")
-    g.add_argument("--doc-stride", type=int, default=128)
-    g.add_argument("--eval-every", type=int, default=500)
-    g.add_argument("--keep-out-of-window", type=float, default=1.0, help="share of answer-less windows kept")
+    """The flags (`study_flags`), described by this module's first line."""
+    return study_flags.build_parser(__doc__.splitlines()[0] if __doc__ else "")
 
 
 class Stages:
@@ -221,17 +123,6 @@ def parse_seeds(text: str) -> list[int]:
     if not seeds or len(set(seeds)) < len(seeds):
         raise ValueError(f"--seeds must name one or more different seeds, got {text!r}")
     return seeds
-
-
-def article_count_or_titles(text: str) -> int | list[str]:
-    """``--calibration-articles``: a count, or comma-separated titles."""
-    text = text.strip()
-    if text.isdigit():
-        return int(text)
-    titles = [t.strip() for t in text.split(",") if t.strip()]
-    if not titles:
-        raise ValueError("--calibration-articles: give a count or comma-separated titles")
-    return titles
 
 
 def _scored_split(args) -> tuple[dict, dict]:
