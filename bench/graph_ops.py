@@ -90,22 +90,31 @@ def interleaved_latency(
     return times
 
 
-def eager_ops(checkpoint: Path, batch: int, length: int, device: str) -> dict[str, Any]:
+def eager_ops(checkpoint: str, batch: int, length: int, device: str) -> dict[str, Any]:
     """Operations one eager forward launches (profiler events: aten ops on the CPU, kernels on CUDA),
-    fused inference path against the reference layers, same weights."""
+    fused inference path against the reference layers, same weights. ``checkpoint`` is a directory, or
+    ``preset:NAME`` for random weights of that preset (shallow head)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from train.model import XLNetConfig, XLNetForQuestionAnswering
     from train.model import checkpoint as ckpt_io
     from train.model.inference import QAInference
 
-    feeds = window_feeds(batch, length, ckpt_io.load(checkpoint).config.vocab_size)
+    def fresh() -> Any:
+        if checkpoint.startswith("preset:"):
+            torch.manual_seed(0)
+            config = XLNetConfig.preset(checkpoint[len("preset:") :], vocab_size=32000, dropout=0.0)
+            return XLNetForQuestionAnswering(config, head="shallow").eval()
+        return ckpt_io.load(Path(checkpoint)).model
+
+    feeds = window_feeds(batch, length, fresh().config.vocab_size)
     args = tuple(
         torch.from_numpy(feeds[n]).to(device) for n in ("input_ids", "attention_mask", "token_type_ids")
     )
     out: dict[str, Any] = {"device": device, "shape": f"{batch}x{length}"}
     for name, positions in (("reference layers", None), ("fused", length)):
-        model = ckpt_io.load(checkpoint).model.to(device)
+        model = fresh().to(device)
         module = QAInference(model, max_positions=positions)
         with torch.no_grad():
             module(*args)  # warm-up: lazy initialisation is not part of a forward
@@ -128,7 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--exports", type=Path, nargs="*", default=[], help="export directories; the first is the base"
     )
-    p.add_argument("--checkpoint", type=Path, help="count the eager forward's operations of this checkpoint")
+    p.add_argument(
+        "--checkpoint",
+        help="count the eager forward's operations of this checkpoint (or preset:base, random)",
+    )
     p.add_argument("--shape", default="1x192", help="BxT")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=10)

@@ -199,18 +199,19 @@ class FusedAttentionWeights(nn.Module):
             getattr(attn, name).detach().to(f32) for name in ("r_w_bias", "r_r_bias", "r_s_bias")
         )
         scale = attn.scale
-        q_w = torch.zeros(d, n, width)
-        q_b = torch.zeros(n, width)
+        dev = attn.q.device  # built where the model is: the torch backend moves it to the GPU first
+        q_w = torch.zeros(d, n, width, device=dev)
+        q_b = torch.zeros(n, width, device=dev)
         q_w[:, :, :dh] = wq  # the scale comes with the query mask (`fused_inputs`)
         q_b[:, :dh] = r_w
         seg_w, seg_b = (x / segment_gain for x in segment_columns(attn))  # the mask multiplies it back
         q_w[:, :, seg0:seg_end] = seg_w[:, :, None]
         q_b[:, seg0:seg_end] = seg_b[:, None]
         q_b[:, one] = 1.0
-        k_w = torch.zeros(d, n, width)
+        k_w = torch.zeros(d, n, width, device=dev)
         k_w[:, :, :dh] = wk
         w_in = torch.cat([q_w.reshape(d, -1), k_w.reshape(d, -1), wv.reshape(d, -1)], dim=1)
-        b_in = torch.cat([q_b.reshape(-1), torch.zeros(n * width + n * dh)])
+        b_in = torch.cat([q_b.reshape(-1), torch.zeros(n * width + n * dh, device=dev)])
         k_r32 = k_r.detach().to(f32)  # [1, N, 2L, Dh]
         position_bias = torch.einsum("bnph,nh->bnp", k_r32, (r_r - r_w) * scale)
         kr = torch.cat([k_r32, position_bias[..., None]], -1)
