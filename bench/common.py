@@ -105,6 +105,13 @@ def counted_flops(module: Callable[..., object], *args: object) -> float:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        module(*args)
+    from train.model import triton_attention
+
+    enabled = triton_attention.ENABLED
+    triton_attention.ENABLED = False  # the counter sees aten ops only: count the kernel's products as torch's
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            module(*args)
+    finally:
+        triton_attention.ENABLED = enabled
     return float(counter.get_total_flops())

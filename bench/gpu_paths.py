@@ -127,7 +127,11 @@ def ort_bound_runner(export_dir: Path, device: torch.device, cuda_graph: bool) -
         except Exception as exc:  # a provider that cannot load says why; the row is skipped with it
             raise Skipped(f"onnxruntime session on {providers}: {exc}") from None
         inputs = {n: ort.OrtValue.ortvalue_from_numpy(feeds[n], where, index) for n in INPUT_NAMES}
-        plain = sess.run(None, feeds)  # the outputs' shapes and types at this input shape
+        # The outputs' shapes and types at this input shape, from a session without a graph to capture
+        # (a graph session's first run would record host buffers).
+        shaper = session(graph, providers=[(CUDA, {"device_id": str(index)})] if on_gpu else providers)
+        plain = shaper.run(None, feeds)
+        del shaper
         names = [o.name for o in sess.get_outputs()]
         outputs = {
             n: ort.OrtValue.ortvalue_from_shape_and_type(list(out.shape), out.dtype, where, index)

@@ -35,11 +35,14 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from clients.errors import (
+from clients.errors import (  # the error classes stay importable from here too, as before clients.errors
+    XLNetQAAuthenticationError,  # noqa: F401
     XLNetQAClientError,
     XLNetQAConnectionError,
     XLNetQAError,
+    XLNetQARateLimitError,  # noqa: F401
     XLNetQAResponseError,
+    XLNetQAServerError,  # noqa: F401
     XLNetQATimeoutError,
     error_from,
     retry_after,

@@ -25,15 +25,22 @@ def test_defaults_overrides_and_every_problem_named() -> None:
     got = ModelSettings.from_metadata({**RECIPE, "other": "ignored"}, n_best=None, max_answer_len=8)
     assert (got.max_seq_len, got.n_best, got.max_answer_len) == (128, 5, 8)  # None: keep the model's
     with pytest.raises(ValueError) as exc:
-        ModelSettings.from_metadata({"n_best": 0, "max_answer_len": "30", "no_answer_threshold": 2})
+        ModelSettings.from_metadata({"n_best": 0, "max_answer_len": "thirty", "no_answer_threshold": 2})
     message = str(exc.value)
     assert "n_best must be a positive integer, got 0" in message
-    assert "max_answer_len must be a positive integer, got '30'" in message
-    assert "no_answer_threshold must be a probability in [0, 1], got 2" in message
+    assert "max_answer_len must be a positive integer, got 'thirty'" in message
+    assert "no_answer_threshold must be a probability in [0, 1], got 2.0" in message
     with pytest.raises(ValueError, match=f"needs max_seq_len >= max_query_len \\+ {WINDOW_OVERHEAD}"):
         ModelSettings.from_metadata({"max_seq_len": 40, "max_query_len": 40})
     with pytest.raises(TypeError, match="unknown settings"):
         ModelSettings.from_metadata(None, n_bets=3)
+    # what older metadata and hand-written files hold, read as before where nothing is lost
+    legacy = ModelSettings.from_metadata({"max_seq_len": 384.0, "n_best": "5", "no_answer_threshold": "0.4"})
+    assert (legacy.max_seq_len, legacy.n_best, legacy.no_answer_threshold) == (384, 5, 0.4)
+    with pytest.raises(ValueError, match="max_seq_len must be a positive integer, got 384.5"):
+        ModelSettings.from_metadata({"max_seq_len": 384.5})
+    # a stride longer than the window only means windows that do not overlap
+    assert ModelSettings.from_metadata({"max_seq_len": 64, "max_query_len": 24}).doc_stride == 128
 
 
 def test_a_recipe_model_is_evaluated_exported_and_served_with_its_n_best(

@@ -169,7 +169,9 @@ class Sidecar(ServingSettings):
             p.append(f"opset must be a positive integer or null, got {self.opset!r}")
         seq, query, stride = self.max_seq_len, self.max_query_len, self.doc_stride
         if all(_positive_int(x) for x in (seq, query, stride)):
-            p += window_problems(seq, stride, query)
+            p += window_problems(seq, query)
+            if stride > seq:  # an export's own rule (its verification windows): older sidecars hold it too
+                p.append(f"doc_stride ({stride}) must not exceed max_seq_len ({seq})")
         thr = self.no_answer_threshold
         if isinstance(thr, bool) or not isinstance(thr, int | float) or not 0.0 <= thr <= 1.0:
             p.append(f"no_answer_threshold must be a probability in [0, 1], got {thr!r}")

@@ -72,7 +72,7 @@ def position_limit(model: Any, d_model: int) -> int | None:
         while source not in inits and source in producer and producer[source].op_type in ("Cast", "Identity"):
             source = producer[source].input[0]
         dims = list(inits[source].dims) if source in inits else []
-        if len(dims) != 4 or dims[0] != 1 or d_model % dims[1]:
+        if len(dims) != 4 or dims[0] != 1 or dims[1] < 1 or d_model % dims[1]:
             continue
         if dims[3] - d_model // dims[1] in (0, 1) and dims[2] % 2 == 0:
             limits.append(dims[2] // 2)

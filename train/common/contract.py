@@ -65,17 +65,33 @@ def shortest_sequence(head: str, start_n_top: int, end_n_top: int) -> int:
 WINDOW_OVERHEAD = 4
 
 
-def window_problems(max_seq_len: int, doc_stride: int, max_query_len: int) -> list[str]:
-    """What is wrong with these window sizes (positive integers assumed), one line each; [] if nothing."""
-    found = []
+def window_problems(max_seq_len: int, max_query_len: int) -> list[str]:
+    """What is wrong with these window sizes (positive integers assumed), one line each; [] if nothing.
+    A stride longer than the window is not wrong: the windows then do not overlap, and no token is skipped
+    (each next window starts at most a window further)."""
     if max_query_len + WINDOW_OVERHEAD > max_seq_len:
-        found.append(
+        return [
             f"max_seq_len={max_seq_len} leaves no room for the paragraph with max_query_len={max_query_len} "
             f"(needs max_seq_len >= max_query_len + {WINDOW_OVERHEAD})"
-        )
-    if doc_stride > max_seq_len:
-        found.append(f"doc_stride ({doc_stride}) must not exceed max_seq_len ({max_seq_len})")
-    return found
+        ]
+    return []
+
+
+def _lossless(value: Any, kind: type) -> Any:
+    """A recorded value as ``kind`` where nothing is lost (384.0 -> 384, "0.4" -> 0.4, as older metadata
+    and hand-written files hold them); anything else as it is, for `ModelSettings.problems` to name."""
+    if isinstance(value, bool):
+        return value
+    try:
+        if kind is int and isinstance(value, float) and value.is_integer():
+            return int(value)
+        if kind is int and isinstance(value, str) and value.strip().isdigit():
+            return int(value)
+        if kind is float and isinstance(value, (int, str)):
+            return float(value)
+    except ValueError:
+        pass
+    return value
 
 
 def _positive_int(value: object) -> bool:
@@ -118,7 +134,7 @@ class ModelSettings:
         if isinstance(thr, bool) or not isinstance(thr, int | float) or not 0.0 <= thr <= 1.0:
             found.append(f"no_answer_threshold must be a probability in [0, 1], got {thr!r}")
         if not found:
-            found += window_problems(self.max_seq_len, self.doc_stride, self.max_query_len)
+            found += window_problems(self.max_seq_len, self.max_query_len)
         return found
 
     @classmethod
@@ -130,7 +146,8 @@ class ModelSettings:
         given.update({k: v for k, v in overrides.items() if v is not None})
         if unknown := set(overrides) - {f.name for f in fields(cls)}:
             raise TypeError(f"unknown settings {sorted(unknown)}")
-        settings = cls(**{k: v for k, v in given.items() if v is not None})
+        kinds = {f.name: type(f.default) for f in fields(cls)}
+        settings = cls(**{k: _lossless(v, kinds[k]) for k, v in given.items() if v is not None})
         if found := settings.problems():
             raise ValueError("; ".join(found))
         return settings

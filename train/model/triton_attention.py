@@ -39,6 +39,7 @@ def wanted(x: torch.Tensor, d_head: int) -> bool:
     blocks take."""
     return (
         ENABLED
+        and not torch.compiler.is_compiling()  # a compiled graph would break around it (twice a layer)
         and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")  # the interpreter: CPU tests
         and not torch.jit.is_tracing()
         and d_head >= 16

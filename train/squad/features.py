@@ -105,7 +105,7 @@ def _check_lengths(max_seq_len: int, doc_stride: int, max_query_len: int) -> Non
         raise ValueError(f"doc_stride must be >= 1, got {doc_stride}")
     if max_query_len < 1:
         raise ValueError(f"max_query_len must be >= 1, got {max_query_len}")
-    if found := window_problems(max_seq_len, doc_stride, max_query_len):
+    if found := window_problems(max_seq_len, max_query_len):
         raise ValueError("; ".join(found))
 
 
