@@ -32,6 +32,11 @@ from train.tokenizer import XLNetTokenizer
 logger = logging.getLogger("server")
 
 
+# How much longer than the engine's load deadline a front waits for the engine's verdict: the engine's
+# clock starts after its process has (fronts may start first), and its verdict travels as a mark on disk.
+ENGINE_VERDICT_GRACE_S = 10.0
+
+
 class FrontLifecycle(Lifecycle):
     """The runtime of one front process (see the module docstring)."""
 
@@ -66,6 +71,13 @@ class FrontLifecycle(Lifecycle):
     async def start(self) -> None:
         await self.engine.start()
         self._start_loading()
+
+    @property
+    def load_deadline_s(self) -> float:
+        """The engine decides whether the model loads, within the same deadline, after its own start:
+        a front waits a little longer, so that the engine's verdict (its load-failed mark) is what a
+        failed load reports, not a front's clock that started first."""
+        return super().load_deadline_s + ENGINE_VERDICT_GRACE_S
 
     async def _load_and_warm_up(self) -> None:
         s, spec = self.settings, self.spec

@@ -106,15 +106,24 @@ class Lifecycle:
         if self._loader is not None and not self._loader.done():
             self._loader.cancel()
 
+    @property
+    def load_deadline_s(self) -> float:
+        """Seconds the load and warm-up may take (``--load-timeout-s`` or its default)."""
+        return self.settings.load_deadline_s
+
     def _track_shutdown_signals(self) -> None:
         """Note when SIGTERM/SIGINT arrive, then let uvicorn's handlers (installed before the app
-        starts, main thread only) do the rest."""
+        starts, main thread only) do the rest. A signal that came before this ran (a supervisor's
+        SIGTERM to a front still starting) was noted by uvicorn's handler alone, which then waits for the
+        app's startup to end: its server's ``should_exit`` says so, and shutdown begins now."""
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous = signal.getsignal(sig)
             if not callable(previous):
                 continue
+            if getattr(getattr(previous, "__self__", None), "should_exit", False):
+                self.begin_shutdown()
 
             def noted(signum: int, frame: FrameType | None, previous: Callable = previous) -> None:
                 self.begin_shutdown()
@@ -141,7 +150,7 @@ class Lifecycle:
         """Load and warm up within the load deadline; any failure (a hang included) ends in ``failed``.
         While it lasts, the log says every ``LOAD_PROGRESS_S`` what it is doing (an engine build at a
         first start takes minutes, and silence looks like a hang)."""
-        deadline = self.settings.load_deadline_s
+        deadline = self.load_deadline_s
         progress = asyncio.create_task(self._report_progress(time.monotonic(), deadline))
         try:
             await asyncio.wait_for(self._load_and_warm_up(), deadline)
