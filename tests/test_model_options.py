@@ -17,6 +17,22 @@ def tiny(**kw) -> XLNetConfig:
     return XLNetConfig.preset("tiny", vocab_size=50, dropout=0.0, **kw)
 
 
+def onnx_bytes(module: torch.nn.Module, args: tuple) -> bytes:
+    """``module`` exported as the product exports (TorchScript, opset 17), batch and sequence dynamic."""
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    buf = io.BytesIO()
+    torch.onnx.export(
+        module,
+        args,
+        buf,
+        input_names=names,
+        dynamic_axes={n: {0: "batch", 1: "seq"} for n in names},
+        opset_version=17,
+        dynamo=False,
+    )
+    return buf.getvalue()
+
+
 def batch(b=2, t=10, seed=0):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(9, 50, (b, t), generator=g)
@@ -112,20 +128,11 @@ def test_content_stream_exports_without_eye_or_onehot(head):
                 )
             return o.start_logits, o.end_logits
 
-    buf = io.BytesIO()
-    torch.onnx.export(
-        Wrapper(model),
-        (ids, mask, types),
-        buf,
-        input_names=["input_ids", "attention_mask", "token_type_ids"],
-        dynamic_axes={n: {0: "batch", 1: "seq"} for n in ("input_ids", "attention_mask", "token_type_ids")},
-        opset_version=17,
-        dynamo=False,
-    )
-    graph = onnx.load_from_string(buf.getvalue()).graph
+    exported = onnx_bytes(Wrapper(model), (ids, mask, types))
+    graph = onnx.load_from_string(exported).graph
     ops = {n.op_type for n in graph.node}
     assert not ops & {"EyeLike", "OneHot", "Einsum"}, ops
-    sess = ort.InferenceSession(buf.getvalue(), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(exported, providers=["CPUExecutionProvider"])
     for b, t in ((1, 7), (3, 20)):
         ids, types, mask = batch(b=b, t=t, seed=b)
         feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "token_type_ids": types.numpy()}
@@ -189,18 +196,8 @@ def test_fused_graph_reads_shapes_once_per_forward(tmp_path):
         torch.manual_seed(0)
         model = XLNetForQuestionAnswering(tiny(n_layer=n_layer), head="shallow").eval()
         ids, types, mask = batch(b=2, t=12)
-        buf = io.BytesIO()
-        torch.onnx.export(
-            QAInference(model),
-            (ids, mask, types),
-            buf,
-            input_names=["input_ids", "attention_mask", "token_type_ids"],
-            dynamic_axes={n: {0: "b", 1: "t"} for n in ("input_ids", "attention_mask", "token_type_ids")},
-            opset_version=17,
-            dynamo=False,
-        )
         raw, ran = tmp_path / f"{n_layer}.onnx", tmp_path / f"{n_layer}.ort.onnx"
-        raw.write_bytes(buf.getvalue())
+        raw.write_bytes(onnx_bytes(QAInference(model), (ids, mask, types)))
         session(raw, threads=1, level="extended", optimized_path=ran)
         counts: dict[str, int] = {}
         for node in onnx.load(str(ran)).graph.node:
