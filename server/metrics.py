@@ -22,6 +22,9 @@ from server.observe import ObservingMiddleware, method_label, route_label
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LOAD_FAILED_MARK = "load-failed"  # a worker whose model failed leaves this in the shared directory
+# ... and the engine process, besides, this one: its verdict, for the supervisor, which may have to stop it
+# while it is still exiting (a front that read the first mark can stop the server first)
+ENGINE_LOAD_FAILED_MARK = "engine-load-failed"
 
 
 def multiprocess_dir() -> str | None:
@@ -31,7 +34,7 @@ def multiprocess_dir() -> str | None:
 def reset_multiprocess_dir(directory: str | os.PathLike) -> None:
     """Start a run with no values or marks from an earlier one (prometheus-client's own advice)."""
     for path in Path(directory).iterdir():
-        if path.suffix == ".db" or path.name == LOAD_FAILED_MARK:
+        if path.suffix == ".db" or path.name in (LOAD_FAILED_MARK, ENGINE_LOAD_FAILED_MARK):
             path.unlink(missing_ok=True)
 
 
@@ -217,9 +220,11 @@ class Metrics:
         return generate_latest(merged)
 
     @staticmethod
-    def mark_load_failed() -> None:
+    def mark_load_failed(engine: bool = False) -> None:
         directory = multiprocess_dir()
         if directory is not None:
+            if engine:  # first, so that whoever sees the shared mark finds the engine's too
+                (Path(directory) / ENGINE_LOAD_FAILED_MARK).touch()
             (Path(directory) / LOAD_FAILED_MARK).touch()
             multiprocess.mark_process_dead(os.getpid())
 

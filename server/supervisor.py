@@ -26,7 +26,13 @@ import time
 from pathlib import Path
 
 from server.engine.__main__ import LOAD_FAILED
-from server.metrics import LOAD_FAILED_MARK, MULTIPROC_ENV, multiprocess_dir, reset_multiprocess_dir
+from server.metrics import (
+    ENGINE_LOAD_FAILED_MARK,
+    LOAD_FAILED_MARK,
+    MULTIPROC_ENV,
+    multiprocess_dir,
+    reset_multiprocess_dir,
+)
 from server.settings import ENGINE_ADDRESS_ENV, ServerSettings
 
 logger = logging.getLogger("server")
@@ -129,6 +135,8 @@ def run_fronts_over_engine(settings: ServerSettings, uvicorn_options: dict) -> i
         front_failed = (Path(metrics_dir) / LOAD_FAILED_MARK).exists()
     finally:
         engine.stop()
+        if (Path(metrics_dir) / ENGINE_LOAD_FAILED_MARK).exists():  # its verdict, if it had no time to exit
+            engine.load_failed = True
         shutil.rmtree(run_dir, ignore_errors=True)
         if own_metrics:
             shutil.rmtree(metrics_dir, ignore_errors=True)

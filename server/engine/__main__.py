@@ -63,7 +63,7 @@ async def serve(settings: ServerSettings, address: str) -> int:
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await serving
     if failed:
-        Metrics.mark_load_failed()
+        Metrics.mark_load_failed(engine=True)
         return LOAD_FAILED
     metrics.process_exiting()
     return 0
