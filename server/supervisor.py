@@ -85,9 +85,7 @@ class EngineKeeper:
             self._stopping.wait(delay)
 
     def stop(self) -> None:
-        """SIGTERM (the engine drains), SIGKILL after the grace period. An engine that exited for a failed
-        load keeps its verdict even when a front, reading the engine's mark, stopped the server before
-        this keeper saw the exit."""
+        """SIGTERM (the engine drains), SIGKILL after the grace period."""
         self._stopping.set()
         proc = self.proc
         if proc is not None and proc.poll() is None:
@@ -98,9 +96,6 @@ class EngineKeeper:
                 proc.kill()
                 proc.wait(5)
         self._thread.join(5)
-        # LOAD_FAILED only ever means the load failed (a SIGTERM during a load ends the engine with 0)
-        if proc is not None and proc.returncode == LOAD_FAILED:
-            self.load_failed = True
 
 
 def _exit_text(code: int) -> str:
