@@ -107,11 +107,7 @@ def counted_flops(module: Callable[..., object], *args: object) -> float:
 
     from train.model import triton_attention
 
-    enabled = triton_attention.ENABLED
-    triton_attention.ENABLED = False  # the counter sees aten ops only: count the kernel's products as torch's
-    try:
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            module(*args)
-    finally:
-        triton_attention.ENABLED = enabled
+    # the counter sees aten ops only: the kernel's products are counted as the torch formulation's
+    with triton_attention.kernel(False), torch.no_grad(), FlopCounterMode(display=False) as counter:
+        module(*args)
     return float(counter.get_total_flops())

@@ -56,6 +56,16 @@ def eager_runner(model: torch.nn.Module, device: torch.device) -> Make:
     return make
 
 
+def one_bucket_runner(model: torch.nn.Module, device: torch.device, rows: int, length: int) -> BucketedRunner:
+    """The server's bucketed runner with one bucket, ``rows`` x ``length``, captured now (a CUDA graph on
+    CUDA, the eager stand-in elsewhere)."""
+    capture: Capture = CudaGraphCapture(device) if device.type == "cuda" else EagerReplay()
+    names = getattr(model, "names", ())
+    runner = BucketedRunner(model, INPUT_NAMES, names, BucketGrid((rows,), (length,)), device, capture)
+    runner.prepare()
+    return runner
+
+
 def graph_runner(model: torch.nn.Module, device: torch.device, attention_kernel: bool = True) -> Make:
     """One bucket of the measured shape, captured (a CUDA graph on CUDA, the eager stand-in elsewhere),
     its inputs filled once; the run is the replay. ``attention_kernel=False`` captures the torch
@@ -63,15 +73,8 @@ def graph_runner(model: torch.nn.Module, device: torch.device, attention_kernel:
 
     def make(feeds: Feeds) -> Callable[[], object]:
         rows, length = feeds["input_ids"].shape
-        capture: Capture = CudaGraphCapture(device) if device.type == "cuda" else EagerReplay()
-        names = getattr(model, "names", ())
-        runner = BucketedRunner(model, INPUT_NAMES, names, BucketGrid((rows,), (length,)), device, capture)
-        enabled = triton_attention.ENABLED
-        triton_attention.ENABLED = attention_kernel and enabled
-        try:
-            runner.prepare()
-        finally:
-            triton_attention.ENABLED = enabled
+        with triton_attention.kernel(attention_kernel):
+            runner = one_bucket_runner(model, device, rows, length)
         slot = runner.slots[Bucket(rows, length)]
         fill(slot.inputs, feeds)
 
@@ -91,11 +94,7 @@ def served_graph_runner(model: torch.nn.Module, device: torch.device) -> Make:
     numpy windows (the copies into the static buffers, the casts and the copies back included)."""
 
     def make(feeds: Feeds) -> Callable[[], object]:
-        rows, length = feeds["input_ids"].shape
-        capture: Capture = CudaGraphCapture(device) if device.type == "cuda" else EagerReplay()
-        names = getattr(model, "names", ())
-        runner = BucketedRunner(model, INPUT_NAMES, names, BucketGrid((rows,), (length,)), device, capture)
-        runner.prepare()
+        runner = one_bucket_runner(model, device, *feeds["input_ids"].shape)
         return lambda: runner.run(feeds)
 
     return make

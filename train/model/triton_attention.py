@@ -16,15 +16,30 @@ formulation; the model uses it only on a CUDA device with triton importable (`av
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
+from collections.abc import Iterator
 
 import torch
 
 # XLNETQA_ATTENTION_KERNEL=torch keeps the torch formulation on a GPU too (for side-by-side timings;
 # `bench.latency` flips `ENABLED` itself around a capture).
 ENABLED = os.environ.get("XLNETQA_ATTENTION_KERNEL", "triton") != "torch"
+
+
+@contextlib.contextmanager
+def kernel(enabled: bool) -> Iterator[None]:
+    """Within it the kernel is used only if ``enabled`` (and `ENABLED`): a capture or a FLOP count of the
+    torch formulation on a GPU."""
+    global ENABLED
+    before = ENABLED
+    ENABLED = before and enabled
+    try:
+        yield
+    finally:
+        ENABLED = before
 
 
 @functools.cache
