@@ -99,6 +99,12 @@ class Question:
     threshold: float | None = None
 
 
+def decoding_n_best(spec: ModelSpec, server_pool: int | None) -> int:
+    """Candidate starts/ends per window when decoding: ``--n-best-pool`` when the server sets one, else
+    the model's own n_best (its sidecar or checkpoint metadata)."""
+    return server_pool or spec.serving.n_best
+
+
 class HostPath:
     """Featurizing and decoding for one model spec and tokenizer, within the server's limits."""
 
@@ -114,7 +120,7 @@ class HostPath:
     ) -> None:
         self.spec = spec
         self.tokenizer = tokenizer
-        self.n_best_pool = n_best_pool or spec.serving.n_best  # the model's own unless the server says
+        self.n_best_pool = decoding_n_best(spec, n_best_pool)
         self.threshold = threshold  # the server's own no-answer threshold, replacing the model's rule
         self.limits = limits or WorkLimits()
         self.contexts = contexts if contexts is not None else ContextCache(0)

@@ -21,7 +21,7 @@ from server.batching import BatcherClosed, BatcherUnhealthy, InferenceError, Non
 from server.engine.failures import EngineUnavailable
 from server.errors import ERROR_RESPONSES
 from server.guard import caller_name
-from server.host_path import Question, RejectedInput
+from server.host_path import Question, RejectedInput, decoding_n_best
 from server.lifecycle import Lifecycle
 from server.metrics import Metrics
 from server.request_ids import request_id_var
@@ -282,9 +282,7 @@ async def model_info(runtime: RuntimeDep, settings: SettingsDep) -> ModelInfoRes
     public["name"] = runtime.name
     threshold = settings.no_answer_threshold
     public["no_answer_threshold"] = spec.serving.no_answer_threshold if threshold is None else threshold
-    public["n_best"] = (
-        settings.n_best_pool or spec.serving.n_best
-    )  # what decoding uses: --n-best-pool, else the model's
+    public["n_best"] = decoding_n_best(spec, settings.n_best_pool)
     if threshold is not None:  # the server's --no-answer-threshold replaces the model's rule
         public["answerability"] |= {"rule": "threshold", "threshold": threshold, "set_by": "server"}
     return ModelInfoResponse(
