@@ -137,15 +137,7 @@ def _lengths(data: dict[str, Any], where: Path) -> ServingSettings:
     except ValueError as exc:
         raise ModelSpecError(f"{where}: {exc}") from None
     top_k = {n: _int(data, n, getattr(_DEFAULTS, n), where) for n in ("start_n_top", "end_n_top")}
-    return ServingSettings(
-        max_seq_len=settings.max_seq_len,
-        doc_stride=settings.doc_stride,
-        max_query_len=settings.max_query_len,
-        max_answer_len=settings.max_answer_len,
-        n_best=settings.n_best,
-        no_answer_threshold=settings.no_answer_threshold,
-        **top_k,
-    )
+    return ServingSettings(**dataclasses.asdict(settings), **top_k)
 
 
 def _need_tokenizer(directory: Path) -> None:

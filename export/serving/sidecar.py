@@ -25,7 +25,7 @@ from train.common.contract import (
     OUTPUT_NAMES,
     START_N_TOP,
     ModelSettings,
-    window_problems,
+    positive_int,
 )
 from train.common.digests import sha256_file
 from train.squad.answerability import Answerability, AnswerabilityError, from_metadata
@@ -151,30 +151,21 @@ class Sidecar(ServingSettings):
             p.append(f"inputs must be {list(INPUT_NAMES)}, got {self.inputs}")
         if self.precision not in PRECISIONS:
             p.append(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        ints: tuple[str, ...] = (
-            "d_model",
-            "n_layer",
-            "vocab_size",
-            "max_seq_len",
-            "doc_stride",
-            "max_query_len",
-        )
-        ints += ("max_answer_len", "n_best", "start_n_top", "end_n_top")
+        ints = ("d_model", "n_layer", "vocab_size", "start_n_top", "end_n_top")
         p += [
             f"{n} must be a positive integer, got {getattr(self, n)!r}"
             for n in ints
-            if not _positive_int(getattr(self, n))
+            if not positive_int(getattr(self, n))
         ]
-        if self.opset is not None and not _positive_int(self.opset):
+        p += ModelSettings(
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(ModelSettings)}
+        ).problems()
+        if self.opset is not None and not positive_int(self.opset):
             p.append(f"opset must be a positive integer or null, got {self.opset!r}")
-        seq, query, stride = self.max_seq_len, self.max_query_len, self.doc_stride
-        if all(_positive_int(x) for x in (seq, query, stride)):
-            p += window_problems(seq, query)
-            if stride > seq:  # an export's own rule (its verification windows): older sidecars hold it too
-                p.append(f"doc_stride ({stride}) must not exceed max_seq_len ({seq})")
-        thr = self.no_answer_threshold
-        if isinstance(thr, bool) or not isinstance(thr, int | float) or not 0.0 <= thr <= 1.0:
-            p.append(f"no_answer_threshold must be a probability in [0, 1], got {thr!r}")
+        seq, stride = self.max_seq_len, self.doc_stride
+        if positive_int(seq) and positive_int(stride) and stride > seq:
+            # an export's own rule (its verification windows): older sidecars hold it too
+            p.append(f"doc_stride ({stride}) must not exceed max_seq_len ({seq})")
         if self.files_sha256 is not None and (
             not isinstance(self.files_sha256, dict)
             or not all(
@@ -194,7 +185,7 @@ class Sidecar(ServingSettings):
                 p.append(f"backend {TRT!r} needs a 'trt' section (min/opt/max shapes, version, path)")
             for key in ("min_shape", "opt_shape", "max_shape") if trt else ():
                 shape = trt.get(key)
-                if not (isinstance(shape, list) and len(shape) == 2 and all(_positive_int(x) for x in shape)):
+                if not (isinstance(shape, list) and len(shape) == 2 and all(positive_int(x) for x in shape)):
                     p.append(f"trt.{key} must be [batch, sequence], got {shape!r}")
         for name in ("exporter", "verification"):
             if not isinstance(getattr(self, name), dict):
@@ -352,7 +343,3 @@ def _inside(name: Any) -> bool:
         return False
     path = PurePosixPath(name)
     return not path.is_absolute() and ".." not in path.parts
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0

@@ -94,7 +94,8 @@ def _lossless(value: Any, kind: type) -> Any:
     return value
 
 
-def _positive_int(value: object) -> bool:
+def positive_int(value: object) -> bool:
+    """An int >= 1 (not a bool): what every count and length in a model's settings must be."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
@@ -128,12 +129,12 @@ class ModelSettings:
         found = [
             f"{n} must be a positive integer, got {getattr(self, n)!r}"
             for n in ints
-            if not _positive_int(getattr(self, n))
+            if not positive_int(getattr(self, n))
         ]
         thr = self.no_answer_threshold
         if isinstance(thr, bool) or not isinstance(thr, int | float) or not 0.0 <= thr <= 1.0:
             found.append(f"no_answer_threshold must be a probability in [0, 1], got {thr!r}")
-        if not found:
+        if positive_int(self.max_seq_len) and positive_int(self.max_query_len):
             found += window_problems(self.max_seq_len, self.max_query_len)
         return found
 
