@@ -33,6 +33,7 @@ from train.engine.execution import autocast
 from train.engine.memory import LiveTensors, storage_bytes
 from train.engine.optim import make_optimizer
 from train.model import HEADS, PRESETS, XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel
+from train.recipes.finetune import qa_loss
 from train.recipes.finetune_setup import freeze
 from train.recipes.pretrain import pretrain_loss
 
@@ -124,14 +125,7 @@ class Step:
             mems = [b[f"mem{i}"] for i in range(self.model.config.n_layer)]
             return pretrain_loss(self.model, b, mems, precision)[0]
         with autocast(precision, self.device()):
-            return self.model(
-                b["input_ids"],
-                token_type_ids=b["token_type_ids"],
-                attention_mask=b["attention_mask"],
-                start_positions=b["start_positions"],
-                end_positions=b["end_positions"],
-                is_impossible=b["is_impossible"],
-            ).loss
+            return qa_loss(self.model, b)
 
     def update(self) -> None:
         self.optimizer.step()
@@ -189,10 +183,14 @@ def make_batch(stage: str, config: XLNetConfig, b: int, t: int) -> dict[str, tor
     if stage == "finetune":
         token_type_ids = torch.zeros(b, t, dtype=long)
         token_type_ids[:, -1] = 2  # <cls> last
+        p_mask = torch.zeros(b, t, dtype=long)
+        p_mask[:, t // 2 : -1] = 1  # the question and separators are not answers
         return {
             "input_ids": torch.full((b, t), 9, dtype=long),
             "token_type_ids": token_type_ids,
             "attention_mask": torch.ones(b, t, dtype=long),
+            "p_mask": p_mask,
+            "cls_index": torch.full((b,), t - 1, dtype=long),
             "start_positions": torch.zeros(b, dtype=long),
             "end_positions": torch.zeros(b, dtype=long),
             "is_impossible": torch.zeros(b),

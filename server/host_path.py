@@ -26,7 +26,7 @@ import numpy as np
 from server.context_cache import ContextCache, EncodedContext, context_key
 from server.model_spec import ModelSpec, decision_rule
 from server.settings import ServerSettings
-from train.squad import Feature, Prediction, decode_head_outputs, featurize_encoded
+from train.squad import DecodeOptions, Feature, Prediction, decode_head_outputs, featurize_encoded
 from train.squad.alignment import offsets_array
 from train.squad.features import TokenizerLike
 
@@ -217,6 +217,16 @@ class HostPath:
             return self.threshold, "server"
         return None, decision_rule(self.spec.decision)
 
+    def decode_options(self, q: Question) -> DecodeOptions:
+        """How ``q`` is decoded: enough spans for its top_k, its own longest span and threshold if it
+        sets them, else the model's (and the server's threshold)."""
+        return DecodeOptions(
+            max(self.n_best_pool, q.top_k),
+            q.max_answer_len or self.spec.serving.max_answer_len,
+            self.decided_by(q)[0],
+            self.spec.decision,
+        )
+
     def decode_answers(
         self,
         items: Sequence[Question],
@@ -235,10 +245,7 @@ class HostPath:
                     q.context,
                     feats,
                     rows,
-                    n_best=max(self.n_best_pool, q.top_k),
-                    max_answer_len=q.max_answer_len or self.spec.serving.max_answer_len,
-                    threshold=self.decided_by(q)[0],
-                    answerability=self.spec.decision,
+                    self.decode_options(q),
                     question=q.question,
                     context_index=context.index(q.context) if self._lexical else None,
                 )

@@ -14,6 +14,7 @@ from server.host_path import HostPath
 from server.model_spec import ModelSpecError, resolve_spec
 from train.common.contract import DEFAULTS, WINDOW_OVERHEAD, ModelSettings
 from train.common.sample_data import SAMPLE_DEV
+from train.evaluation.options import EvaluationOptions
 from train.evaluation.predict import evaluate_checkpoint
 from train.tokenizer import XLNetTokenizer
 
@@ -49,9 +50,11 @@ def test_a_recipe_model_is_evaluated_exported_and_served_with_its_n_best(
     """Walk the settings from the checkpoint's metadata to the served model: one type all the way."""
     ckpt = tiny_qa_checkpoint(tmp_path / "ckpt", spm_dir, "shallow", metadata=dict(RECIPE))
     # evaluation: the checkpoint's n_best unless asked otherwise
-    result = evaluate_checkpoint(ckpt, SAMPLE_DEV, tmp_path / "eval", progress=False)
+    result = evaluate_checkpoint(EvaluationOptions(ckpt, SAMPLE_DEV, tmp_path / "eval", progress=False))
     assert 1 <= max(len(p.n_best) for p in result.predictions.values()) <= RECIPE["n_best"]
-    more = evaluate_checkpoint(ckpt, SAMPLE_DEV, tmp_path / "eval20", n_best=20, progress=False)
+    more = evaluate_checkpoint(
+        EvaluationOptions(ckpt, SAMPLE_DEV, tmp_path / "eval20", n_best=20, progress=False)
+    )
     assert max(len(p.n_best) for p in more.predictions.values()) > RECIPE["n_best"]
     # export: the sidecar records every setting, n_best included
     assert export_main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "onnx")]) == 0
@@ -72,7 +75,7 @@ def test_bad_recorded_settings_are_refused_where_they_are_read(tmp_path: Path, s
     with pytest.raises(ModelSpecError, match="n_best must be a positive integer, got -1"):
         resolve_spec(ckpt, "torch")
     with pytest.raises(ValueError, match="n_best must be a positive integer"):
-        evaluate_checkpoint(ckpt, SAMPLE_DEV, tmp_path / "eval", progress=False)
+        evaluate_checkpoint(EvaluationOptions(ckpt, SAMPLE_DEV, tmp_path / "eval", progress=False))
     good = tiny_qa_checkpoint(tmp_path / "good", spm_dir, "shallow")
     assert export_main(["--checkpoint", str(good), "--out", str(tmp_path / "onnx")]) == 0
     data = Sidecar.load(tmp_path / "onnx").to_dict()

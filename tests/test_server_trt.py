@@ -22,7 +22,7 @@ from export.serving.gpu_stacks import TENSORRT_VERSION
 from server.backends import BackendUnavailable, create_backend, dummy_batch
 from server.model_spec import load_export_spec
 from server.settings import ServerSettings
-from train.squad import decode, featurize_one
+from train.squad import DecodeOptions, decode, featurize_one
 
 
 def test_the_trt_backend_runs_on_the_device_id_it_is_given(tmp_path, stand_in_stack):
@@ -75,9 +75,7 @@ def test_serving_a_tensorrt_engine_end_to_end(tmp_path, spm_dir, xlnet_tok):
             [r[0] for r in rows],
             [r[1] for r in rows],
             np.array([r[2] for r in rows]),
-            n_best=3,
-            max_answer_len=info["max_answer_len"],
-            threshold=info["no_answer_threshold"],
+            DecodeOptions(3, info["max_answer_len"], info["no_answer_threshold"]),
         )
         assert not body["is_impossible"] and body["answer"]
         assert (body["answer"], body["start"], body["end"]) == (want.text, want.start, want.end)

@@ -17,57 +17,20 @@ import sys
 from collections.abc import Sequence
 
 from train.common.cli import Parser, run
+from train.common.dataclass_flags import add_flags, options_from
+from train.evaluation.options import EvaluationOptions
 from train.evaluation.predict import evaluate_checkpoint
 
 
 def build_parser() -> Parser:
+    """One flag per field of :class:`EvaluationOptions` (its type, default and help)."""
     p = Parser(prog="python -m train.evaluate", description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", required=True, help="fine-tuned QA checkpoint directory")
-    p.add_argument("--data", required=True, help="SQuAD 2.0 JSON with answers")
-    p.add_argument(
-        "--out", required=True, help="directory for predictions.json, na_probs.json, nbest.json, metrics.json"
-    )
-    p.add_argument(
-        "--threshold",
-        type=float,
-        default=None,
-        help="no-answer probability threshold, replacing the stored decision rule (default: metadata)",
-    )
-    p.add_argument(
-        "--answerability",
-        choices=("stored", "cls"),
-        default="stored",
-        help="stored: the checkpoint's fitted answerability model (if any); cls: sigmoid(cls_logit) against "
-        "the stored no_answer_threshold, ignoring a fitted model",
-    )
-    p.add_argument("--max-seq-len", type=int, default=None)
-    p.add_argument("--doc-stride", type=int, default=None)
-    p.add_argument("--max-query-len", type=int, default=None)
-    p.add_argument("--max-answer-len", type=int, default=None)
-    p.add_argument("--n-best", type=int, default=None, help="default: the checkpoint's (its metadata)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--no-progress", action="store_true")
+    add_flags(p, EvaluationOptions)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    result = evaluate_checkpoint(
-        args.checkpoint,
-        args.data,
-        args.out,
-        threshold=args.threshold,
-        answerability=args.answerability,
-        max_seq_len=args.max_seq_len,
-        doc_stride=args.doc_stride,
-        max_query_len=args.max_query_len,
-        max_answer_len=args.max_answer_len,
-        n_best=args.n_best,
-        batch_size=args.batch_size,
-        device=args.device,
-        progress=not args.no_progress,
-    )
+    result = evaluate_checkpoint(options_from(EvaluationOptions, build_parser().parse_args(argv)))
     print(json.dumps(result.metrics, indent=2))
     return 0
 

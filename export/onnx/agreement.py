@@ -8,16 +8,17 @@ Torch-free: the runners are callables from feeds to outputs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from export.onnx.verify import compare
 from export.serving.runner import Runner
-from train.common.contract import INPUT_NAMES
+from train.common.contract import INPUT_NAMES, ModelSettings
 from train.squad import (
     Answerability,
+    DecodeOptions,
     Feature,
     Prediction,
     decode_all_head_outputs,
@@ -113,7 +114,7 @@ def agreement(
     names: Sequence[str],
     reference: Runner,
     candidate: Runner,
-    settings: dict[str, Any],
+    settings: Mapping[str, Any],
     *,
     max_questions: int | None = None,
     batch_size: int = 16,
@@ -124,19 +125,19 @@ def agreement(
     examples = read_squad(data_file)[: max_questions or None]
     if not examples:
         raise ValueError(f"{data_file}: no questions")
+    model = ModelSettings.from_metadata(settings)
     features = featurize(
         examples,
         tokenizer,
-        max_seq_len=int(settings["max_seq_len"]),
-        doc_stride=int(settings["doc_stride"]),
-        max_query_len=int(settings["max_query_len"]),
+        max_seq_len=model.max_seq_len,
+        doc_stride=model.doc_stride,
+        max_query_len=model.max_query_len,
     )
     ref_rows = predict_rows(reference, names, features, batch_size)
     got_rows = predict_rows(candidate, names, features, batch_size)
-    decision = answerability or Answerability.cls_only(float(settings["no_answer_threshold"]))
-    kw: dict[str, Any] = {"max_answer_len": int(settings["max_answer_len"]), "answerability": decision}
-    ref_preds = decode_all_head_outputs(head, examples, features, ref_rows, **kw)
-    got_preds = decode_all_head_outputs(head, examples, features, got_rows, **kw)
+    options = DecodeOptions.of(model, answerability or Answerability.cls_only(model.no_answer_threshold))
+    ref_preds = decode_all_head_outputs(head, examples, features, ref_rows, options)
+    got_preds = decode_all_head_outputs(head, examples, features, got_rows, options)
     report = compare_predictions(names, ref_rows, got_rows, ref_preds, got_preds)
     report.update({"data": str(data_file), "features": len(features)})
     return report

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
 import warnings
@@ -14,6 +15,7 @@ from typing import Any
 
 from export.serving.providers import GPU_PROVIDERS, INT8_CPU_ONLY, canonical_provider
 from export.serving.sidecar import PRECISIONS, SIDECAR_FILE, Sidecar
+from train.common.dataclass_flags import flag
 from train.model import HEADS
 
 PROG = "python -m export.onnx"  # the command that runs this pipeline; its first progress line names it
@@ -37,31 +39,58 @@ def warn_python(line: str) -> None:
     warnings.warn(line, stacklevel=2)
 
 
+def provider_flag(text: str) -> str:
+    """``cuda`` -> ``CUDAExecutionProvider``; argparse's one-line error for an unknown name."""
+    try:
+        return canonical_provider(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class OnnxExportOptions:
     """What to export and how; checked on construction, so bad values fail before any work.
 
-    Defaults are the command line's. `threads` None: $OMP_NUM_THREADS or the cores. `tolerance` None: the
+    Each field is a flag of ``python -m export.onnx`` (:mod:`train.common.dataclass_flags`). `threads` None: $OMP_NUM_THREADS or the cores. `tolerance` None: the
     default of `precision` (fp32 1e-4, fp16 5e-2, int8 0.5). `agreement_data` is kept as given: the
     agreement report records the path as written.
     """
 
-    checkpoint: Path
-    out: Path
-    opset: int = 17
-    precision: str = "fp32"
-    head: str | None = None
-    tokenizer: str | os.PathLike[str] | None = None
-    verify: bool = True
-    optimize: bool = True
-    per_channel: bool = False
-    quantize_heads: bool = False
-    tolerance: float | None = None
-    threads: int | None = None
-    agreement_data: str | os.PathLike[str] | None = None
-    agreement_max: int = 0
-    benchmark: int = 0
-    verify_providers: tuple[str, ...] = ()  # also verify on these onnxruntime providers (cuda, tensorrt)
+    checkpoint: Path = flag(help="checkpoint directory (ours or HuggingFace XLNet)")
+    out: Path = flag(help="export directory to create (an existing export is replaced)")
+    opset: int = flag(17, help="ONNX opset")
+    precision: str = flag("fp32", choices=PRECISIONS)
+    head: str | None = flag(
+        None, choices=HEADS, help="QA head; LM/base checkpoints need it and get an UNTRAINED head"
+    )
+    tokenizer: str | os.PathLike[str] | None = flag(
+        None, help="tokenizer directory, when the checkpoint has no spiece.model"
+    )
+    verify: bool = flag(True, help="check the graph on onnxruntime against PyTorch")
+    optimize: bool = flag(
+        True, help="offline onnxruntime optimisation (fp32, int8), kept only if it verifies"
+    )
+    per_channel: bool = flag(False, help="int8: per-channel weight scales")
+    quantize_heads: bool = flag(False, help="int8: quantize the QA heads' MatMuls too")
+    tolerance: float | None = flag(
+        None,
+        help="max |diff| vs PyTorch relative to max(1, max |output|) (default fp32 1e-4; fp16 5e-2, int8 0.5)",
+    )
+    threads: int | None = flag(None, help="onnxruntime intra-op threads (default: $OMP_NUM_THREADS or cores)")
+    agreement_data: str | os.PathLike[str] | None = flag(
+        None, help="SQuAD json: compare decoded answers with PyTorch fp32"
+    )
+    agreement_max: int = flag(0, help="questions used from --agreement-data (0: all)")
+    benchmark: int = flag(0, metavar="RUNS", help="time RUNS calls (batch 1 x max_seq_len)")
+    verify_providers: tuple[str, ...] = flag(
+        (),
+        name="--verify-provider",
+        parse=provider_flag,
+        repeat=True,
+        metavar="PROVIDER",
+        help="also verify on this onnxruntime provider (cuda, tensorrt, cpu; repeatable): the graph it would "
+        "serve, on that provider; a session that falls back to another provider fails the export",
+    )
 
     def __post_init__(self) -> None:
         names = tuple(dict.fromkeys(canonical_provider(p) for p in self.verify_providers))

@@ -22,6 +22,7 @@ graph accepts is refused here.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 from collections.abc import Callable, Sequence
@@ -42,6 +43,7 @@ from export.triton import pbtxt
 from export.trt.profile import min_sequence
 from train.common.atomic_dir import atomic_directory
 from train.common.contract import INDEX_OUTPUTS, INPUT_NAMES
+from train.common.dataclass_flags import flag
 
 PLATFORMS = {ONNX: ("onnxruntime_onnx", "model.onnx"), TRT: ("tensorrt_plan", "model.plan")}
 TRITON_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32", "float16": "TYPE_FP16"}
@@ -52,33 +54,59 @@ INSTANCE_KINDS = ("gpu", "cpu")
 Report = Callable[[str], None]
 
 
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers like 4,8,16, got {text!r}")
+    return values
+
+
+def tensorrt_version(text: str) -> str:
+    if problem := release_problem(text):
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 @dataclass(frozen=True)
 class TritonOptions:
     """Which export to serve and how Triton batches it; checked on construction (what needs the export's
-    sidecar is checked when the repository is written). Defaults are the command line's.
+    sidecar is checked when the repository is written). Each field is a flag of ``python -m export.triton``
+    (:mod:`train.common.dataclass_flags`); paths are kept as given, so messages quote them as typed.
 
     `trt`: a TensorRT export built from `onnx`, served instead of the ONNX graph. `preferred_batch` None:
     4, 8, 16 up to `max_batch_size`. `triton_tensorrt`: the TensorRT version of the Triton container that
     serves a `trt` plan (it must match the plan's).
     """
 
-    onnx: str | os.PathLike[str]
-    out: str | os.PathLike[str]
-    trt: str | os.PathLike[str] | None = None
-    name: str = "xlnet_qa"
-    max_batch_size: int = 32
-    preferred_batch: Sequence[int] | None = None
-    max_queue_delay_us: int = 500
-    instances: int = 1
-    instance_kind: str = "gpu"
-    triton_tensorrt: str = TENSORRT_VERSION
+    onnx: str | os.PathLike[str] = flag(help="ONNX export directory (python -m export.onnx)")
+    out: str | os.PathLike[str] = flag(help="model repository directory")
+    trt: str | os.PathLike[str] | None = flag(
+        None, help="TensorRT export directory (python -m export.trt): serve the engine instead"
+    )
+    name: str = flag("xlnet_qa", help="model name in the repository")
+    max_batch_size: int = flag(32)
+    preferred_batch: Sequence[int] | None = flag(
+        None, parse=int_list, help="comma-separated batch sizes (default: 4,8,16 up to the max)"
+    )
+    max_queue_delay_us: int = flag(500, help="dynamic batcher wait (microseconds)")
+    instances: int = flag(1, help="model instances (instance_group count)")
+    instance_kind: str = flag("gpu", choices=INSTANCE_KINDS)
+    triton_tensorrt: str = flag(
+        TENSORRT_VERSION,
+        parse=tensorrt_version,
+        metavar="VERSION",
+        help="TensorRT version of the Triton container that serves a --trt plan (must match the plan's)",
+    )
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name or self.name.startswith("."):
             raise ValueError(f"--name {self.name!r}: must be a plain directory name")
-        for flag, value in (("--max-batch-size", self.max_batch_size), ("--instances", self.instances)):
+        for option, value in (("--max-batch-size", self.max_batch_size), ("--instances", self.instances)):
             if value < 1:
-                raise ValueError(f"{flag} must be >= 1, got {value}")
+                raise ValueError(f"{option} must be >= 1, got {value}")
         if self.max_queue_delay_us < 0:
             raise ValueError("--max-queue-delay-us must be >= 0")
         if self.instance_kind not in INSTANCE_KINDS:

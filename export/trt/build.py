@@ -35,6 +35,7 @@ warning) and overwrites the file. Torch-free: the GPU's name comes from cuda-bin
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -54,11 +55,13 @@ from export.trt.profile import (
     check_profile_fits,
     graph_position_limit,
     min_sequence,
+    parse_shape,
     source_graph,
 )
 from train.common.atomic_dir import atomic_write_bytes
 from train.common.cli import to_stderr
 from train.common.contract import INPUT_NAMES
+from train.common.dataclass_flags import flag
 
 PROG = "python -m export.trt"  # the command that runs this builder; its first progress line names it
 ENGINE_FILE = "model.engine"
@@ -75,25 +78,38 @@ class StackUnavailable(RuntimeError):
     """No usable TensorRT or CUDA GPU here; the message says which and how to get it (exit code 2)."""
 
 
+def shape_flag(text: str) -> Shape:
+    """'8x384' -> (8, 384); argparse's one-line error for anything else."""
+    try:
+        return parse_shape(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class TrtBuildOptions:
     """What to build and how; checked on construction, so bad values fail before any work.
 
-    Defaults are the command line's. Shapes are (batch, sequence); `min_shape` None: the smallest shape
+    Each field is a flag of ``python -m export.trt`` (:mod:`train.common.dataclass_flags`). Shapes are (batch, sequence); `min_shape` None: the smallest shape
     the graph accepts (1x1, 1xk for the beam head). `timing_cache`: loaded if present, saved after the
     build. `tf32` allows TF32 matmuls in fp32 layers; `verify` checks the engine against onnxruntime.
     """
 
-    onnx: Path
-    out: Path
-    min_shape: Shape | None = None
-    opt_shape: Shape = (8, 384)
-    max_shape: Shape = (32, 512)
-    fp16: bool = False
-    tf32: bool = False
-    timing_cache: Path | None = None
-    workspace_gb: float = 4.0
-    verify: bool = True
+    onnx: Path = flag(help="ONNX export directory (python -m export.onnx)")
+    out: Path = flag(help="TensorRT export directory to write")
+    min_shape: Shape | None = flag(
+        None,
+        parse=shape_flag,
+        metavar="BxS",
+        help="smallest BATCHxSEQUENCE (default: the smallest the graph accepts, 1x1 or 1xk for the beam head)",
+    )
+    opt_shape: Shape = flag((8, 384), parse=shape_flag, metavar="BxS", help="BATCHxSEQUENCE to tune for")
+    max_shape: Shape = flag((32, 512), parse=shape_flag, metavar="BxS", help="largest BATCHxSEQUENCE")
+    fp16: bool = flag(False, help="fp16 engine (strongly typed; see the module doc for older 10.x)")
+    tf32: bool = flag(False, help="allow TF32 matmuls in fp32 layers (faster, ~1e-3 error)")
+    timing_cache: Path | None = flag(None, help="timing cache file: loaded if present, saved after the build")
+    workspace_gb: float = flag(4.0, help="builder workspace memory pool limit (GiB)")
+    verify: bool = flag(True, help="check the engine against onnxruntime")
 
     def __post_init__(self) -> None:
         for name in ("min_shape", "opt_shape", "max_shape"):

@@ -13,55 +13,24 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from export.trt.build import PROG, BuildFailed, StackUnavailable, TrtBuildOptions, build_trt
-from export.trt.profile import Shape, parse_shape
+from export.trt.build import PROG, BuildFailed, StackUnavailable, TrtBuildOptions, build_trt, shape_flag
 from train.common.cli import Failure, OptionsCommand, Parser, to_stderr
+from train.common.dataclass_flags import add_flags, options_from
 
 __all__ = ["PROG", "build_parser", "main", "options_from_args", "shape_flag"]
 
 
-def shape_flag(text: str) -> Shape:
-    """'8x384' -> (8, 384); argparse's one-line error for anything else."""
-    try:
-        return parse_shape(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def build_parser() -> Parser:
+    """One flag per field of :class:`TrtBuildOptions` (its type, default and help)."""
     p = Parser(prog=PROG, description="Build a TensorRT engine from an ONNX export directory.")
-    p.add_argument("--onnx", required=True, help="ONNX export directory (python -m export.onnx)")
-    p.add_argument("--out", required=True, help="TensorRT export directory to write")
-    p.add_argument(
-        "--min-shape",
-        type=shape_flag,
-        help="smallest BATCHxSEQUENCE (default: the smallest the graph accepts, 1x1 or 1xk for the beam head)",
-    )
-    p.add_argument("--opt-shape", type=shape_flag, default="8x384", help="BATCHxSEQUENCE to tune for")
-    p.add_argument("--max-shape", type=shape_flag, default="32x512", help="largest BATCHxSEQUENCE")
-    p.add_argument(
-        "--fp16", action="store_true", help="fp16 engine (strongly typed; see the module doc for older 10.x)"
-    )
-    p.add_argument(
-        "--tf32", action="store_true", help="allow TF32 matmuls in fp32 layers (faster, ~1e-3 error)"
-    )
-    p.add_argument("--timing-cache", help="timing cache file: loaded if present, saved after the build")
-    p.add_argument(
-        "--workspace-gb", type=float, default=4.0, help="builder workspace memory pool limit (GiB)"
-    )
-    p.add_argument(
-        "--no-verify", dest="verify", action="store_false", help="skip the engine-vs-onnxruntime check"
-    )
+    add_flags(p, TrtBuildOptions)
     return p
 
 
 def options_from_args(args: argparse.Namespace) -> TrtBuildOptions:
     """The parsed flags as options (the flags' dests are the options' field names)."""
-    cache = Path(args.timing_cache) if args.timing_cache else None
-    values = {**vars(args), "onnx": Path(args.onnx), "out": Path(args.out), "timing_cache": cache}
-    return TrtBuildOptions(**values)
+    return options_from(TrtBuildOptions, args)
 
 
 def build(options: TrtBuildOptions) -> None:

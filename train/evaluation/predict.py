@@ -19,15 +19,18 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from train.common.contract import DEFAULTS, TOKEN_OUTPUTS, ModelSettings
+from train.common.contract import TOKEN_OUTPUTS, ModelSettings
 from train.common.heads import head_spec
+from train.evaluation.options import EvaluationOptions
 from train.model import checkpoint
 from train.squad import (
+    DEFAULT_DECODING,
     Answerability,
-    ContextIndex,
     Deciding,
+    DecodeOptions,
     Feature,
     Prediction,
+    SharedContextIndexes,
     SquadExample,
     answers_and_na_probs,
     decode_all_head_outputs,
@@ -109,16 +112,10 @@ def decode_outputs(
     examples: Sequence[SquadExample],
     features: Sequence[Feature],
     outputs: FeatureOutputs,
-    *,
-    n_best: int = DEFAULTS.n_best,
-    max_answer_len: int = DEFAULTS.max_answer_len,
-    threshold: float | None = None,
-    answerability: Answerability | None = None,
+    options: DecodeOptions = DEFAULT_DECODING,
 ) -> dict[str, Prediction]:
     named: Mapping[str, Sequence[Any]] = outputs.values
-    kw: dict[str, Any] = {"n_best": n_best, "max_answer_len": max_answer_len, "threshold": threshold}
-    kw["answerability"] = answerability
-    return decode_all_head_outputs(outputs.head, examples, features, named, **kw)
+    return decode_all_head_outputs(outputs.head, examples, features, named, options)
 
 
 def predict_checkpoint(
@@ -170,9 +167,7 @@ def predict_ensemble(
     features = featurize(examples, first.tokenizer, **{k: getattr(settings, k) for k in WINDOW_KEYS})
     outputs = [predict_features(m.model, features, batch_size=batch_size, progress=progress) for m in members]
     merged = outputs[0] if len(outputs) == 1 else average_outputs(outputs)
-    return decode_outputs(
-        examples, features, merged, n_best=settings.n_best, max_answer_len=settings.max_answer_len
-    )
+    return decode_outputs(examples, features, merged, DecodeOptions.of(settings))
 
 
 @dataclass
@@ -204,16 +199,12 @@ def redecide(
 ) -> dict[str, Prediction]:
     """The same spans decided under another answerability model or threshold (no model run)."""
     by_id = {ex.qas_id: ex for ex in examples}
-    indexes: dict[str, ContextIndex] = {}
+    indexes = SharedContextIndexes(answerability)
     out = {}
     for q, p in predictions.items():
         ex = by_id[q]
-        index = None
-        if answerability is not None and answerability.uses_lexical:
-            if ex.context not in indexes:
-                indexes[ex.context] = ContextIndex(ex.context)
-            index = indexes[ex.context]
-        out[q] = p.redecided(Deciding(answerability, ex.question, threshold, index), ex.context)
+        deciding = Deciding(answerability, ex.question, threshold, indexes(ex.context))
+        out[q] = p.redecided(deciding, ex.context)
     return out
 
 
@@ -221,26 +212,16 @@ def run_evaluation(
     model,
     examples: Sequence[SquadExample],
     features: Sequence[Feature],
+    options: DecodeOptions = DEFAULT_DECODING,
     *,
-    threshold: float | None = None,
-    answerability: Answerability | None = None,
     batch_size: int = 32,
     device="cpu",
-    n_best: int = DEFAULTS.n_best,
-    max_answer_len: int = DEFAULTS.max_answer_len,
     progress: bool = False,
 ) -> EvalResult:
-    """Predict, decode (``answerability`` decides; ``threshold`` overrides its rule) and score."""
+    """Predict, decode (``options.answerability`` decides; ``options.threshold`` overrides its rule)
+    and score."""
     outputs = predict_features(model, features, batch_size=batch_size, device=device, progress=progress)
-    preds = decode_outputs(
-        examples,
-        features,
-        outputs,
-        n_best=n_best,
-        max_answer_len=max_answer_len,
-        threshold=threshold,
-        answerability=answerability,
-    )
+    preds = decode_outputs(examples, features, outputs, options)
     return EvalResult(metrics=evaluate_predictions(examples, preds), predictions=preds)
 
 
@@ -286,32 +267,18 @@ def write_prediction_files(out_dir: Path, result: EvalResult) -> None:
 
 
 def evaluate_checkpoint(
-    checkpoint_dir: str | Path,
-    data: str | Path,
-    out: str | Path,
-    *,
-    threshold: float | None = None,
-    answerability: str = "stored",
-    max_seq_len: int | None = None,
-    doc_stride: int | None = None,
-    max_query_len: int | None = None,
-    max_answer_len: int | None = None,
-    n_best: int | None = None,
-    batch_size: int = 32,
-    device: str = "cpu",
-    progress: bool = True,
-    warn: Callable[[str], None] = _warn_on_stderr,
+    options: EvaluationOptions, warn: Callable[[str], None] = _warn_on_stderr
 ) -> EvalResult:
-    """Official SQuAD 2.0 scores of a fine-tuned checkpoint on ``data``, with the prediction files written
-    to ``out`` (what ``python -m train.evaluate`` does; the study's evaluation stage calls it too).
+    """Official SQuAD 2.0 scores of a fine-tuned checkpoint on ``options.data``, with the prediction files
+    written to ``options.out`` (what ``python -m train.evaluate`` does; the study's evaluation stage calls
+    it too).
 
-    Window sizes, lengths and the n-best left None come from the checkpoint's metadata (`ModelSettings`). ``answerability`` is
-    ``stored`` (the checkpoint's fitted model, if any) or ``cls`` (sigmoid(cls_logit) against the stored
-    threshold); ``threshold`` replaces the decision rule. Articles that make the scores in-sample are
-    passed to ``warn`` as ``warning: ...`` lines and listed as ``in_sample`` in the metrics.
+    ``options.answerability`` is ``stored`` (the checkpoint's fitted model, if any) or ``cls``
+    (sigmoid(cls_logit) against the stored threshold); ``options.threshold`` replaces the decision rule.
+    Articles that make the scores in-sample are passed to ``warn`` as ``warning: ...`` lines and listed as
+    ``in_sample`` in the metrics.
     """
-    if threshold is not None and not 0.0 <= threshold <= 1.0:
-        raise ValueError(f"--threshold must be a probability in [0, 1], got {threshold}")
+    checkpoint_dir, threshold = options.checkpoint, options.threshold
     loaded = checkpoint.load(checkpoint_dir)
     if not loaded.kind.startswith("qa:"):
         raise ValueError(
@@ -320,35 +287,28 @@ def evaluate_checkpoint(
     if loaded.tokenizer is None:
         raise ValueError(f"{checkpoint_dir} has no spiece.model")
     meta = loaded.metadata
-    settings = ModelSettings.from_metadata(
-        meta,
-        max_seq_len=max_seq_len,
-        doc_stride=doc_stride,
-        max_query_len=max_query_len,
-        max_answer_len=max_answer_len,
-        n_best=n_best,
-    )
+    settings = ModelSettings.from_metadata(meta, **options.setting_overrides())
     fkw = {k: getattr(settings, k) for k in WINDOW_KEYS}
-    stored = meta if answerability == "stored" else {k: v for k, v in meta.items() if k != "answerability"}
+    stored = (
+        meta if options.answerability == "stored" else {k: v for k, v in meta.items() if k != "answerability"}
+    )
     deciding = answerability_from_metadata(stored)
-    examples = read_squad(data)
+    examples = read_squad(options.data)
     warnings = in_sample_warnings(meta, deciding, examples, own_threshold=threshold is not None)
     for line in warnings:
         warn(f"warning: {line}")
     features = featurize(examples, loaded.tokenizer, **fkw)
-    model = loaded.model.to(torch.device(device))
+    model = loaded.model.to(torch.device(options.device))
+    decoding = DecodeOptions.of(settings, deciding, threshold)
     result = run_evaluation(
         model,
         examples,
         features,
-        threshold=threshold,
-        answerability=deciding,
-        batch_size=batch_size,
-        device=device,
-        n_best=settings.n_best,
-        max_answer_len=settings.max_answer_len,
-        progress=progress,
+        decoding,
+        batch_size=options.batch_size,
+        device=options.device,
+        progress=options.progress,
     )
     result.metrics["in_sample"] = warnings
-    write_prediction_files(Path(out), result)
+    write_prediction_files(options.out, result)
     return result

@@ -34,6 +34,7 @@ from typing import Any
 from train.common.cli import Parser
 from train.common.sample_data import SAMPLE_DIR as SAMPLE
 from train.engine.runlog import read_series
+from train.evaluation.options import EvaluationOptions
 from train.evaluation.predict import evaluate_checkpoint
 from train.experiments import study_flags
 from train.experiments.heldout import compare_rules, plot_reliability, predict_files
@@ -379,7 +380,8 @@ def _evaluate(study: _Study, r: Run, ft: Path, held_examples, seed: int = 0) -> 
     ev = study.out / _seeded(f"eval-{r.slug}", seed)
 
     def evaluate() -> None:
-        result = evaluate_checkpoint(str(ft), str(study.held), str(ev), progress=not study.args.no_progress)
+        options = EvaluationOptions(ft, study.held, ev, progress=not study.args.no_progress)
+        result = evaluate_checkpoint(options)
         print(json.dumps(result.metrics, indent=2))
 
     study.stages.run(f"evaluate ({r.name})", ev / "metrics.json", evaluate)

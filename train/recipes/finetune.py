@@ -48,8 +48,31 @@ from train.recipes.finetune_setup import (
     resolve_grad_accum,
     trained_through_frozen,
 )
-from train.squad import Answerability, featurize, pad_batch, read_squad, subsample_out_of_window
+from train.squad import (
+    Answerability,
+    DecodeOptions,
+    featurize,
+    pad_batch,
+    read_squad,
+    subsample_out_of_window,
+)
 from train.squad.provenance import FINE_TUNED_ON, THRESHOLD_SELECTED_ON, article_titles
+
+LABELLED_INPUTS = (
+    "token_type_ids",
+    "attention_mask",
+    "p_mask",
+    "cls_index",
+    "start_positions",
+    "end_positions",
+    "is_impossible",
+)
+
+
+def qa_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The fine-tuning loss of one labelled batch (``pad_batch(..., include_labels=True)`` as tensors):
+    the one spelling of the step's forward, which the memory benchmark measures too."""
+    return model(batch["input_ids"], **{name: batch[name] for name in LABELLED_INPUTS}).loss
 
 
 def check_data_files(config: FinetuneConfig) -> None:
@@ -227,16 +250,7 @@ class FinetuneRecipe(Recipe):
         arrays = pad_batch([self.train_features[i] for i in idx], include_labels=True)
         t = to_tensors(arrays, self.session.dist.device)
         self.interval.add_items(len(idx))
-        return train_model(
-            t["input_ids"],
-            token_type_ids=t["token_type_ids"],
-            attention_mask=t["attention_mask"],
-            p_mask=t["p_mask"],
-            cls_index=t["cls_index"],
-            start_positions=t["start_positions"],
-            end_positions=t["end_positions"],
-            is_impossible=t["is_impossible"],
-        ).loss
+        return qa_loss(train_model, t)
 
     def after_step(self, r: StepReport) -> None:
         """Log every --log-every steps, evaluate every --eval-every steps and at the last."""
@@ -276,10 +290,9 @@ class FinetuneRecipe(Recipe):
             self.model,
             self.dev_examples,
             self.dev_features,
+            DecodeOptions(c.n_best, c.max_answer_len),
             batch_size=c.eval_batch_size,
             device=self.session.dist.device,
-            n_best=c.n_best,
-            max_answer_len=c.max_answer_len,
         )
         # The cls-only threshold: where dev best_f1 is reached (as the original's threshold search); re-score at it.
         thr = min(max(float(result.metrics.get("best_f1_thresh", 0.5)), 0.0), 1.0)

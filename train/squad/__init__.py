@@ -30,9 +30,10 @@ from .data import (
     split_by_article,
     write_squad,
 )
-from .decode import decode, decode_beam
+from .decode import DEFAULT_DECODING, DecodeOptions, decode, decode_beam
 from .features import Feature, feature_answer_text, featurize, featurize_encoded, featurize_one
 from .head_outputs import (
+    SharedContextIndexes,
     decode_all,
     decode_all_beam,
     decode_all_head_outputs,
@@ -61,6 +62,9 @@ __all__ = [
     "AnswerabilityError",
     "ContextIndex",
     "Deciding",
+    "DecodeOptions",
+    "DEFAULT_DECODING",
+    "SharedContextIndexes",
     "SpanScores",
     "VERIFIER_LOGIT",
     "Dataset",

@@ -28,10 +28,11 @@ questions, is in :mod:`.head_outputs`.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from train.common.contract import DEFAULTS
+from train.common.contract import DEFAULTS, ModelSettings
 
 from .alignment import span_text
 from .answerability import Answerability
@@ -43,6 +44,40 @@ from .prediction import Deciding, NBestEntry, Prediction
 ArrayLike = np.ndarray | Sequence[float] | Sequence[np.ndarray]
 
 _MASKED = -1e30
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """What turns every question's window outputs into its answer in one decoding call: how many
+    spans are kept (``n_best``), the longest span in tokens, and the decision (``answerability``, the
+    model's fitted rule; ``threshold`` on the no-answer probability replaces it). One value, so that
+    evaluation, the export's agreement check and the server cannot pass different subsets."""
+
+    n_best: int = DEFAULTS.n_best
+    max_answer_len: int = DEFAULTS.max_answer_len
+    threshold: float | None = None
+    answerability: Answerability | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("n_best", "max_answer_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold must be a probability in [0, 1], got {self.threshold!r}")
+
+    @classmethod
+    def of(
+        cls,
+        settings: ModelSettings,
+        answerability: Answerability | None = None,
+        threshold: float | None = None,
+    ) -> DecodeOptions:
+        """A model's own decoding (its recorded n-best and longest span) with a decision rule."""
+        return cls(settings.n_best, settings.max_answer_len, threshold, answerability)
+
+
+DEFAULT_DECODING = DecodeOptions()
 
 
 def _masked_log_softmax(logits: np.ndarray, p_mask: np.ndarray) -> np.ndarray:
@@ -147,11 +182,8 @@ def decode(
     start_logits: ArrayLike,
     end_logits: ArrayLike,
     cls_logits: ArrayLike,
+    options: DecodeOptions = DEFAULT_DECODING,
     *,
-    n_best: int = DEFAULTS.n_best,
-    max_answer_len: int = DEFAULTS.max_answer_len,
-    threshold: float | None = None,
-    answerability: Answerability | None = None,
     question: str | None = None,
     context_index: ContextIndex | None = None,
 ) -> Prediction:
@@ -159,10 +191,9 @@ def decode(
 
     ``features`` are this question's windows; ``start_logits``/``end_logits`` are ``[W, T]`` (T >=
     each window's length, e.g. a padded batch) or a list of W per-window arrays; ``cls_logits`` is
-    ``[W]``. Per window, log-softmax over the positions with p_mask 0, keep the ``n_best`` best
+    ``[W]``. Per window, log-softmax over the positions with p_mask 0, keep the ``options.n_best`` best
     starts (paragraph tokens in their max-context window) and ends (paragraph tokens), and pair them.
-    ``answerability`` (with the ``question``'s text) decides whether to answer; ``threshold`` (on the
-    no-answer probability) overrides its rule.
+    ``options`` decide whether to answer (with the ``question``'s text for a verifier).
     """
     context, qas_id = _context_and_id(example_or_context)
     if not features:
@@ -177,14 +208,16 @@ def decode(
         slp = _masked_log_softmax(_row(start_logits, w, length), f.p_mask)
         elp = _masked_log_softmax(_row(end_logits, w, length), f.p_mask)
         null_log_prob = max(null_log_prob, float(slp[f.cls_index] + elp[f.cls_index]))
-        starts = _top(np.flatnonzero(f.token_is_max_context[: f.paragraph_len]), slp, n_best)
-        ends = _top(np.arange(f.paragraph_len), elp, n_best)
+        starts = _top(np.flatnonzero(f.token_is_max_context[: f.paragraph_len]), slp, options.n_best)
+        ends = _top(np.arange(f.paragraph_len), elp, options.n_best)
         s, e = starts[:, None], ends[None, :]
-        ok = (e >= s) & (e - s < max_answer_len)
+        ok = (e >= s) & (e - s < options.max_answer_len)
         s, e = np.broadcast_to(s, ok.shape)[ok], np.broadcast_to(e, ok.shape)[ok]
         candidates.add(w, slp[s], elp[e], s, e)
-    deciding = _deciding(example_or_context, question, threshold, answerability, context_index)
-    return _finish(context, qas_id, features, candidates, float(cls.min()), null_log_prob, n_best, deciding)
+    deciding = _deciding(example_or_context, question, options, context_index)
+    return _finish(
+        context, qas_id, features, candidates, float(cls.min()), null_log_prob, options.n_best, deciding
+    )
 
 
 def decode_beam(
@@ -195,11 +228,8 @@ def decode_beam(
     end_top_log_probs: ArrayLike,
     end_top_index: ArrayLike,
     cls_logits: ArrayLike,
+    options: DecodeOptions = DEFAULT_DECODING,
     *,
-    n_best: int = DEFAULTS.n_best,
-    max_answer_len: int = DEFAULTS.max_answer_len,
-    threshold: float | None = None,
-    answerability: Answerability | None = None,
     question: str | None = None,
     context_index: ContextIndex | None = None,
 ) -> Prediction:
@@ -227,20 +257,19 @@ def decode_beam(
         s = np.broadcast_to(s_ix[:, None], e_ix.shape)
         slp = np.broadcast_to(s_lp[:, None], e_lp.shape)
         in_para = (s >= 0) & (s < f.paragraph_len) & (e_ix >= 0) & (e_ix < f.paragraph_len)
-        ok = in_para & (e_ix >= s) & (e_ix - s + 1 <= max_answer_len)
+        ok = in_para & (e_ix >= s) & (e_ix - s + 1 <= options.max_answer_len)
         ok[ok] = f.token_is_max_context[s[ok]]
         candidates.add(w, slp[ok], e_lp[ok], s[ok], e_ix[ok])
-    deciding = _deciding(example_or_context, question, threshold, answerability, context_index)
-    return _finish(context, qas_id, features, candidates, float(cls.min()), None, n_best, deciding)
+    deciding = _deciding(example_or_context, question, options, context_index)
+    return _finish(context, qas_id, features, candidates, float(cls.min()), None, options.n_best, deciding)
 
 
 def _deciding(
     example_or_context: SquadExample | str,
     question: str | None,
-    threshold: float | None,
-    answerability: Answerability | None,
+    options: DecodeOptions,
     index: ContextIndex | None,
 ) -> Deciding:
     if question is None:
         question = example_or_context.question if isinstance(example_or_context, SquadExample) else ""
-    return Deciding(answerability, question, threshold, index)
+    return Deciding(options.answerability, question, options.threshold, index)

@@ -10,13 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from train.common.contract import DEFAULTS
 from train.common.heads import head_spec
 
 from .answerability import Answerability
 from .answerability_features import ContextIndex
 from .data import SquadExample
-from .decode import ArrayLike, decode, decode_beam
+from .decode import DEFAULT_DECODING, ArrayLike, DecodeOptions, decode, decode_beam
 from .features import Feature
 from .prediction import Prediction
 
@@ -40,11 +39,8 @@ def decode_head_outputs(
     example_or_context: SquadExample | str,
     features: Sequence[Feature],
     rows: Sequence[Mapping[str, Any]],
+    options: DecodeOptions = DEFAULT_DECODING,
     *,
-    n_best: int = DEFAULTS.n_best,
-    max_answer_len: int = DEFAULTS.max_answer_len,
-    threshold: float | None = None,
-    answerability: Answerability | None = None,
     question: str | None = None,
     context_index: ContextIndex | None = None,
 ) -> Prediction:
@@ -52,8 +48,7 @@ def decode_head_outputs(
     the head registry's ``outputs``), whatever the head: the one switch from a head's outputs to
     an answer, used by evaluation, the export's agreement check and the server."""
     spec = head_spec(head)
-    kw: dict[str, Any] = {"n_best": n_best, "max_answer_len": max_answer_len, "threshold": threshold}
-    kw |= {"answerability": answerability, "question": question, "context_index": context_index}
+    kw: dict[str, Any] = {"question": question, "context_index": context_index}
     if spec.decoder == "beam":
         cls = np.array([float(r["cls_logits"]) for r in rows])
         return decode_beam(
@@ -64,6 +59,7 @@ def decode_head_outputs(
             [r["end_top_log_probs"] for r in rows],
             [r["end_top_index"] for r in rows],
             cls,
+            options,
             **kw,
         )
     starts = [r["start_logits"] for r in rows]
@@ -72,7 +68,7 @@ def decode_head_outputs(
         cls = np.array([simple_null_logit(s, e, f) for s, e, f in zip(starts, ends, features, strict=True)])
     else:
         cls = np.array([float(r["cls_logits"]) for r in rows])
-    return decode(example_or_context, features, starts, ends, cls, **kw)
+    return decode(example_or_context, features, starts, ends, cls, options, **kw)
 
 
 def group_features(features: Sequence[Feature]) -> dict[int, list[int]]:
@@ -89,17 +85,17 @@ def decode_all(
     start_logits: ArrayLike,
     end_logits: ArrayLike,
     cls_logits: ArrayLike,
-    **kwargs: Any,
+    options: DecodeOptions = DEFAULT_DECODING,
 ) -> dict[str, Prediction]:
     """Decode every example from flat per-feature outputs (row i belongs to ``features[i]``).
 
     Rows may be a ``[F, T]`` array or a list of F arrays of any lengths >= their feature's (so
-    batches padded to different lengths can simply be concatenated as lists). Keyword arguments go
-    to :func:`decode`. Returns qas_id -> Prediction for the examples that have features.
+    batches padded to different lengths can simply be concatenated as lists). Returns qas_id ->
+    Prediction for the examples that have features.
     """
     cls = np.asarray(cls_logits, dtype=np.float64).reshape(-1)
     outputs = {"start_logits": start_logits, "end_logits": end_logits, "cls_logits": cls}
-    return decode_all_head_outputs("shallow", examples, features, outputs, **kwargs)
+    return decode_all_head_outputs("shallow", examples, features, outputs, options)
 
 
 def decode_all_beam(
@@ -110,7 +106,7 @@ def decode_all_beam(
     end_top_log_probs: ArrayLike,
     end_top_index: ArrayLike,
     cls_logits: ArrayLike,
-    **kwargs: Any,
+    options: DecodeOptions = DEFAULT_DECODING,
 ) -> dict[str, Prediction]:
     """:func:`decode_all` for the beam head's flat per-feature outputs."""
     outputs = {
@@ -120,7 +116,7 @@ def decode_all_beam(
         "end_top_index": end_top_index,
         "cls_logits": np.asarray(cls_logits, dtype=np.float64).reshape(-1),
     }
-    return decode_all_head_outputs("beam", examples, features, outputs, **kwargs)
+    return decode_all_head_outputs("beam", examples, features, outputs, options)
 
 
 def decode_all_head_outputs(
@@ -128,20 +124,34 @@ def decode_all_head_outputs(
     examples: Sequence[SquadExample],
     features: Sequence[Feature],
     outputs: Mapping[str, ArrayLike],
-    **kwargs: Any,
+    options: DecodeOptions = DEFAULT_DECODING,
 ) -> dict[str, Prediction]:
     """:func:`decode_head_outputs` for every example, from flat per-feature outputs by name
     (``outputs[name][i]`` belongs to ``features[i]``). Returns qas_id -> Prediction. Questions about
     one context share its :class:`ContextIndex` when a verifier needs one."""
     out: dict[str, Prediction] = {}
-    answerability: Answerability | None = kwargs.get("answerability")
-    indexes: dict[str, ContextIndex] = {}
+    indexes = SharedContextIndexes(options.answerability)
     for ex_i, idx in group_features(features).items():
         ex = examples[ex_i]
         rows = [{name: values[i] for name, values in outputs.items()} for i in idx]
-        if answerability is not None and answerability.uses_lexical:
-            if ex.context not in indexes:
-                indexes[ex.context] = ContextIndex(ex.context)
-            kwargs["context_index"] = indexes[ex.context]
-        out[ex.qas_id] = decode_head_outputs(head, ex, [features[i] for i in idx], rows, **kwargs)
+        feats = [features[i] for i in idx]
+        out[ex.qas_id] = decode_head_outputs(
+            head, ex, feats, rows, options, context_index=indexes(ex.context)
+        )
     return out
+
+
+class SharedContextIndexes:
+    """One :class:`ContextIndex` per context, shared by its questions, built only when the decision
+    reads lexical evidence (a verifier); otherwise None for every context."""
+
+    def __init__(self, answerability: Answerability | None) -> None:
+        self.lexical = answerability is not None and answerability.uses_lexical
+        self._by_context: dict[str, ContextIndex] = {}
+
+    def __call__(self, context: str) -> ContextIndex | None:
+        if not self.lexical:
+            return None
+        if context not in self._by_context:
+            self._by_context[context] = ContextIndex(context)
+        return self._by_context[context]

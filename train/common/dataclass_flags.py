@@ -1,0 +1,109 @@
+"""Command-line flags generated from a dataclass's fields, so that a command's options have one home.
+
+A field that is a flag says so with :func:`flag`: its default, help text and anything argparse cannot
+read from its type (choices, a parser for the value, a metavar, another spelling, a repeatable flag). A
+switch that defaults off is ``--name``; one that defaults on is ``--name`` / ``--no-name``; a list field
+takes one or more values (``--corpus a.txt b.txt``). :func:`add_flags` adds one flag per such field (``batch_size`` ->
+``--batch-size``), its type, default and whether it is required read from the field;
+:func:`options_from` builds the dataclass back from the parsed namespace. The server's flags come from
+``ServerSettings`` the same way (:mod:`server.flags`), through pydantic's own field descriptions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+FLAG_KEY = "flag"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How a field is spelled on the command line (what its type and default do not already say)."""
+
+    help: str | None = None
+    choices: Sequence[str] | None = None
+    parse: Callable[[str], Any] | None = None  # the value's parser, for types argparse cannot read
+    metavar: str | None = None
+    name: str | None = None  # the flag, when it is not the field's name (``--verify-provider``)
+    repeat: bool = False  # a tuple field: the flag may be given again, each value appended
+
+
+def flag(default: Any = MISSING, *, default_factory: Any = MISSING, **spelling: Any) -> Any:
+    """A dataclass field that is a command-line flag: ``opset: int = flag(17, help="ONNX opset")``."""
+    if default_factory is not MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata={FLAG_KEY: Flag(**spelling)})
+    return dataclasses.field(default=default, metadata={FLAG_KEY: Flag(**spelling)})
+
+
+def flag_fields(cls: type) -> list[dataclasses.Field]:
+    """The fields of ``cls`` that are flags, in declaration order."""
+    return [f for f in fields(cls) if FLAG_KEY in f.metadata]
+
+
+def _value_type(hint: Any) -> tuple[Any, bool]:
+    """(the type of one value, whether the field holds a list): ``int | None`` -> (int, False),
+    ``list[str] | None`` -> (str, True), ``tuple[str, ...]`` -> (str, False)."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        kinds = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _value_type(kinds[0]) if len(kinds) == 1 else (str, False)
+    if typing.get_origin(hint) in (list, tuple):
+        return _value_type(typing.get_args(hint)[0])[0], typing.get_origin(hint) is list
+    return hint, False
+
+
+def add_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    only: Iterable[str] | None = None,
+    defaults: dict[str, Any] | None = None,
+) -> None:
+    """Add a flag for each flag field of ``cls`` (those named in ``only``, in that order; else all),
+    its default the field's unless ``defaults`` names another."""
+    by_name = {f.name: f for f in flag_fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for name in only if only is not None else list(by_name):
+        f = by_name[name]
+        spec: Flag = f.metadata[FLAG_KEY]
+        option = spec.name or "--" + name.replace("_", "-")
+        default = (defaults or {}).get(name, f.default)
+        if f.default_factory is not MISSING and name not in (defaults or {}):
+            default = f.default_factory()
+        kinds, many = _value_type(hints[name])
+        text = spec.help.replace("%", "%%") if spec.help else spec.help  # argparse formats help with %
+        kw: dict[str, Any] = {"dest": name, "help": text}
+        if kinds is bool:
+            action = argparse.BooleanOptionalAction if default is True else "store_true"
+            parser.add_argument(option, action=action, default=default, **kw)
+            continue
+        kw["type"] = spec.parse or (Path if kinds is Path else kinds)
+        if spec.choices is not None:
+            kw["choices"] = spec.choices
+        if spec.metavar is not None:
+            kw["metavar"] = spec.metavar
+        if many:
+            kw["nargs"] = "+"
+        if default is MISSING:
+            kw["required"] = True
+        elif spec.repeat:
+            kw |= {"action": "append", "default": list(default)}
+        else:
+            kw["default"] = default
+        parser.add_argument(option, **kw)
+
+
+def options_from(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
+    """``cls`` from the parsed flags (its flag fields present in ``args``) and ``given`` values."""
+    values: dict[str, Any] = {}
+    for f in flag_fields(cls):
+        if hasattr(args, f.name):
+            value = getattr(args, f.name)
+            values[f.name] = tuple(value) if f.metadata[FLAG_KEY].repeat else value
+    return cls(**values, **given)
