@@ -8,16 +8,15 @@ from pathlib import Path
 
 import pytest
 from paths import SAMPLE
+from sample_cuts import first_article_split
 
 from train import finetune as finetune_cli
 from train import pretrain as pretrain_cli
-from train.engine.flags import SHARED_FLAGS
+from train.common.dataclass_flags import flag_fields
 from train.engine.run_record import RUN_FILE
-from train.engine.session import TrainingConfig
 from train.model import checkpoint
 from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
 from train.recipes.pretrain import PretrainConfig, PretrainRecipe
-from train.squad import write_squad
 
 
 @pytest.mark.parametrize(
@@ -31,11 +30,22 @@ def test_a_config_built_from_the_bare_command_line_is_the_defaults(cli, config_c
     assert config.explicit_flags == {"out"}
 
 
-def test_the_shared_flags_are_the_shared_settings() -> None:
-    """One table of flags for the fields both recipes inherit: none missing, none extra (--precision,
-    --activation-checkpointing, --resume and --overwrite come with their own helpers)."""
-    helpers = {"precision", "activation_checkpointing", "resume", "overwrite", "explicit_flags"}
-    assert set(SHARED_FLAGS) | helpers == {f.name for f in dataclasses.fields(TrainingConfig)}
+@pytest.mark.parametrize(
+    ("cli", "config_class"), [(pretrain_cli, PretrainConfig), (finetune_cli, FinetuneConfig)]
+)
+def test_every_setting_is_one_flag_generated_from_its_field(cli, config_class) -> None:
+    """Each field of a training config but the record of given flags is a flag, shown once in --help's
+    groups, with the field's default and help."""
+    fields = {f.name: f for f in dataclasses.fields(config_class) if f.name != "explicit_flags"}
+    assert set(fields) == {f.name for f in flag_fields(config_class)}
+    grouped = [name for names in cli.GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(fields)
+    actions = {a.dest: a for a in cli.build_parser()._actions if a.dest in fields}
+    for name, field in fields.items():
+        assert actions[name].default == (None if field.default is dataclasses.MISSING else field.default), (
+            name
+        )
+        assert actions[name].help == field.metadata["flag"].help.replace("%", "%%"), name
 
 
 def test_a_recipe_preset_and_explicit_flags_reach_the_config() -> None:
@@ -77,12 +87,7 @@ def test_pretrain_stages_run_one_by_one_and_hold_the_state(tmp_path, spm_dir) ->
 
 
 def test_finetune_stages_run_one_by_one_and_evaluate(tmp_path, spm_dir) -> None:
-    train = json.loads((SAMPLE / "train.json").read_text())
-    dev = json.loads((SAMPLE / "dev.json").read_text())
-    train["data"] = [{**train["data"][0], "paragraphs": train["data"][0]["paragraphs"][:2]}]
-    dev["data"] = [{**dev["data"][0], "paragraphs": dev["data"][0]["paragraphs"][:1]}]
-    write_squad(train, tmp_path / "train.json")
-    write_squad(dev, tmp_path / "dev.json")
+    first_article_split(tmp_path, 2, 1)
     config = FinetuneConfig(
         out=str(tmp_path / "run"),
         train_file=str(tmp_path / "train.json"),

@@ -66,18 +66,6 @@ RUN_ARTIFACTS = (
 )
 
 
-def add_run_flags(group: argparse._ArgumentGroup) -> None:
-    """``--resume`` and ``--overwrite``, the two ways to reuse a run directory (see the module docstring)."""
-    group.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run in --out from its newest checkpoint, with its recorded settings",
-    )
-    group.add_argument(
-        "--overwrite", action="store_true", help="replace another run's checkpoints in --out (else refused)"
-    )
-
-
 def explicit_flags(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> set[str]:
     """The destinations the command line set explicitly (whatever their value), for resume checks."""
     saved = {action.dest: action.default for action in parser._actions}

@@ -18,11 +18,14 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from train.common.dataclass_flags import flag
 from train.engine.execution import Dist, init_distributed
 from train.engine.memory import gpu_peak_line
+from train.engine.optim import DECAYS, OPTIMIZERS
 from train.engine.run_record import open_run
 from train.engine.state import latest_checkpoint, load_training_state, save_training_state
-from train.engine.step import TrainStep
+from train.engine.step import PRECISIONS, TrainStep
+from train.model import ACTIVATIONS, PRESETS
 
 C = TypeVar("C", bound="RunConfig")
 
@@ -30,15 +33,21 @@ C = TypeVar("C", bound="RunConfig")
 @dataclass(kw_only=True)
 class RunConfig:
     """The settings the engine itself reads: the run directory, how this invocation uses it, and where
-    it runs. A recipe's config extends it with its own; each field is one command-line flag."""
+    it runs. A recipe's config extends it with its own; each field is one command-line flag
+    (:mod:`train.common.dataclass_flags`), its help beside it."""
 
-    out: str
-    resume: bool = False
-    overwrite: bool = False
-    stop_after: int | None = None
-    no_progress: bool = False
-    device: str = "auto"
-    threads: int | None = None
+    out: str = flag(help="run directory: checkpoints, metrics.jsonl, plots, and the final model")
+    resume: bool = flag(
+        False, help="continue the run in --out from its newest checkpoint, with its recorded settings"
+    )
+    overwrite: bool = flag(False, help="replace another run's checkpoints in --out (else refused)")
+    stop_after: int | None = flag(
+        None,
+        help="exit (with a checkpoint) after this many steps of this invocation, as Ctrl-C would; --resume continues",
+    )
+    no_progress: bool = flag(False, help="no progress bar")
+    device: str = flag("auto", help="auto, cpu or cuda")
+    threads: int | None = flag(None, help="torch intra-op threads (default: torch's choice)")
     # the flags given on the command line (None from code: every setting counts in resume checks)
     explicit_flags: set[str] | None = field(default=None, compare=False, repr=False)
 
@@ -56,37 +65,47 @@ class RunConfig:
 
 @dataclass(kw_only=True)
 class TrainingConfig(RunConfig):
-    """The settings both training recipes take under the same names, each one flag of
-    :data:`train.engine.flags.SHARED_FLAGS`. A field without a default here is one whose default
-    differs between the recipes: each recipe's config gives its own."""
+    """The settings both training recipes take under the same names, each one flag. A field without a
+    default here is one whose default differs between the recipes: each recipe's config gives its own
+    (and may say more in its help)."""
 
     # where the model and its tokenizer come from
-    init: str | None = None
-    config: str | None
-    spm: str | None = None
-    train_spm: int | None = None
-    dropout: float | None = None
-    activation: str | None
-    aoa: bool = False
+    init: str | None = flag(None, help="start from this checkpoint: ours or a HuggingFace XLNet directory")
+    config: str | None = flag(choices=sorted(PRESETS), help="random init of this model size preset")
+    spm: str | None = flag(None, help="sentencepiece model to use (spiece.model or a directory holding one)")
+    train_spm: int | None = flag(
+        None, metavar="VOCAB_SIZE", help="train a sentencepiece model of this size on the data"
+    )
+    dropout: float | None = flag(None, help="override the preset's dropout")
+    activation: str | None = flag(choices=ACTIVATIONS, help="feed-forward activation (random init)")
+    aoa: bool = flag(False, help="Attention-on-Attention in every layer (random init)")
     # optimisation
-    steps: int | None
-    batch_size: int = 8
-    grad_accum: int | None
-    lr: float
-    warmup: int | None
-    decay: str = "linear"
-    min_lr_ratio: float = 0.0
-    optimizer: str = "xlnet"
-    weight_decay: float = 0.0
-    adam_eps: float = 1e-6
-    clip: float = 1.0
-    precision: str = "fp32"
-    activation_checkpointing: bool = False
-    seed: int = 42
+    steps: int | None = flag(help="optimizer steps")
+    batch_size: int = flag(8, help="examples per micro-batch per rank")
+    grad_accum: int | None = flag(help="micro-batches per optimizer step")
+    lr: float = flag(help="peak learning rate")
+    warmup: int | None = flag(help="linear warmup steps")
+    decay: str = flag("linear", choices=DECAYS, help="learning-rate decay after the warmup")
+    min_lr_ratio: float = flag(
+        0.0, help="final lr as a fraction of the peak (the original's pretraining: 0.001)"
+    )
+    optimizer: str = flag("xlnet", choices=OPTIMIZERS, help="xlnet (the original's Adam) or adamw")
+    weight_decay: float = flag(0.0, help="weight decay (the original's SQuAD runs and train_gpu.py: 0)")
+    adam_eps: float = flag(1e-6, help="Adam's epsilon")
+    clip: float = flag(1.0, help="gradient global-norm clip (0 = off)")
+    precision: str = flag(
+        "fp32", choices=PRECISIONS, help="autocast precision (fp16: CUDA only, with a gradient scaler)"
+    )
+    activation_checkpointing: bool = flag(
+        False,
+        help="keep each layer's inputs only and recompute the layer in backward: far less activation "
+        "memory for one more forward pass per step, same gradients",
+    )
+    seed: int = flag(42, help="seeds every RNG (data order, dropout, initialisation)")
     # run
-    log_every: int = 10
-    save_every: int
-    keep_last: int = 2
+    log_every: int = flag(10, help="log a metrics line every N steps")
+    save_every: int = flag(help="write a checkpoint every N steps")
+    keep_last: int = flag(2, help="step checkpoints to keep (0: all)")
 
     # The counts a run divides by, loops over or slices with: below these it would crash mid-run or
     # silently do nothing. (--keep-last 0 keeps every checkpoint.) A recipe's config adds its own.

@@ -11,6 +11,7 @@ and ``cleanup`` (the final model, the process group). The training state lives o
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -139,17 +140,10 @@ def model_config(config: PretrainConfig, vocab_size: int) -> XLNetConfig:
 
 
 def data_config(config: PretrainConfig) -> PretrainDataConfig:
+    """The data pipeline's knobs of a run: the fields of :class:`PretrainDataConfig`, by name, from the
+    run's config (which declares each one as a flag)."""
     return PretrainDataConfig(
-        seq_len=config.seq_len,
-        reuse_len=config.reuse_len,
-        num_predict=config.num_predict,
-        perm_size=config.perm_size,
-        mask_alpha=config.mask_alpha,
-        mask_beta=config.mask_beta,
-        max_gram=config.max_gram,
-        bi_data=config.bi_data,
-        batch_size=config.batch_size,
-        seed=config.seed,
+        **{f.name: getattr(config, f.name) for f in dataclasses.fields(PretrainDataConfig)}
     )
 
 
