@@ -79,7 +79,7 @@ def main() -> int:
 
     from train import evaluate, finetune, pretrain
     from train import synth as synth_cli
-    from train import tokenizer as tokenizer_cli
+    from train.tokenizer import cli as tokenizer_cli
 
     tok_dir = out / "tokenizer"
     stage(

@@ -15,6 +15,7 @@ import onnxruntime as ort
 import pytest
 import torch
 import transformers
+from module_runs import run_module
 from paths import REPO, SAMPLE_DEV, SHARED_DEV_NAME, shared_squad_file
 
 from export.onnx.cli import build_parser, main, options_from_args
@@ -24,7 +25,7 @@ from export.onnx.torch_export import torch_runner
 from export.onnx.verify import compare, run_all, sample_batches
 from export.serving import sidecar as sc
 from export.serving.sessions import runner, session
-from harness.tiny_models import perturb, tiny_qa_checkpoint
+from harness.tiny_models import TINY, perturb, tiny_qa_checkpoint
 from train.common.contract import INPUT_NAMES
 from train.common.digests import sha256_file
 from train.model import XLNetConfig, XLNetLMHeadModel, checkpoint
@@ -155,9 +156,7 @@ def test_projection_weights_are_constant_initializers(exports):
 
 # --- HuggingFace checkpoints, checked against transformers ----------------------------------------------
 def hf_directory(hf_cls, tmp_path: Path, spm: Path) -> tuple[torch.nn.Module, Path]:
-    cfg = transformers.XLNetConfig(
-        vocab_size=2000, d_model=32, n_layer=2, n_head=4, d_inner=64, dropout=0.0, start_n_top=3, end_n_top=2
-    )
+    cfg = transformers.XLNetConfig(vocab_size=2000, **TINY)
     torch.manual_seed(0)
     hf = perturb(hf_cls(cfg)).eval()
     hf.save_pretrained(tmp_path / "hf")
@@ -522,20 +521,7 @@ def test_failed_verification_exits_1_and_writes_nothing(tmp_path, exports, capsy
 
 
 def test_module_entry_point_reports_errors_in_one_line(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "export.onnx",
-            "--checkpoint",
-            str(tmp_path / "absent"),
-            "--out",
-            str(tmp_path / "o"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    proc = run_module("export.onnx", "--checkpoint", tmp_path / "absent", "--out", tmp_path / "o")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
         f"python -m export.onnx: error: --checkpoint {tmp_path / 'absent'}: no such directory"

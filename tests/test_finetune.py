@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from module_runs import run_module
 from paths import REPO, SAMPLE
+from sample_cuts import first_article_split
 
 from train.evaluate import main as evaluate_main
 from train.finetune import main as finetune_main
 from train.model import XLNetConfig, XLNetForQuestionAnswering, checkpoint
-from train.squad import Answerability, read_squad, split_by_article, write_squad
+from train.squad import Answerability, read_squad, split_by_article
 
 METRIC_KEYS = {
     "exact",
@@ -39,14 +41,7 @@ METRIC_KEYS = {
 @pytest.fixture(scope="module")
 def small_split(tmp_path_factory) -> tuple[Path, Path]:
     """A few paragraphs of the sample: train on the first article's start, evaluate on the dev article's."""
-    root = tmp_path_factory.mktemp("squad")
-    train = json.loads((SAMPLE / "train.json").read_text())
-    dev = json.loads((SAMPLE / "dev.json").read_text())
-    train["data"] = [{**train["data"][0], "paragraphs": train["data"][0]["paragraphs"][:4]}]
-    dev["data"] = [{**dev["data"][0], "paragraphs": dev["data"][0]["paragraphs"][:2]}]
-    write_squad(train, root / "train.json")
-    write_squad(dev, root / "dev.json")
-    return root / "train.json", root / "dev.json"
+    return first_article_split(tmp_path_factory.mktemp("squad"), 4, 2)
 
 
 def official_squad2_scores(data_file: Path, predictions: dict[str, str]) -> tuple[float, float]:
@@ -106,39 +101,20 @@ COMMON = [
 ]
 
 
+def finetune_argv(split: tuple[Path, Path], out: Path, *flags: str | Path) -> list[str]:
+    """These tests' fine-tuning command line: the small split into ``out``, ``flags``, then COMMON."""
+    train_file, dev_file = split
+    paths = ["--train-file", str(train_file), "--dev-file", str(dev_file), "--out", str(out)]
+    return [*paths, *map(str, flags), *COMMON]
+
+
 @pytest.mark.parametrize("head", ["shallow", "deep", "beam", "simple"])
 def test_each_head_trains_and_evaluates(head, small_split, spm_dir, tmp_path):
-    train_file, dev_file = small_split
+    dev_file = small_split[1]
     out = tmp_path / head
-    args = [
-        "--train-file",
-        str(train_file),
-        "--dev-file",
-        str(dev_file),
-        "--out",
-        str(out),
-        "--config",
-        "tiny",
-        "--spm",
-        str(spm_dir),
-        "--head",
-        head,
-        "--steps",
-        "40",
-        "--eval-every",
-        "20",
-        "--lr",
-        "2e-3",
-        "--layer-decay",
-        "1.0",
-        "--warmup",
-        "0",
-        "--dropout",
-        "0",
-        *COMMON,
-        "--log-every",
-        "1",
-    ]
+    flags = ["--config", "tiny", "--spm", spm_dir, "--head", head, "--steps", "40", "--eval-every", "20"]
+    flags += ["--lr", "2e-3", "--layer-decay", "1.0", "--warmup", "0", "--dropout", "0"]
+    args = [*finetune_argv(small_split, out, *flags), "--log-every", "1"]
     assert finetune_main(args) == 0
     losses = [r["loss"] for r in read_metrics(out) if "loss" in r]
     first, last = losses[0], sum(losses[-5:]) / 5
@@ -187,7 +163,6 @@ def test_each_head_trains_and_evaluates(head, small_split, spm_dir, tmp_path):
 
 
 def test_freezing_keeps_bottom_layers_and_embeddings_fixed(small_split, spm_dir, tmp_path):
-    train_file, dev_file = small_split
     out = tmp_path / "frozen"
     torch.manual_seed(0)
     init = tmp_path / "init"
@@ -197,28 +172,8 @@ def test_freezing_keeps_bottom_layers_and_embeddings_fixed(small_split, spm_dir,
     config = XLNetConfig.preset("tiny", vocab_size=tok.vocab_size, n_layer=3)
     checkpoint.save(XLNetForQuestionAnswering(config, head="shallow"), init, tokenizer=tok)
     before = checkpoint.load(init).model.state_dict()
-    args = [
-        "--train-file",
-        str(train_file),
-        "--dev-file",
-        str(dev_file),
-        "--out",
-        str(out),
-        "--init",
-        str(init),
-        "--head",
-        "shallow",
-        "--steps",
-        "6",
-        "--eval-every",
-        "6",
-        "--freeze-layers",
-        "2",
-        "--freeze-embeddings",
-        "--lr",
-        "1e-3",
-        *COMMON,
-    ]
+    flags = ["--init", init, "--head", "shallow", "--steps", "6", "--eval-every", "6", "--freeze-layers", "2"]
+    args = finetune_argv(small_split, out, *flags, "--freeze-embeddings", "--lr", "1e-3")
     assert finetune_main(args) == 0
     after = checkpoint.load(out).model.state_dict()
     for key in before:
@@ -229,7 +184,6 @@ def test_freezing_keeps_bottom_layers_and_embeddings_fixed(small_split, spm_dir,
 
 def test_init_from_huggingface_directory(small_split, spm_dir, tmp_path):
     """A local HF XLNet checkpoint (here random weights + our spm) fine-tunes directly."""
-    train_file, dev_file = small_split
     from train.tokenizer import XLNetTokenizer
 
     tok = XLNetTokenizer.from_dir(spm_dir)
@@ -238,23 +192,9 @@ def test_init_from_huggingface_directory(small_split, spm_dir, tmp_path):
     transformers.XLNetLMHeadModel(cfg).save_pretrained(hf_dir)
     shutil.copy(spm_dir / "spiece.model", hf_dir / "spiece.model")
     out = tmp_path / "from-hf"
-    args = [
-        "--train-file",
-        str(train_file),
-        "--dev-file",
-        str(dev_file),
-        "--out",
-        str(out),
-        "--init",
-        str(hf_dir),
-        "--head",
-        "beam",
-        "--steps",
-        "4",
-        "--eval-every",
-        "4",
-        *COMMON,
-    ]
+    args = finetune_argv(
+        small_split, out, "--init", hf_dir, "--head", "beam", "--steps", "4", "--eval-every", "4"
+    )
     # Step 0 starts from the HF weights: every backbone tensor equal (not re-initialised or ignored).
     from train.finetune import parse_config
     from train.recipes.finetune_setup import load_tokenizer_and_model
@@ -286,28 +226,9 @@ def test_resume_continues_the_same_run(small_split, spm_dir, tmp_path):
         "tiny",
         "--spm",
         str(spm_dir),
-        "--steps",
-        "10",
-        "--eval-every",
-        "100",
-        "--lr",
-        "1e-3",
-        "--log-every",
-        "1",
-        "--max-seq-len",
-        "96",
-        "--doc-stride",
-        "48",
-        "--max-query-len",
-        "24",
-        "--batch-size",
-        "4",
-        "--no-progress",
-        "--seed",
-        "3",
-        "--dropout",
-        "0",
     ]
+    base += ["--steps", "10", "--eval-every", "100", "--lr", "1e-3", "--dropout", "0"]
+    base += [*COMMON, "--log-every", "1", "--batch-size", "4", "--seed", "3"]  # the later flag wins
     assert finetune_main([*base, "--out", str(tmp_path / "a")]) == 0
     assert finetune_main([*base, "--out", str(tmp_path / "b"), "--stop-after", "4"]) == 0
     assert finetune_main([*base, "--out", str(tmp_path / "b"), "--resume"]) == 0
@@ -344,41 +265,19 @@ def test_progress_bar_and_log_lines_keep_apart(small_split, spm_dir, tmp_path):
 
 
 def test_cli_errors_are_one_line(tmp_path):
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "train.finetune",
-            "--train-file",
-            str(tmp_path / "x.json"),
-            "--dev-file",
-            str(tmp_path / "y.json"),
-            "--out",
-            str(tmp_path / "o"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    r = run_module(
+        "train.finetune",
+        "--train-file",
+        tmp_path / "x.json",
+        "--dev-file",
+        tmp_path / "y.json",
+        "--out",
+        tmp_path / "o",
     )
     assert r.returncode == 2 and "not found" in r.stderr and "Traceback" not in r.stderr
     bad = tmp_path / "bad.json"
     bad.write_text('{"data": [{"title": "t", "paragraphs": [{"context": 3}]}]}')
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "train.evaluate",
-            "--checkpoint",
-            str(tmp_path),
-            "--data",
-            str(bad),
-            "--out",
-            str(tmp_path / "o"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    r = run_module("train.evaluate", "--checkpoint", tmp_path, "--data", bad, "--out", tmp_path / "o")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
 
 

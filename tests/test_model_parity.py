@@ -7,6 +7,7 @@ import torch
 import transformers
 from paths import SAMPLE_CALIBRATION, SAMPLE_TRAIN
 
+from harness.tiny_models import TINY
 from train.finetune import main as finetune_main
 from train.model import XLNetConfig, XLNetForQuestionAnswering, checkpoint
 
@@ -16,19 +17,7 @@ V = 97
 
 def hf_config(**kw) -> transformers.XLNetConfig:
     base = dict(
-        vocab_size=V,
-        d_model=32,
-        n_layer=2,
-        n_head=4,
-        d_inner=64,
-        dropout=0.0,
-        ff_activation="gelu",
-        mem_len=None,
-        reuse_len=None,
-        bi_data=False,
-        clamp_len=-1,
-        start_n_top=3,
-        end_n_top=2,
+        vocab_size=V, **TINY, ff_activation="gelu", mem_len=None, reuse_len=None, bi_data=False, clamp_len=-1
     )
     base.update(kw)
     return transformers.XLNetConfig(**base)
@@ -90,32 +79,24 @@ def test_base_model_hidden_states(kw, tmp_path):
     assert got.mems is None and ref.mems is not None
 
 
-def test_untie_r_false_ties_biases(tmp_path):
-    def same_biases(hf):
-        first = hf.layer[0].rel_attn
-        for layer in hf.layer[1:]:
-            for n in ("r_w_bias", "r_r_bias", "r_s_bias"):
-                getattr(layer.rel_attn, n).copy_(getattr(first, n))
+def same_biases(hf) -> None:
+    """Every layer's relative-attention biases set to the first layer's (what untie_r=False means)."""
+    first = hf.layer[0].rel_attn
+    for layer in hf.layer[1:]:
+        for n in ("r_w_bias", "r_r_bias", "r_s_bias"):
+            getattr(layer.rel_attn, n).copy_(getattr(first, n))
 
+
+@pytest.mark.parametrize("tied", [True, False], ids=["equal-biases-tie", "distinct-biases-stay-untied"])
+def test_untie_r_false_loads_tied_only_when_the_biases_are_equal(tmp_path, tied: bool):
+    """A file saved with untie_r=False but per-layer values loads tied when every layer's biases are
+    equal, and keeps them per layer otherwise; either way it computes what transformers does."""
     cfg = hf_config()
     cfg.untie_r = False
-    hf, ours = hf_roundtrip(transformers.XLNetModel, cfg, tmp_path, prepare=same_biases)
-    assert ours.config.untie_r is False
-    assert ours.layer[1].rel_attn.r_w_bias is ours.layer[0].rel_attn.r_w_bias
-    ids, types, mask = inputs()
-    with torch.no_grad():
-        close(
-            ours(ids, types, mask).last_hidden_state,
-            hf(ids, token_type_ids=types, attention_mask=mask.float())[0],
-            "h",
-        )
-
-
-def test_untie_r_false_with_distinct_biases_loads_untied(tmp_path):
-    cfg = hf_config()
-    cfg.untie_r = False
-    hf, ours = hf_roundtrip(transformers.XLNetModel, cfg, tmp_path)
-    assert ours.config.untie_r is True  # the file holds per-layer values; keep them
+    hf, ours = hf_roundtrip(transformers.XLNetModel, cfg, tmp_path, prepare=same_biases if tied else None)
+    assert ours.config.untie_r is (not tied)
+    if tied:
+        assert ours.layer[1].rel_attn.r_w_bias is ours.layer[0].rel_attn.r_w_bias
     ids, types, mask = inputs()
     with torch.no_grad():
         close(

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from module_runs import run_module
 from paths import REPO
 
 from train.common.corpus import iter_documents, iter_texts
@@ -160,21 +161,7 @@ def test_pretrain_refuses_a_corpus_of_another_tokenizer(
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "its token ids come from another tokenizer" in lines[-1]
-    missing = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "train.pretrain",
-            "--data",
-            str(tmp_path / "nope"),
-            "--out",
-            str(tmp_path / "r2"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    missing = run_module("train.pretrain", "--data", tmp_path / "nope", "--out", tmp_path / "r2")
     assert missing.returncode == 2 and "no manifest.json" in missing.stderr.strip().splitlines()[-1]
 
 

@@ -16,7 +16,9 @@ import pytest
 import torch
 import transformers
 from fixtures_spm import TINY_PRETRAIN_ARGS as RESUME_ARGS
+from module_runs import run_module
 from paths import REPO, SAMPLE_CORPUS, SHARED_TEST_NAME, shared_squad_file
+from xlnet_oracle import hf_loss
 
 from train.data import PretrainBatches, PretrainDataConfig
 from train.engine.execution import to_tensors
@@ -54,36 +56,18 @@ def test_one_step_equals_hf_oracle(xlnet_tok, bi_data, tmp_path):
     loss, _ = pretrain_loss(ours, second, mems)
     loss.backward()
 
-    hf_mems = hf(
-        first["input_ids"],
-        token_type_ids=first["token_type_ids"],
-        perm_mask=first["perm_mask"],
-        target_mapping=first["target_mapping"],
-        use_mems=True,
-    ).mems
-    logits = hf(
-        second["input_ids"],
-        token_type_ids=second["token_type_ids"],
-        perm_mask=second["perm_mask"],
-        target_mapping=second["target_mapping"],
-        mems=hf_mems,
-        use_mems=True,
-    ).logits
-    nll = torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), second["target_ids"].reshape(-1), reduction="none"
-    )
-    w = second["target_weights"].reshape(-1)
-    hf_loss = (nll * w).sum() / w.sum()
-    hf_loss.backward()
+    _, hf_mems = hf_loss(hf, first)
+    ref_loss, _ = hf_loss(hf, second, hf_mems)
+    ref_loss.backward()
 
-    assert abs(loss.item() - hf_loss.item()) <= 1e-5
+    assert abs(loss.item() - ref_loss.item()) <= 1e-5
     hf_params = dict(hf.named_parameters())
     worst = 0.0
     for name, p in ours.named_parameters():
         ref = hf_params[name].grad
         assert p.grad is not None and ref is not None, name
         worst = max(worst, (p.grad - ref).abs().max().item())
-    print(f"loss {loss.item():.6f} vs HF {hf_loss.item():.6f}; max |grad diff| {worst:.2e}")
+    print(f"loss {loss.item():.6f} vs HF {ref_loss.item():.6f}; max |grad diff| {worst:.2e}")
     assert worst <= 1e-5
 
 
@@ -385,20 +369,7 @@ def test_cli_help_and_bad_input(tmp_path):
         "--grad-accum",
     ):
         assert flag in help_text
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "train.pretrain",
-            "--corpus",
-            str(tmp_path / "nope.txt"),
-            "--out",
-            str(tmp_path / "o"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    bad = run_module("train.pretrain", "--corpus", tmp_path / "nope.txt", "--out", tmp_path / "o")
     assert bad.returncode == 2
     assert "not found" in bad.stderr and "Traceback" not in bad.stderr
 

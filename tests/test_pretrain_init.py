@@ -19,6 +19,7 @@ import torch
 import transformers
 from fixtures_spm import pad_vocabulary
 from paths import SAMPLE_CORPUS
+from xlnet_oracle import hf_loss
 
 from train.common.cli import run
 from train.common.corpus import iter_documents
@@ -55,21 +56,6 @@ def make_published(out: Path, spm_file: Path, seed: int = 0, **config) -> Path:
 @pytest.fixture(scope="module")
 def published(tmp_path_factory: pytest.TempPathFactory, spm_dir: Path) -> Path:
     return make_published(tmp_path_factory.mktemp("published") / "xlnet", spm_dir / "spiece.model")
-
-
-def hf_loss(hf, batch: dict[str, torch.Tensor], mems=None):
-    """transformers' own loss: its ``labels`` with -100 where a target row is padding."""
-    labels = batch["target_ids"].masked_fill(batch["target_weights"] == 0, -100)
-    out = hf(
-        batch["input_ids"],
-        token_type_ids=batch["token_type_ids"],
-        perm_mask=batch["perm_mask"],
-        target_mapping=batch["target_mapping"],
-        labels=labels,
-        mems=mems,
-        use_mems=True,
-    )
-    return out.loss, out.mems
 
 
 def batches(config: PretrainConfig, tokenizer: XLNetTokenizer, n: int) -> list[dict[str, torch.Tensor]]:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from paths import SAMPLE
+from sample_cuts import first_article_split
 
 from train.engine.optim import (
     MicroBatchClipping,
@@ -29,7 +30,6 @@ from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetModel, chec
 from train.model.heads import apply_p_mask
 from train.pretrain import main as pretrain_main
 from train.recipes.finetune_setup import micro_batch_size, resolve_grad_accum
-from train.squad import write_squad
 
 N_LAYER = 3
 
@@ -299,14 +299,7 @@ def bi_data_pretrained(spm_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_squad(tmp_path_factory):
-    root = tmp_path_factory.mktemp("squad")
-    train = json.loads((SAMPLE / "train.json").read_text())
-    dev = json.loads((SAMPLE / "dev.json").read_text())
-    train["data"] = [{**train["data"][0], "paragraphs": train["data"][0]["paragraphs"][:2]}]
-    dev["data"] = [{**dev["data"][0], "paragraphs": dev["data"][0]["paragraphs"][:1]}]
-    write_squad(train, root / "train.json")
-    write_squad(dev, root / "dev.json")
-    return root / "train.json", root / "dev.json"
+    return first_article_split(tmp_path_factory.mktemp("squad"), 2, 1)
 
 
 WINDOWS = ["--max-seq-len", "64", "--doc-stride", "32", "--max-query-len", "16", "--no-progress"]

@@ -17,6 +17,7 @@ import pytest
 import torch
 import transformers
 
+from harness.tiny_models import TINY
 from train.model import XLNetConfig, XLNetModel, checkpoint
 from train.model.layers import activation
 from train.model.position import attention_masks, relative_positions
@@ -137,11 +138,7 @@ def test_same_length_uni_with_memory_matches_transformers(tmp_path: Path) -> Non
     """Model-level oracle for same_length (only used with attn_type='uni', as in the original)."""
     cfg = transformers.XLNetConfig(
         vocab_size=97,
-        d_model=32,
-        n_layer=2,
-        n_head=4,
-        d_inner=64,
-        dropout=0.0,
+        **TINY,
         ff_activation="gelu",
         attn_type="uni",
         same_length=True,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from auth_helpers import ALICE, BOB, bearer, keys_file
+from module_runs import run_module
 from server_helpers import OK, ServerProcess, server_env
 
 from harness.server_process import free_port
@@ -114,18 +114,8 @@ def test_a_store_that_does_not_answer_stops_the_start_and_one_that_goes_away_let
     onnx_export: Path, tmp_path: Path, redis_url: str
 ) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    cmd = [
-        sys.executable,
-        "-m",
-        "server",
-        "--model",
-        str(onnx_export),
-        "--limits-redis",
-        dead,
-        "--key-daily-requests",
-        "5",
-    ]
-    r = subprocess.run(cmd, env=server_env(), capture_output=True, text=True, timeout=60)
+    flags = ["--limits-redis", dead, "--key-daily-requests", "5"]
+    r = run_module("server", "--model", onnx_export, *flags, env=server_env(), timeout=60)
     assert r.returncode == 2 and "--limits-redis: the store does not answer" in r.stderr, r.stderr
     keys = keys_file(tmp_path / "keys.txt", f"alice: {ALICE}")
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from paths import SAMPLE, SHARED_DEV_NAME, shared_squad_file
 
+from train.common import contract
 from train.squad import (
     SquadExample,
     align_answer,
@@ -21,17 +22,7 @@ from train.squad import (
     subsample_out_of_window,
 )
 from train.squad.alignment import offsets_array
-from train.tokenizer import (
-    CLS_ID,
-    PAD_ID,
-    SEG_ID_A,
-    SEG_ID_B,
-    SEG_ID_CLS,
-    SEG_ID_PAD,
-    SEP_ID,
-    XLNetTokenizer,
-    train_spm,
-)
+from train.tokenizer import XLNetTokenizer, train_spm
 
 SHARED_DEV = shared_squad_file(SHARED_DEV_NAME)
 
@@ -115,11 +106,16 @@ def _check_layout(f, tok: XLNetTokenizer, ex: SquadExample, max_seq_len: int, ma
     n, m = f.paragraph_len, len(q_ids)
     s = f.paragraph_start
     assert len(f) == n + m + 3 <= max_seq_len
-    assert f.input_ids.tolist() == ctx_ids[s : s + n] + [SEP_ID] + q_ids + [SEP_ID, CLS_ID]
-    assert f.token_type_ids.tolist() == [SEG_ID_A] * (n + 1) + [SEG_ID_B] * (m + 1) + [SEG_ID_CLS]
+    assert f.input_ids.tolist() == ctx_ids[s : s + n] + [contract.SEP_ID] + q_ids + [
+        contract.SEP_ID,
+        contract.CLS_ID,
+    ]
+    assert f.token_type_ids.tolist() == [contract.SEG_ID_A] * (n + 1) + [contract.SEG_ID_B] * (m + 1) + [
+        contract.SEG_ID_CLS
+    ]
     assert f.p_mask.tolist() == [0] * n + [1] * (m + 2) + [0]
     assert f.attention_mask.tolist() == [1] * len(f)
-    assert f.cls_index == len(f) - 1 and f.input_ids[f.cls_index] == CLS_ID
+    assert f.cls_index == len(f) - 1 and f.input_ids[f.cls_index] == contract.CLS_ID
     assert f.token_to_char[:n].tolist() == [list(o) for o in offsets[s : s + n]]
     assert (f.token_to_char[n:] == -1).all()
     assert not f.token_is_max_context[n:].any()
@@ -231,7 +227,7 @@ def test_empty_context_gives_one_window(tok: XLNetTokenizer) -> None:
     (f,) = featurize_one("Who is there?", "", tok)
     q = tok.encode("Who is there?")
     assert f.paragraph_len == 0
-    assert f.input_ids.tolist() == [SEP_ID, *q, SEP_ID, CLS_ID]
+    assert f.input_ids.tolist() == [contract.SEP_ID, *q, contract.SEP_ID, contract.CLS_ID]
     assert f.p_mask.tolist() == [1] * (len(q) + 2) + [0]
 
 
@@ -307,11 +303,11 @@ def test_pad_batch(tok: XLNetTokenizer, dev_examples: list[SquadExample]) -> Non
     for i, f in enumerate(features):
         k = len(f)
         assert batch["input_ids"][i, :k].tolist() == f.input_ids.tolist()
-        assert (batch["input_ids"][i, k:] == PAD_ID).all()
+        assert (batch["input_ids"][i, k:] == contract.PAD_ID).all()
         assert (batch["attention_mask"][i, :k] == 1).all() and (batch["attention_mask"][i, k:] == 0).all()
-        assert (batch["token_type_ids"][i, k:] == SEG_ID_PAD).all()
+        assert (batch["token_type_ids"][i, k:] == contract.SEG_ID_PAD).all()
         assert batch["p_mask"][i, :k].tolist() == f.p_mask.tolist() and (batch["p_mask"][i, k:] == 1).all()
-        assert batch["input_ids"][i, f.cls_index] == CLS_ID  # right padding keeps positions
+        assert batch["input_ids"][i, f.cls_index] == contract.CLS_ID  # right padding keeps positions
     assert pad_batch(features, multiple_of=64)["input_ids"].shape == (7, 128)
     assert pad_batch(features, pad_to=200)["input_ids"].shape == (7, 200)
     assert pad_batch(features, pad_to=200, multiple_of=64)["p_mask"].shape == (7, 256)

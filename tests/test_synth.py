@@ -157,15 +157,12 @@ def test_bad_inputs_are_clear_errors(tmp_path, capsys):
         return capsys.readouterr().err
 
     assert "not found" in err(tmp_path / "missing.txt")
-    bad = tmp_path / "bad.json"
-    bad.write_text("{not json")
-    assert "invalid JSON" in err(bad)
-    wrong = tmp_path / "wrong.json"
-    wrong.write_text('{"data": 3}')
-    assert "not a SQuAD JSON file" in err(wrong)
-    empty = tmp_path / "empty.txt"
-    empty.write_text("\n\n")
-    assert "no text found" in err(empty)
-    plain = tmp_path / "plain.txt"
-    plain.write_text("all of this is lower case and has no names.\n")
-    assert "no question could be made" in err(plain)
+    cases = {
+        "bad.json": ("{not json", "invalid JSON"),
+        "wrong.json": ('{"data": 3}', "not a SQuAD JSON file"),
+        "empty.txt": ("\n\n", "no text found"),
+        "plain.txt": ("all of this is lower case and has no names.\n", "no question could be made"),
+    }
+    for name, (text, says) in cases.items():
+        (tmp_path / name).write_text(text)
+        assert says in err(tmp_path / name), name

@@ -18,40 +18,26 @@ import pytest
 from paths import REPO, SAMPLE, SAMPLE_CORPUS, SAMPLE_DEV, SAMPLE_TRAIN
 from tokenizer_oracle import HARD_TEXTS, OFFSET_ONLY_TEXTS, hf_from_dir, original_encode_ids, squad_texts
 
-from train.tokenizer import (
-    BOS_ID,
-    CLS_ID,
-    EOD_ID,
-    EOP_ID,
-    EOS_ID,
-    MASK_ID,
-    PAD_ID,
-    SEG_ID_A,
-    SEG_ID_B,
-    SEG_ID_CLS,
-    SEP_ID,
-    SPECIAL_PIECES,
-    UNK_ID,
-    XLNetTokenizer,
-    main,
-    preprocess_text,
-    train_spm,
-)
+from train.common import contract
+from train.tokenizer import SPECIAL_PIECES, XLNetTokenizer, preprocess_text, train_spm
+from train.tokenizer.cli import main
 
 # ---- conventions ----------------------------------------------------------------------------------
 
 
 def test_special_ids_layout(xlnet_tok: XLNetTokenizer) -> None:
-    assert tuple(range(9)) == (UNK_ID, BOS_ID, EOS_ID, CLS_ID, SEP_ID, PAD_ID, MASK_ID, EOD_ID, EOP_ID)
+    order = ("UNK", "BOS", "EOS", "CLS", "SEP", "PAD", "MASK", "EOD", "EOP")  # the original's piece order
+    assert tuple(range(9)) == tuple(getattr(contract, f"{name}_ID") for name in order)
     assert [xlnet_tok.id_to_piece(i) for i in range(9)] == list(SPECIAL_PIECES)
     assert all(xlnet_tok.piece_to_id(p) == i for i, p in enumerate(SPECIAL_PIECES))
-    assert all(xlnet_tok.sp.is_control(i) for i in (BOS_ID, EOS_ID, CLS_ID, SEP_ID, PAD_ID, MASK_ID, EOD_ID))
+    control = [getattr(contract, f"{name}_ID") for name in order[1:-1]]  # <unk> and <eop> are not control
+    assert all(xlnet_tok.sp.is_control(i) for i in control)
     # <eop> is a user symbol as in XLNet (the only one: the README's punctuation user symbols are plain
     # pieces here, see test_tokenizer_training.py): "<eop>" in text encodes to it; control ones do not.
-    assert EOP_ID in xlnet_tok.encode("end of paragraph <eop> next")
-    assert SEP_ID not in xlnet_tok.encode("a <sep> b")
+    assert contract.EOP_ID in xlnet_tok.encode("end of paragraph <eop> next")
+    assert contract.SEP_ID not in xlnet_tok.encode("a <sep> b")
     assert xlnet_tok.vocab_size == len(xlnet_tok) == 2000
-    assert xlnet_tok.piece_to_id("no-such-piece-here") == UNK_ID
+    assert xlnet_tok.piece_to_id("no-such-piece-here") == contract.UNK_ID
 
 
 def test_preprocess_text_matches_original_rules() -> None:
@@ -68,10 +54,17 @@ def test_preprocess_text_matches_original_rules() -> None:
 
 def test_build_inputs(xlnet_tok: XLNetTokenizer) -> None:
     ids, segs = xlnet_tok.build_inputs([10, 11], [20])
-    assert ids == [10, 11, SEP_ID, 20, SEP_ID, CLS_ID]
-    assert segs == [SEG_ID_A, SEG_ID_A, SEG_ID_A, SEG_ID_B, SEG_ID_B, SEG_ID_CLS]
-    assert xlnet_tok.build_inputs([10, 11]) == ([10, 11, SEP_ID, CLS_ID], [0, 0, 0, 2])
-    assert xlnet_tok.build_inputs([], []) == ([SEP_ID, SEP_ID, CLS_ID], [0, 1, 2])
+    assert ids == [10, 11, contract.SEP_ID, 20, contract.SEP_ID, contract.CLS_ID]
+    assert segs == [
+        contract.SEG_ID_A,
+        contract.SEG_ID_A,
+        contract.SEG_ID_A,
+        contract.SEG_ID_B,
+        contract.SEG_ID_B,
+        contract.SEG_ID_CLS,
+    ]
+    assert xlnet_tok.build_inputs([10, 11]) == ([10, 11, contract.SEP_ID, contract.CLS_ID], [0, 0, 0, 2])
+    assert xlnet_tok.build_inputs([], []) == ([contract.SEP_ID, contract.SEP_ID, contract.CLS_ID], [0, 1, 2])
 
 
 def test_word_start_table(xlnet_tok: XLNetTokenizer) -> None:
@@ -269,7 +262,7 @@ def test_digit_comma_pieces_are_split_as_the_original(tmp_path: Path) -> None:
     pieces = tok.tokenize(text)
     assert not [p for p in pieces if len(p) > 1 and p.endswith(",") and p[-2].isdigit()]
     assert "".join(pieces) == "".join(glued)  # the same text, cut differently
-    assert pieces.count(",") == 2 and tok.piece_to_id(",") != UNK_ID
+    assert pieces.count(",") == 2 and tok.piece_to_id(",") != contract.UNK_ID
     for p in pieces:  # a split piece keeps the marker only where the glued piece had it
         assert p.replace("\u2581", "") in text
     ids = tok.encode(text)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from paths import SAMPLE_CORPUS
 
-from train.tokenizer import PUNCT_SYMBOLS, SPECIAL_PIECES, UNK_ID, XLNetTokenizer, train_spm
+from train.common import contract
+from train.tokenizer import PUNCT_SYMBOLS, SPECIAL_PIECES, XLNetTokenizer, train_spm
 
 
 def test_train_spm_deterministic_and_ids(tmp_path: Path) -> None:
@@ -74,7 +75,7 @@ def test_train_spm_options(tmp_path: Path) -> None:
     tok = XLNetTokenizer(
         train_spm([long], tmp_path / "l", 100, character_coverage=1.0, max_sentence_length=100)
     )
-    assert tok.piece_to_id("\u0436") != UNK_ID and tok.piece_to_id("\u0444") == UNK_ID
+    assert tok.piece_to_id("\u0436") != contract.UNK_ID and tok.piece_to_id("\u0444") == contract.UNK_ID
 
 
 def test_train_spm_plain_text_and_small_corpus(tmp_path: Path) -> None:

@@ -6,15 +6,13 @@ past every bucket; on the CPU through the real runner with its eager "replay", a
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from gpu_mode import require_torch_cuda
-from paths import REPO
+from module_runs import run_module
 from server_helpers import WINDOWS, dev_contexts, server_env
 
 from server.backends.base import dummy_batch
@@ -208,19 +206,8 @@ def test_the_backend_casts_its_weights_to_the_dtype_asked(onnx_export: Path) -> 
 def test_graph_settings_that_cannot_run_are_one_line_before_anything_loads(
     onnx_export: Path, flags: list[str], says: str
 ) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "server",
-        "--model",
-        str(onnx_export),
-        "--backend",
-        "torch",
-        *flags,
-        "--port",
-        "1",
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, env=server_env(), capture_output=True, text=True, timeout=120)
+    flags = ["--backend", "torch", *flags, "--port", "1"]
+    proc = run_module("server", "--model", onnx_export, *flags, env=server_env(), timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert says in lines[0]

@@ -9,7 +9,8 @@ import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 
-from train.tokenizer import UNK_ID, XLNetTokenizer
+from train.common import contract
+from train.tokenizer import XLNetTokenizer
 
 # Hand-written hard cases for offsets (and HF parity where HF follows the original XLNet rules).
 HARD_TEXTS = [
@@ -97,4 +98,4 @@ def check_words_reconstructed(tok: XLNetTokenizer, text: str) -> None:
     # tokens that cover nothing are '▁' markers, or unknown invisible characters (a lone ZWJ)
     for i, (s, e) in zip(ids, spans, strict=True):
         if s == e:
-            assert tok.id_to_piece(i) == "▁" or i == UNK_ID, (text, tok.id_to_piece(i))
+            assert tok.id_to_piece(i) == "▁" or i == contract.UNK_ID, (text, tok.id_to_piece(i))

@@ -1,8 +1,8 @@
 """The command line of ``python -m train.tokenizer``: train a tokenizer and print a summary of it.
 
 ``python -m train.tokenizer --input FILE [FILE ...] --vocab-size N --out DIR [--lower] [--no-split-digits]``.
-Separate from ``__main__.py`` so that :func:`main` can be imported (``train.tokenizer.main``) without
-running it.
+Separate from ``__main__.py`` so that :func:`main` can be imported (``train.tokenizer.cli.main``) without
+running it; the package does not import it, so the server, which reads the tokenizer, loads no command.
 """
 
 from __future__ import annotations
