@@ -31,14 +31,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--questions", type=int, default=100)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
-    from server.__main__ import load_settings
     from server.backends import create_backend, dummy_batch
     from server.guard import ANONYMOUS
     from server.host_path import HostPath, Question
     from server.model_spec import resolve_spec
+    from server.settings import ServerSettings
     from train.tokenizer import XLNetTokenizer
 
-    s = load_settings(["--model", args.model, "--backend", args.backend, "--threads", str(args.threads)])
+    s = ServerSettings(model=args.model, backend=args.backend, threads=args.threads)
     spec = resolve_spec(args.model, args.backend)
     engine = create_backend(spec, s)
     tokenizer = XLNetTokenizer.from_dir(spec.tokenizer_dir)

@@ -34,16 +34,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--lengths", default="128,192")
     p.add_argument("--runs", type=int, default=30)
     args = p.parse_args(argv)
-    from server.__main__ import load_settings
     from server.backends import create_backend, dummy_batch
     from server.model_spec import resolve_spec
+    from server.settings import ServerSettings
 
     spec = resolve_spec(args.model, args.backend)
     rows = []
     for threads in _ints(args.threads):
-        settings = load_settings(
-            ["--model", args.model, "--backend", args.backend, "--threads", str(threads)]
-        )
+        settings = ServerSettings(model=args.model, backend=args.backend, threads=threads)
         engine = create_backend(spec, settings)
         for length in _ints(args.lengths):
             alone = None

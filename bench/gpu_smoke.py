@@ -149,13 +149,12 @@ def make_export(work: Path, checkpoint: Path) -> Path:
 
 
 def build_engine(onnx_dir: Path, work: Path) -> Path:
-    from export.trt.cli import main as trt_main
+    from export.trt.build import TrtBuildOptions, build_trt
 
     out = work / "trt"
-    args = ["--onnx", str(onnx_dir), "--out", str(out), "--timing-cache", str(work / "timing.cache")]
-    if trt_main([*args, "--opt-shape", "4x384", "--max-shape", "8x512"]) != 0:  # min: the graph's shortest
-        raise RuntimeError("python -m export.trt failed (see above)")
-    return out
+    cache = work / "timing.cache"
+    build_trt(TrtBuildOptions(onnx_dir, out, opt_shape=(4, 384), max_shape=(8, 512), timing_cache=cache))
+    return out  # min shape: the graph's shortest
 
 
 def ask(model: Path, run: ServerRun, work: Path, requests: int) -> dict[str, Any]:

@@ -112,8 +112,8 @@ def bare_latencies(
     built from the same settings, its context cache included), in process, one window per backend
     call (the backend as ``--server-args`` configure it, e.g. the torch backend on CUDA with graphs),
     and the seconds of its backend calls alone."""
-    from server.__main__ import load_settings
     from server.backends import create_backend
+    from server.flags import load_settings
     from server.guard import ANONYMOUS
     from server.host_path import HostPath, Question
     from server.model_spec import resolve_spec
@@ -256,7 +256,7 @@ def check_server_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
     """``--server-args`` must be flags ``python -m server`` takes, with values its settings accept."""
     from pydantic import ValidationError
 
-    from server.__main__ import build_parser, load_settings
+    from server.flags import build_parser, load_settings
 
     flags = shlex.split(args.server_args)
     _, unknown = build_parser().parse_known_args(flags)

@@ -7,6 +7,7 @@ parameter changes the outputs, and exports are checked exactly as real ones are.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +61,16 @@ def tiny_onnx_export(
     directory: str | os.PathLike,
     tokenizer_dir: str | os.PathLike,
     head: str = "shallow",
-    *args: str,
+    *,
+    export: Mapping[str, Any] | None = None,
     **kw: Any,
 ) -> Path:
-    """A checkpoint (beside `directory`) exported with `python -m export.onnx`; extra CLI args in `args`."""
-    from export.onnx.cli import main
+    """A checkpoint (beside `directory`, made with ``kw``) exported to `directory` by the ONNX exporter;
+    ``export`` holds `OnnxExportOptions` fields (``{"precision": "fp16", "verify": False}``)."""
+    from export.onnx.exporter import export_onnx
+    from export.onnx.options import OnnxExportOptions
 
     directory = Path(directory)
     ckpt = tiny_qa_checkpoint(directory.with_name(directory.name + "-checkpoint"), tokenizer_dir, head, **kw)
-    rc = main(["--checkpoint", str(ckpt), "--out", str(directory), *args])
-    if rc != 0:
-        raise RuntimeError(f"export.onnx exited with {rc}")
+    export_onnx(OnnxExportOptions(checkpoint=ckpt, out=directory, **(export or {})))
     return directory

@@ -7,37 +7,14 @@ line on stderr before anything listens; a model that fails while loading stops t
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from collections.abc import Sequence
 
 from pydantic import ValidationError
 
+from server.flags import load_settings
 from server.request_ids import configure_logging
-from server.settings import ServerSettings
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """One flag per settings field (``max_queue`` -> ``--max-queue``), help from its description."""
-    p = argparse.ArgumentParser(prog="python -m server", description="Serve an XLNet QA model over HTTP.")
-    for name, info in ServerSettings.model_fields.items():
-        default = "" if info.default is None else f" (default {info.default})"
-        text = (info.description or name.replace("_", " ")) + default
-        # Every value is parsed by the settings model (one set of rules and messages for flags and env).
-        # A bare boolean flag (``--allow-cpu-fallback``) means true; ``--playground false`` still works.
-        flag, help_text = "--" + name.replace("_", "-"), text.replace("%", "%%")
-        if info.annotation is bool:
-            p.add_argument(flag, dest=name, default=None, help=help_text, nargs="?", const="true")
-        else:
-            p.add_argument(flag, dest=name, default=None, help=help_text)
-    return p
-
-
-def load_settings(argv: Sequence[str] | None = None) -> ServerSettings:
-    """Settings from env + flags; raises ValidationError with every problem."""
-    args = build_parser().parse_args(argv)
-    return ServerSettings(**{k: v for k, v in vars(args).items() if v is not None})
 
 
 def _fail(message: str) -> int:

@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from server.engine.__main__ import LOAD_FAILED
+from server.engine import LOAD_FAILED
 from server.metrics import (
     ENGINE_LOAD_FAILED_MARK,
     LOAD_FAILED_MARK,

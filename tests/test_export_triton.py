@@ -30,7 +30,9 @@ SHAPES = {"opt_shape": [8, 384], "max_shape": [16, 512]}
 
 @pytest.fixture(scope="module")
 def onnx_export(tmp_path_factory, spm_dir):
-    return tiny_onnx_export(tmp_path_factory.mktemp("triton") / "onnx", spm_dir, "beam", "--no-optimize")
+    return tiny_onnx_export(
+        tmp_path_factory.mktemp("triton") / "onnx", spm_dir, "beam", export={"optimize": False}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +268,9 @@ def test_gpu_instances_get_the_portable_graph(optimised_export, spm_dir, tmp_pat
     assert served["triton"]["source_graph"] == side.portable_model_file
     assert main(["--onnx", str(export), "--out", str(tmp_path / "cpu"), "--instance-kind", "cpu"]) == 0
     assert "com.microsoft" in domains(tmp_path / "cpu")
-    int8 = tiny_onnx_export(tmp_path / "int8", spm_dir, "shallow", "--precision", "int8", "--no-verify")
+    int8 = tiny_onnx_export(
+        tmp_path / "int8", spm_dir, "shallow", export={"precision": "int8", "verify": False}
+    )
     capsys.readouterr()
     assert main(["--onnx", str(int8), "--out", str(tmp_path / "int8-gpu")]) == 2
     assert "--instance-kind cpu" in capsys.readouterr().err and not (tmp_path / "int8-gpu").exists()

@@ -34,7 +34,7 @@ from server_helpers import (
 
 from harness.server_process import free_port
 from server.metrics import sample_total
-from train.squad import decode, featurize_one
+from train.squad import DecodeOptions, decode, featurize_one
 from train.tokenizer import XLNetTokenizer
 
 # ---- answers -----------------------------------------------------------------------------------------
@@ -81,7 +81,7 @@ def test_long_context_matches_in_process_decoding(
     starts, ends = [o[0][0] for o in outs], [o[1][0] for o in outs]
     cls = np.array([o[2][0] for o in outs])
     for threshold in (0.5, 1.0):
-        want = decode(context, features, starts, ends, cls, n_best=20, max_answer_len=30, threshold=threshold)
+        want = decode(context, features, starts, ends, cls, DecodeOptions(20, 30, threshold))
         body = post(
             onnx_server.url + "/answer",
             {"question": question, "context": context, "top_k": 20, "threshold": threshold},
@@ -434,7 +434,7 @@ def test_unusable_model_or_backend_exits_2_with_one_line(onnx_export: Path, tmp_
 
 TORCH_FREE_SCRIPT = """
 import sys, threading, time, httpx, uvicorn
-from server.__main__ import load_settings
+from server.flags import load_settings
 from server.app import create_app
 settings = load_settings(["--model", sys.argv[1], "--backend", "onnx", "--port", sys.argv[2]])
 server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=settings.port, log_level="error"))
@@ -464,7 +464,7 @@ def test_onnx_server_never_imports_torch(onnx_export: Path) -> None:
 
 
 def test_settings_from_env_overridden_by_flags(monkeypatch: pytest.MonkeyPatch) -> None:
-    from server.__main__ import load_settings
+    from server.flags import load_settings
 
     monkeypatch.setenv("XLNETQA_MAX_QUEUE", "77")
     monkeypatch.setenv("XLNETQA_MAX_REQUEST_WINDOWS", "60")

@@ -16,10 +16,10 @@ from paths import REPO
 from server_helpers import ServerProcess, dev_questions
 
 from harness.server_process import LOOPBACK
-from server.__main__ import load_settings
 from server.backends import create_backend
+from server.flags import load_settings
 from server.model_spec import resolve_spec
-from train.squad import decode_head_outputs, featurize_one, pad_batch
+from train.squad import DecodeOptions, decode_head_outputs, featurize_one, pad_batch
 from train.tokenizer import XLNetTokenizer
 
 SHIPPED = REPO / "models" / "squad2-small-int8"
@@ -47,8 +47,8 @@ def reference_answers(model: Path, backend: str, questions: list[tuple[str, str]
                 outputs = engine.run(pad_batch([f], pad_to=max(spec.min_engine_seq_len or 0, len(f))))
                 rows.append({name: value[0] for name, value in outputs.items()})
             p = decode_head_outputs(
-                spec.head, context, features, rows, n_best=20, max_answer_len=s.max_answer_len,
-                answerability=spec.decision, question=question,
+                spec.head, context, features, rows, DecodeOptions(20, s.max_answer_len, answerability=spec.decision),
+                question=question,
             )  # fmt: skip
             out.append(
                 {

@@ -233,7 +233,7 @@ def test_the_exported_graph_has_no_sinusoid_island_and_a_512_position_table(tmp_
     from harness.tiny_models import tiny_onnx_export
     from train.model.inference import MAX_POSITIONS
 
-    out = tiny_onnx_export(tmp_path / "onnx", spm_dir, "shallow", "--no-optimize", "--no-verify")
+    out = tiny_onnx_export(tmp_path / "onnx", spm_dir, "shallow", export={"optimize": False, "verify": False})
     model = onnx.load(str(out / "model.onnx"))
     assert fp32_island(model) == []
     assert position_limit(model, Sidecar.load(out).d_model) == MAX_POSITIONS
@@ -423,7 +423,9 @@ def gpu_exports(tmp_path_factory, spm_dir):
     return {
         head: {
             "fp32": tiny_onnx_export(root / f"{head}-fp32", spm_dir, head, **kw),
-            "fp16": tiny_onnx_export(root / f"{head}-fp16", spm_dir, head, "--precision", "fp16", **kw),
+            "fp16": tiny_onnx_export(
+                root / f"{head}-fp16", spm_dir, head, export={"precision": "fp16"}, **kw
+            ),
         }
         for head in ("shallow", "beam")
     }

@@ -232,7 +232,7 @@ def test_padding_up_to_the_profile_minimum_changes_nothing(tmp_path, spm_dir, he
     from harness.tiny_models import tiny_onnx_export
     from train.tokenizer import XLNetTokenizer
 
-    out = tiny_onnx_export(tmp_path / "onnx", spm_dir, head, "--no-optimize", "--no-verify")
+    out = tiny_onnx_export(tmp_path / "onnx", spm_dir, head, export={"optimize": False, "verify": False})
     side = Sidecar.load(out)
     sess = session(out / "model.onnx", threads=1)
     batch = sample_batches(XLNetTokenizer.from_dir(out), [(2, 40)], seed=4)[0]

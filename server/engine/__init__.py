@@ -7,3 +7,5 @@ one model, one queue and one set of per-key limits.
 the errors both sides name the same way, ``__main__.py`` the process (``python -m server.engine``,
 started by ``server.supervisor``).
 """
+
+LOAD_FAILED = 3  # the engine's exit status when its model fails to load: the supervisor stops the server

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from server.backends import create_backend
+from server.engine import LOAD_FAILED
 from server.engine.service import EngineService
 from server.lifecycle import ModelLifecycle
 from server.metrics import Metrics
@@ -28,7 +29,6 @@ from server.quotas_redis import quotas_for
 from server.request_ids import configure_logging
 from server.settings import ENGINE_ADDRESS_ENV, ServerSettings
 
-LOAD_FAILED = 3
 logger = logging.getLogger("server.engine")
 
 
