@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import time
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
+
+from server.http_middleware import HttpMiddleware
 
 KNOWN_METHODS = frozenset({"GET", "POST", "HEAD", "OPTIONS"})
 OTHER_METHOD = "other"
@@ -25,11 +27,8 @@ def method_label(scope: Scope) -> str:
     return method if method in KNOWN_METHODS else OTHER_METHOD
 
 
-class ObservingMiddleware:
+class ObservingMiddleware(HttpMiddleware):
     """Calls :meth:`started` before an HTTP request and :meth:`finished` after it (always)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
 
     def started(self, scope: Scope) -> None:
         """Before the app runs (default: nothing)."""
@@ -38,10 +37,7 @@ class ObservingMiddleware:
         """After the response, or the failure (status 500 when none was sent)."""
         raise NotImplementedError
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         status = 500
         start = time.perf_counter()
 

@@ -13,7 +13,9 @@ import uuid
 from contextvars import ContextVar
 
 from starlette.datastructures import MutableHeaders
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
+
+from server.http_middleware import HttpMiddleware
 
 REQUEST_ID_HEADER = "X-Request-ID"
 _CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
@@ -28,16 +30,10 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
-class RequestIdMiddleware:
+class RequestIdMiddleware(HttpMiddleware):
     """Gives every request an id: in the log context, in error bodies and in the X-Request-ID header."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         given = dict(scope.get("headers") or []).get(REQUEST_ID_HEADER.lower().encode(), b"")
         given_text = given.decode("latin-1")
         request_id = given_text if _CLIENT_ID.fullmatch(given_text) else uuid.uuid4().hex

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import time
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
+
+from server.http_middleware import HttpMiddleware
 
 STAGES = ("auth", "parse", "featurize", "queue", "engine", "decode", "serialize")
 HEADER = b"server-timing"
@@ -53,17 +55,11 @@ def stage_clock(scope: Scope) -> StageClock | None:
     return (scope.get("state") or {}).get(_CLOCK)
 
 
-class TimingMiddleware:
+class TimingMiddleware(HttpMiddleware):
     """Outermost: starts each request's clock; adds ``Server-Timing`` to responses that timed a stage
     the app reports (answers), so probes and errors before the app pay nothing more than the clock."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         clock = StageClock()
         scope.setdefault("state", {})[_CLOCK] = clock
 
