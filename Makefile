@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 DEMO_DIR ?= runs/demo
 
-.PHONY: venv browser redis demo test lint format clean gpu-venv gpu-venv-tensorrt gpu-test gpu-check ort-gpu-venv
+.PHONY: venv browser redis demo test lint docs format clean gpu-venv gpu-venv-tensorrt gpu-test gpu-check ort-gpu-venv
 
 # torch is installed first and pinned, so pip never resolves a (multi-GB) CUDA build.
 $(VENV)/.installed: pyproject.toml
@@ -58,6 +58,10 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+
+# The documentation site into site/ (strict: a broken link, anchor or page fails the build).
+docs: venv
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 format: venv
 	$(VENV)/bin/ruff format .

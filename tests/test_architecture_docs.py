@@ -1,4 +1,4 @@
-"""ARCHITECTURE.md and the README's layout are the map of the tree: every package appears in both, every
+"""ARCHITECTURE.md and docs/layout.md are the map of the tree: every package appears in both, every
 path they name exists, and the top of ``train/`` and ``export/`` holds only the user's commands."""
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ def packages() -> list[str]:
 
 
 def readme_layout() -> str:
-    text = (REPO / "README.md").read_text()
-    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
-    return section.split("```", 2)[1]
+    """The tree block of the documentation's Layout page."""
+    return (REPO / "docs" / "layout.md").read_text().split("```", 2)[1]
 
 
 def layout_paths(block: str) -> list[str]:
@@ -55,14 +54,14 @@ def test_every_package_is_on_both_maps(package: str) -> None:
     assert f"`{name}`" in architecture or f"`{package}`" in architecture, (
         f"{package} missing from ARCHITECTURE.md"
     )
-    assert package in layout_paths(readme_layout()), f"{package} missing from the README's layout"
+    assert package in layout_paths(readme_layout()), f"{package} missing from docs/layout.md"
 
 
 def test_every_folder_the_layout_names_exists() -> None:
     paths = layout_paths(readme_layout())
     assert len(paths) >= len(packages()), paths
     missing = [p for p in paths if not (REPO / p).is_dir()]
-    assert not missing, f"the README's layout names folders that do not exist: {missing}"
+    assert not missing, f"docs/layout.md names folders that do not exist: {missing}"
 
 
 def is_command(path: Path) -> bool:

@@ -1,6 +1,6 @@
-"""The README's "Continue pretraining a published model", run as written on its sample twin.
+"""docs/published.md, "Continue pretraining a published model", run as written on its sample twin.
 
-The commands are read from the README's sample block and run as subprocesses in order (a tiny random
+The commands are read from that page's sample block and run as subprocesses in order (a tiny random
 HF directory with a real spiece.model -> prepare_corpus -> pretrain --init -> finetune --init ->
 evaluate -> export.onnx), then the server and the SDK; each hand-off is checked: one tokenizer
 fingerprint from the HF directory to the served export, weights moved by pretraining and by
@@ -26,16 +26,14 @@ from clients import XLNetQAClient
 from train.model import checkpoint
 from train.tokenizer import XLNetTokenizer
 
-SECTION = "## Continue pretraining a published model"
+PAGE = REPO / "docs" / "published.md"
 TIE = 1e-4  # log-probability: the export is verified to this tolerance against torch
 BATCH = 8  # questions per request: within the server's default window budget (max_request_windows)
 
 
 def sample_block() -> list[str]:
-    """The sample twin's command lines (continuations joined), as the README shows them."""
-    text = (REPO / "README.md").read_text()
-    section = text.split(f"\n{SECTION}\n", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```bash\n")[2].split("```", 1)[0]
+    """The sample twin's command lines (continuations joined), as docs/published.md shows them."""
+    block = PAGE.read_text().split("```bash\n")[2].split("```", 1)[0]
     return [line for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 
 
@@ -133,8 +131,6 @@ def ask_every_question(url: str) -> dict[str, tuple[str, str | None, float]]:
 
 def test_the_sample_block_is_the_documented_workflow() -> None:
     """The sample twin runs the same commands as the GPU block, in the same order."""
-    text = (REPO / "README.md").read_text()
-    section = text.split(f"\n{SECTION}\n", 1)[1].split("\n## ", 1)[0]
-    gpu, sample = (re.findall(r"-m ([\w.]+)", block) for block in section.split("```bash\n")[1:3])
+    gpu, sample = (re.findall(r"-m ([\w.]+)", block) for block in PAGE.read_text().split("```bash\n")[1:3])
     assert sample == ["train.tokenizer", *gpu]
     assert all("$RUN/" in line for line in sample_block()[1:-1])  # everything lands in one directory

@@ -1,4 +1,5 @@
-"""README.md runs as written: every ``bash`` and ``python`` block, in order, on the shipped sample.
+"""The documentation runs as written: every ``bash`` and ``python`` block of README.md, then of the site's
+pages under ``docs/`` in the order of ``mkdocs.yml``'s nav, in order, on the shipped sample.
 
 The blocks run in a copy of the repository's files (``git ls-files``: tracked, and untracked but not
 ignored, so the working tree is what runs) with this interpreter's directory first on ``PATH``, as
@@ -7,7 +8,8 @@ as ``python -``. A block fails the test with its text and its output when it exi
 
 Skipped: a block whose fence follows the line ``<!-- readme-test: skip (why) -->`` (the reason is
 required; a marker anywhere else is an error), and fences that are not ``bash`` or ``python`` (the
-layout, tables of output).
+layout, tables of output). A page that repeats a block of the README's tour says so with the reason
+``the tour in README.md runs this block``, and the block must then be that block, to the letter.
 
 Servers: a bash block that starts ``python -m server`` (that one command, with ``--port``) runs in the
 background; the test waits for its ``/readyz`` (over https when it has ``--ssl-certfile``), runs the
@@ -38,12 +40,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from paths import REPO
 
 from harness.server_process import free_port
 from server.settings import ENV_PREFIX
 
 README = REPO / "README.md"
+TOUR_REASON = "the tour in README.md runs this block"
 RUNNABLE = ("bash", "python")
 SKIP = re.compile(r"^\s*<!-- readme-test: skip \((?P<why>[^)]+)\) -->\s*$")
 MARKER = re.compile(r"^\s*<!--\s*readme-test")  # a marker line (the Testing section quotes one inline)
@@ -63,9 +67,24 @@ REWRITES = [
 PORT = re.compile(r"(--port[ =]|localhost:|127\.0\.0\.1:)(\d{2,5})\b")
 
 
+def documents() -> list[str]:
+    """README.md, then the site's pages under docs/ in the order of mkdocs.yml's nav (repository paths)."""
+
+    def flatten(nav: list) -> list[str]:
+        out: list[str] = []
+        for entry in nav:
+            value = next(iter(entry.values())) if isinstance(entry, dict) else entry
+            out += flatten(value) if isinstance(value, list) else [value]
+        return out
+
+    nav = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))["nav"]
+    pages = [f"docs/{uri}" for uri in flatten(nav) if (REPO / "docs" / uri).is_file()]
+    return ["README.md", *pages]
+
+
 @dataclass
 class Block:
-    line: int  # where its opening fence is, 1-based
+    where: str  # document:line of its opening fence, 1-based
     lang: str
     text: str
     skip: str | None  # the marker's reason
@@ -78,16 +97,18 @@ class Block:
         )
 
 
-def read_blocks(readme: Path = README) -> list[Block]:
-    """The fenced blocks in order, each with the skip reason on the line before it (if any)."""
-    lines = readme.read_text(encoding="utf-8").splitlines()
+def read_blocks(document: str = "README.md", root: Path = REPO) -> list[Block]:
+    """The fenced blocks of ``root/document`` in order, each with the skip reason on the line before it."""
+    lines = (root / document).read_text(encoding="utf-8").splitlines()
     blocks: list[Block] = []
     i = 0
     while i < len(lines):
         fence = FENCE.match(lines[i])
         if fence is None:
             if MARKER.search(lines[i]) and not (i + 1 < len(lines) and FENCE.match(lines[i + 1])):
-                raise AssertionError(f"README.md:{i + 1}: a readme-test marker must sit right before a fence")
+                raise AssertionError(
+                    f"{document}:{i + 1}: a readme-test marker must sit right before a fence"
+                )
             i += 1
             continue
         indent, lang, start = fence["indent"], fence["lang"], i
@@ -101,9 +122,10 @@ def read_blocks(readme: Path = README) -> list[Block]:
         skip = SKIP.match(previous)
         if MARKER.search(previous) and (skip is None or lang not in RUNNABLE):
             raise AssertionError(
-                f"README.md:{start}: write '<!-- readme-test: skip (why) -->' before a bash or python block"
+                f"{document}:{start}: write '<!-- readme-test: skip (why) -->' before a bash or python block"
             )
-        blocks.append(Block(start + 1, lang, "\n".join(body) + "\n", skip["why"] if skip else None))
+        text = "\n".join(body) + "\n"
+        blocks.append(Block(f"{document}:{start + 1}", lang, text, skip["why"] if skip else None))
     return blocks
 
 
@@ -155,10 +177,8 @@ class Servers:
     def start(self, block: Block, text: str) -> None:
         commands = [ln for ln in text.replace("\\\n", " ").splitlines() if ln.strip()]
         port = re.search(r"--port[ =](\d+)", text)
-        assert len(commands) == 1 and port, (
-            f"README.md:{block.line}: a server block holds one command with --port"
-        )
-        log = self.root / f"server-{block.line}.log"
+        assert len(commands) == 1 and port, f"{block.where}: a server block holds one command with --port"
+        log = self.root / f"server-{block.where.replace('/', '-')}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 ["bash", "-c", text],
@@ -197,7 +217,7 @@ class Servers:
 
 def fail(block: Block, text: str, what: str, output: str) -> None:
     pytest.fail(
-        f"README.md:{block.line}: this {block.lang} block {what}:\n{text}\n--- its output (last 6000 characters) ---\n"
+        f"{block.where}: this {block.lang} block {what}:\n{text}\n--- its output (last 6000 characters) ---\n"
         f"{output[-6000:]}",
         pytrace=False,
     )
@@ -226,8 +246,12 @@ def run_block(block: Block, text: str, root: Path, env: dict[str, str]) -> str:
 
 
 def test_markers_are_well_formed_and_the_runnable_blocks_cover_the_product() -> None:
-    """Every marker sits before a runnable fence with a reason, and what runs reaches every stage."""
-    blocks = read_blocks()
+    """Every marker sits before a runnable fence with a reason, a page's copy of a tour block is that block,
+    and what runs reaches every stage."""
+    tour = [b.text for b in read_blocks() if b.lang in RUNNABLE and b.skip is None]
+    blocks = [b for document in documents() for b in read_blocks(document)]
+    copies = [b for b in blocks if b.skip == TOUR_REASON]
+    assert copies and all(b.text in tour for b in copies), [b.where for b in copies if b.text not in tour]
     runnable = [b for b in blocks if b.lang in RUNNABLE and b.skip is None]
     joined = "\n".join(b.text for b in runnable)
     for command in ("train.tokenizer", "train.pretrain", "train.finetune", "train.evaluate", "export.onnx"):
@@ -245,19 +269,20 @@ def test_readme_runs_as_written(tmp_path: Path) -> None:
     ports: dict[str, int] = {}
     ran, skipped = [], []
     try:
-        for block in read_blocks(root / "README.md"):
-            if block.lang not in RUNNABLE:
-                continue
-            if block.skip is not None:
-                skipped.append(f"README.md:{block.line} ({block.skip})")
-                continue
-            text = rewrite(block.text, ports)
-            t = time.monotonic()
-            if block.starts_server:
-                servers.start(block, text)
-            else:
-                run_block(block, text, root, env)
-            ran.append(f"README.md:{block.line} {time.monotonic() - t:.0f} s")
+        for document in documents():
+            for block in read_blocks(document, root):
+                if block.lang not in RUNNABLE:
+                    continue
+                if block.skip is not None:
+                    skipped.append(f"{block.where} ({block.skip})")
+                    continue
+                text = rewrite(block.text, ports)
+                t = time.monotonic()
+                if block.starts_server:
+                    servers.start(block, text)
+                else:
+                    run_block(block, text, root, env)
+                ran.append(f"{block.where} {time.monotonic() - t:.0f} s")
     finally:
         servers.stop()
     print("ran:", *ran, "skipped:", *skipped, sep="\n  ")
