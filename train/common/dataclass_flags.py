@@ -64,9 +64,13 @@ def add_flags(
     cls: type,
     only: Iterable[str] | None = None,
     defaults: dict[str, Any] | None = None,
+    required: Iterable[str] = (),
 ) -> None:
     """Add a flag for each flag field of ``cls`` (those named in ``only``, in that order; else all),
-    its default the field's unless ``defaults`` names another."""
+    its default the field's unless ``defaults`` names another; those named in ``required`` must be given.
+    Another command that runs ``cls``'s recipe (an experiment) takes the same flags this way, with its own
+    defaults: one type, one help text and one set of choices for each knob."""
+    must = set(required)
     by_name = {f.name: f for f in flag_fields(cls)}
     hints = typing.get_type_hints(cls)
     for name in only if only is not None else list(by_name):
@@ -90,7 +94,7 @@ def add_flags(
             kw["metavar"] = spec.metavar
         if many:
             kw["nargs"] = "+"
-        if default is MISSING:
+        if default is MISSING or name in must:
             kw["required"] = True
         elif spec.repeat:
             kw |= {"action": "append", "default": list(default)}

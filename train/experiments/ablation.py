@@ -18,12 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from train.common.cli import Parser
+from train.common.dataclass_flags import add_flags
 from train.common.sample_data import SAMPLE_CORPUS
 from train.engine.runlog import read_series
 from train.evaluation.predict import evaluate_predictions, redecide
 from train.experiments.heldout import predict_file, score_rule, span_f1
 from train.experiments.runs import given, short_pretraining
-from train.model import ACTIVATIONS
+from train.model import ACTIVATIONS, PRESETS
 from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
 from train.recipes.pretrain import PretrainConfig, PretrainRecipe
 from train.squad import load_dataset, read_squad, split_by_article, write_squad
@@ -43,20 +44,19 @@ def parse_config(name: str) -> tuple[str, bool]:
     return activation, extra == "aoa"
 
 
+PRETRAIN_FLAGS = ("steps", "batch_size", "seq_len", "lr", "max_gram", "log_every", "threads")
+PRETRAIN_DEFAULTS = {"steps": 300, "batch_size": 16, "seq_len": 128, "lr": 1e-3, "max_gram": 1}
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m train.ablation", description=__doc__.splitlines()[0])
     p.add_argument("--corpus", nargs="+", default=[str(SAMPLE_CORPUS)], help="pretraining text")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, e.g. relu,gelu,mish+aoa")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (runs per configuration)")
-    p.add_argument("--preset", default="small", help="model size preset")
+    p.add_argument("--preset", default="small", choices=sorted(PRESETS), help="model size preset")
     p.add_argument("--vocab", type=int, default=4000, help="tokenizer trained once on the corpus")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--max-gram", type=int, default=1)
-    p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--threads", type=int, default=None)
+    # each cell's pretraining: PretrainConfig's flags, with the ablation's defaults
+    add_flags(p, PretrainConfig, PRETRAIN_FLAGS, PRETRAIN_DEFAULTS)
     g = p.add_argument_group("optional fine-tuning of every pretrained model")
     g.add_argument("--train-file", help="SQuAD 2.0 training file (fine-tunes each cell when given)")
     g.add_argument("--dev-file", help="SQuAD 2.0 file to evaluate on (questions never trained on)")
@@ -69,11 +69,8 @@ def build_parser() -> Parser:
     g.add_argument("--finetune-steps", type=int, default=300)
     g.add_argument("--finetune-lr", type=float, default=5e-4)
     g.add_argument("--finetune-batch", type=int, default=16)
-    g.add_argument("--max-seq-len", type=int, default=192)
-    g.add_argument("--head", default="shallow")
-    g.add_argument("--question-match", action="store_true", help="fine-tune with the exact-match feature")
-    p.add_argument("--out", required=True)
-    p.add_argument("--no-progress", action="store_true")
+    add_flags(g, FinetuneConfig, ("max_seq_len", "head", "question_match"), {"max_seq_len": 192})
+    add_flags(p, FinetuneConfig, ("out", "no_progress"))
     return p
 
 

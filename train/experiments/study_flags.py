@@ -5,8 +5,11 @@ from __future__ import annotations
 from argparse import _ArgumentGroup
 
 from train.common.cli import Parser
+from train.common.dataclass_flags import add_flags
 from train.common.sample_data import SAMPLE_DIR as SAMPLE
 from train.engine.optim import OPTIMIZERS
+from train.recipes.finetune_config import FinetuneConfig
+from train.recipes.pretrain_config import PretrainConfig
 
 
 def article_count_or_titles(text: str) -> int | list[str]:
@@ -27,9 +30,7 @@ def build_parser(description: str) -> Parser:
     _pretraining_arguments(p.add_argument_group("pretraining"))
     _synth_arguments(p.add_argument_group("synthetic-question stage (runs named ...+synth)"))
     _finetuning_arguments(p.add_argument_group("fine-tuning"))
-    p.add_argument("--out", default="runs/study")
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
+    add_flags(p, FinetuneConfig, ("out", "resume", "no_progress"), {"out": "runs/study"})
     return p
 
 
@@ -79,18 +80,18 @@ def _run_arguments(g: _ArgumentGroup) -> None:
         help="comma-separated seeds of every run's synthetic stage and fine-tuning; with several, each seed "
         "is scored and so is their ensemble (logits averaged)",
     )
-    g.add_argument("--config", default="small", help="model preset")
-    g.add_argument("--vocab", type=int, default=4000)
-    g.add_argument("--head", default="shallow")
-    g.add_argument("--threads", type=int, default=None, help="torch threads per stage")
+    add_flags(g, PretrainConfig, ("config",))
+    g.add_argument(
+        "--vocab", type=int, default=4000, help="the tokenizer's vocabulary, trained on the corpus"
+    )
+    add_flags(g, FinetuneConfig, ("head", "threads"))
 
 
 def _pretraining_arguments(g: _ArgumentGroup) -> None:
     g.add_argument("--pretrain-steps", type=int, default=1000)
     g.add_argument("--pretrain-batch", type=int, default=16)
     g.add_argument("--pretrain-lr", type=float, default=1e-3)
-    g.add_argument("--seq-len", type=int, default=128, help="pretraining sequence length")
-    g.add_argument("--max-gram", type=int, default=1, help="longest predicted span in pretraining")
+    add_flags(g, PretrainConfig, ("seq_len", "max_gram"), {"max_gram": 1})
     g.add_argument("--pretrain-optimizer", choices=OPTIMIZERS, default="xlnet")
     g.add_argument("--pretrain-weight-decay", type=float, default=0.0)
 
@@ -116,8 +117,11 @@ def _finetuning_arguments(g: _ArgumentGroup) -> None:
     g.add_argument("--finetune-steps", type=int, default=1500)
     g.add_argument("--finetune-batch", type=int, default=16)
     g.add_argument("--finetune-lr", type=float, default=5e-4)
-    g.add_argument("--layer-decay", type=float, default=0.9)
-    g.add_argument("--max-seq-len", type=int, default=192, help="fine-tuning window")
-    g.add_argument("--doc-stride", type=int, default=128)
-    g.add_argument("--eval-every", type=int, default=500)
-    g.add_argument("--keep-out-of-window", type=float, default=1.0, help="share of answer-less windows kept")
+    # fine-tuning's own flags, with the study's defaults
+    defaults = {"layer_decay": 0.9, "max_seq_len": 192, "doc_stride": 128}
+    add_flags(
+        g,
+        FinetuneConfig,
+        ("layer_decay", "max_seq_len", "doc_stride", "eval_every", "keep_out_of_window"),
+        defaults,
+    )

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from train.common.cli import Parser
+from train.common.dataclass_flags import add_flags
 from train.common.heads import HEADS
 from train.experiments.runs import given
 from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
@@ -23,24 +24,25 @@ def int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+# The knobs every cell shares are FinetuneConfig's flags (their types, choices and help), with the
+# sweep's defaults: short runs of a small model on 2 cores.
+CELL_FLAGS = ("train_file", "dev_file", "init", "config", "spm", "max_query_len", "steps", "batch_size", "lr")
+CELL_DEFAULTS = {"config": "small", "max_query_len": 64, "steps": 200, "batch_size": 16, "lr": 1e-3}
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m train.sweep", description=__doc__.splitlines()[0])
-    p.add_argument("--train-file", required=True)
-    p.add_argument("--dev-file", required=True)
-    p.add_argument("--init", help="checkpoint to start every cell from (else --config + --spm)")
-    p.add_argument("--config", default="small")
-    p.add_argument("--spm")
-    p.add_argument("--max-seq-lens", type=int_list, default=[128, 256], help="comma-separated")
-    p.add_argument("--freeze-layers", type=int_list, default=[0, 2], help="comma-separated")
-    p.add_argument("--heads", default="shallow,deep", help="comma-separated: simple,shallow,deep,beam")
-    p.add_argument("--max-query-len", type=int, default=64, help="capped at half the window")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--max-dev-examples", type=int, default=None)
-    p.add_argument("--out", required=True)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--no-progress", action="store_true")
+    add_flags(p, FinetuneConfig, CELL_FLAGS, CELL_DEFAULTS, required=("train_file", "dev_file"))
+    p.add_argument(
+        "--max-seq-lens", type=int_list, default=[128, 256], help="the grid's windows, comma-separated"
+    )
+    p.add_argument(
+        "--freeze-layers", type=int_list, default=[0, 2], help="the grid's frozen layers, comma-separated"
+    )
+    p.add_argument(
+        "--heads", default="shallow,deep", help=f"the grid's heads, comma-separated: {','.join(HEADS)}"
+    )
+    add_flags(p, FinetuneConfig, ("max_dev_examples", "out", "seed", "no_progress"))
     return p
 
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from train.common.cli import Parser
 from train.common.corpus import read_articles
+from train.common.dataclass_flags import add_flags, flag, options_from
 from train.experiments.cloze import (
     ANSWER_TYPES,
     entity_names,
@@ -45,17 +46,26 @@ from train.squad import write_squad
 STYLES = ("cloze", "wh", "mix")
 
 
+def comma_separated(text: str) -> tuple[str, ...]:
+    """``--types a,b`` -> ("a", "b")."""
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
 @dataclass
 class SynthConfig:
-    answerable: float = 0.5  # share of questions with an answer
-    in_place: float = 0.5  # share of answerable questions answered at their own position
-    per_sentence: int = 2  # at most this many questions from one sentence
-    max_questions: int | None = None
-    style: str = "mix"  # cloze: the sentence with a wh-phrase in the gap; wh: the wh-phrase first
-    types: tuple[str, ...] = ANSWER_TYPES
-    seed: int = 0
-    hard_negatives: float = (
-        0.0  # share of unanswerable questions made by one edit (train.experiments.hard_negatives)
+    answerable: float = flag(0.5, help="share of answerable questions")
+    in_place: float = flag(0.5, help="share of answerable ones answered at their own position")
+    per_sentence: int = flag(2, help="questions per sentence at most")
+    max_questions: int | None = flag(None, help="stop after this many questions")
+    style: str = flag(
+        "mix", choices=STYLES, help="cloze: the sentence with a wh-phrase in the gap; wh: the wh-phrase first"
+    )
+    types: tuple[str, ...] = flag(ANSWER_TYPES, parse=comma_separated, help="answer types, comma-separated")
+    seed: int = flag(0, help="seeds the choices of sentences, answers and styles")
+    hard_negatives: float = flag(
+        0.0,
+        help="share of unanswerable questions made by editing an answerable one (entity or number swap, "
+        "negation, antonym; train.experiments.hard_negatives), the original answer kept as the plausible answer",
     )
 
     def validate(self) -> None:
@@ -257,39 +267,17 @@ def synthesize(paths: Sequence[str | Path], cfg: SynthConfig) -> tuple[dict, dic
 
 
 def build_parser() -> Parser:
+    """The files, then one flag per field of :class:`SynthConfig`."""
     p = Parser(prog="python -m train.synth", description=__doc__.splitlines()[0])
     p.add_argument("--input", nargs="+", required=True, help="plain text and/or SQuAD JSON files")
     p.add_argument("--out", required=True, help="SQuAD 2.0 JSON to write")
-    p.add_argument("--answerable", type=float, default=0.5, help="share of answerable questions")
-    p.add_argument("--in-place", type=float, default=0.5, help="share of answerable ones answered in place")
-    p.add_argument("--per-sentence", type=int, default=2, help="questions per sentence at most")
-    p.add_argument("--max-questions", type=int, default=None)
-    p.add_argument("--style", choices=STYLES, default="mix")
-    p.add_argument("--types", default=",".join(ANSWER_TYPES), help="answer types, comma-separated")
-    p.add_argument(
-        "--hard-negatives",
-        type=float,
-        default=0.0,
-        help="share of unanswerable questions made by editing an answerable one (entity or number swap, "
-        "negation, antonym; train.experiments.hard_negatives), the original answer kept as the plausible answer",
-    )
-    p.add_argument("--seed", type=int, default=0)
+    add_flags(p, SynthConfig)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    cfg = SynthConfig(
-        answerable=args.answerable,
-        in_place=args.in_place,
-        per_sentence=args.per_sentence,
-        max_questions=args.max_questions,
-        style=args.style,
-        types=tuple(t.strip() for t in args.types.split(",") if t.strip()),
-        seed=args.seed,
-        hard_negatives=args.hard_negatives,
-    )
-    write_synthetic(args.input, args.out, cfg)
+    write_synthetic(args.input, args.out, options_from(SynthConfig, args))
     return 0
 
 

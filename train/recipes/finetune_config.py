@@ -35,12 +35,8 @@ class FinetuneConfig(TrainingConfig):
         help="the original XLNet's published SQuAD 2.0 settings (train/recipes/presets.py); explicit flags win",
     )
     # data
-    train_file: str | None = flag(
-        None, help="SQuAD 2.0 JSON (e.g. train-v2.0.json); required unless --resume restores it"
-    )
-    dev_file: str | None = flag(
-        None, help="SQuAD 2.0 JSON with answers (e.g. dev-v2.0.json); required unless --resume restores it"
-    )
+    train_file: str | None = flag(None, help="SQuAD 2.0 JSON to train on (e.g. train-v2.0.json)")
+    dev_file: str | None = flag(None, help="SQuAD 2.0 JSON with answers to evaluate on (e.g. dev-v2.0.json)")
     max_seq_len: int = flag(DEFAULTS.max_seq_len, help="window length in tokens (512 allowed)")
     doc_stride: int = flag(DEFAULTS.doc_stride, help="stride between windows of long paragraphs")
     max_query_len: int = flag(DEFAULTS.max_query_len, help="question tokens kept")
@@ -80,8 +76,8 @@ class FinetuneConfig(TrainingConfig):
     freeze_layers: int = flag(0, help="freeze the bottom N transformer layers")
     freeze_embeddings: bool = flag(False, help="freeze the word embedding")
     # optimisation
-    steps: int | None = flag(None, help="optimizer steps (overrides --epochs)")
-    epochs: float = flag(2.0, help="passes over the training features")
+    steps: int | None = flag(None, help="optimizer steps")
+    epochs: float = flag(2.0, help="passes over the training features, when --steps is not given")
     global_batch_size: int | None = flag(
         None, help="windows per optimizer step over all ranks and accumulation (sets --batch-size)"
     )
