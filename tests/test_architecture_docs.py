@@ -114,6 +114,18 @@ def test_every_path_the_architecture_names_exists() -> None:
     assert named and not missing, f"ARCHITECTURE.md names paths that do not exist: {missing}"
 
 
+def test_every_test_an_invariant_cites_exists() -> None:
+    """An invariant linked to its test names a test that is there (``tests/x.py::test_name``, or a bare
+    ``test_name`` after one, in the same file)."""
+    architecture = (REPO / "ARCHITECTURE.md").read_text()
+    cited = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`((?:,\s*`\w+`)*)", architecture)
+    assert cited
+    for path, first, more in cited:
+        defined = set(re.findall(r"^def (test_\w+)", (REPO / path).read_text(), re.M))
+        for name in [first, *re.findall(r"`(\w+)`", more)]:
+            assert name in defined, f"ARCHITECTURE.md cites {path}::{name}, which is not a test there"
+
+
 def test_scikit_learn_is_imported_only_where_answerability_is_fitted() -> None:
     """ARCHITECTURE.md: scikit-learn lives in train/answerability/ and nowhere else in the product."""
     importers = []
