@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     from server.backends import create_backend, dummy_batch
-    from server.guard import ANONYMOUS
+    from server.door import ANONYMOUS
     from server.host_path import HostPath, Question
     from server.model_spec import resolve_spec
     from server.settings import ServerSettings

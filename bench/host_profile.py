@@ -68,7 +68,8 @@ COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "our middleware (door, limits, ids, metrics, timing)",
         (
-            "server/guard",
+            "server/door",
+            "server/http_middleware",
             "server/body_limit",
             "server/hosts",
             "server/framing",

@@ -113,8 +113,8 @@ def bare_latencies(
     call (the backend as ``--server-args`` configure it, e.g. the torch backend on CUDA with graphs),
     and the seconds of its backend calls alone."""
     from server.backends import create_backend
+    from server.door import ANONYMOUS
     from server.flags import load_settings
-    from server.guard import ANONYMOUS
     from server.host_path import HostPath, Question
     from server.model_spec import resolve_spec
     from train.tokenizer import XLNetTokenizer

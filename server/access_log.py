@@ -13,7 +13,7 @@ import logging
 
 from starlette.types import Scope
 
-from server.guard import caller_name
+from server.door import caller_name
 from server.observe import ObservingMiddleware, method_label, route_label
 from server.request_ids import request_id_var
 

@@ -22,18 +22,18 @@ from server.auth import KeyRing
 from server.backends import create_backend
 from server.body_limit import BodyLimitMiddleware
 from server.connection import configure_connections, count_refusals_with
-from server.errors import install_error_handlers
-from server.framing import FramingMiddleware
-from server.front import FrontLifecycle
-from server.guard import (
+from server.door import (
     DOCS_PATHS,
     METRICS_PATHS,
     PLAYGROUND_PATHS,
     PROBES,
     DoorLimits,
-    GuardMiddleware,
+    DoorMiddleware,
     OpenPaths,
 )
+from server.errors import install_error_handlers
+from server.framing import FramingMiddleware
+from server.front import FrontLifecycle
 from server.hosts import HostCheckMiddleware, allowed_hosts, is_loopback
 from server.lifecycle import BackendFactory, Lifecycle, ModelLifecycle
 from server.metrics import Metrics, MetricsMiddleware
@@ -119,7 +119,7 @@ def create_app(
     )
     failures = FailureLimiter(settings.auth_failures_per_minute)
     app.add_middleware(
-        GuardMiddleware,
+        DoorMiddleware,
         keys=keys,
         open_paths=open_paths(settings),
         failures=failures,

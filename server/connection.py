@@ -9,7 +9,7 @@ before a request reaches the app:
 - **Header caps.** At most ``max_headers`` header lines and ``max_header_bytes`` bytes of request line
   plus headers, counted as the parser reads them, however the bytes arrive (one read or many): over
   either, ``431`` and the connection is closed. Nothing an unauthenticated client sends grows without
-  bound before the door (:mod:`server.guard`) runs.
+  bound before the door (:mod:`server.door`) runs.
 - **Connections before the door.** At most ``per_address`` connections from one address that no request
   has passed the door on yet, and the oldest idle one of them closed when a new connection would fill
   ``--max-connections`` (:mod:`server.door_pool`): a keyless flood of idle connections cannot take the
@@ -138,7 +138,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         return self.cycle is None or self.cycle.response_complete
 
     def vouch(self) -> None:
-        """A request on this connection passed the door (server.guard)."""
+        """A request on this connection passed the door (server.door)."""
         self.pool.vouch(self)
 
     def close_idle(self) -> None:

@@ -10,7 +10,7 @@ refused caller whose address is over its failure budget gets 429 + Retry-After i
 budget bounds what refusals cost; guessing is stopped by the keys' strength (:mod:`server.auth`). The
 address is the real client's only where a named proxy vouches for it (``--forwarded-allow-ips``). A caller let in is held to its request rate and daily quota here, before
 its body is read (:mod:`server.quotas`; 429 ``rate_limited``): a flood of malformed bodies is throttled
-too. The caller's key name goes into the request's state (``api_key``), where
+too. The caller's key name goes into the request's state (``key_name``, never the key), where
 the routes (per-key limits) and the access log read it; it is ``anonymous`` when keys are off.
 """
 
@@ -30,6 +30,7 @@ from server.body_limit import LINGER_S, discard_body
 from server.connection import CONNECTION_SCOPE_KEY
 from server.errors import error_response, rate_limited_response
 from server.metrics import Metrics
+from server.observe import KEY_NAME
 from server.quotas import FailureLimiter, OverLimit
 from server.timing import stage_clock
 
@@ -78,10 +79,10 @@ class DoorLimits(Protocol):
 
 def caller_name(scope: Scope) -> str:
     """The key name the door recorded for this request (``anonymous`` without keys, ``-`` refused)."""
-    return str((scope.get("state") or {}).get("api_key", UNAUTHENTICATED))
+    return str((scope.get("state") or {}).get(KEY_NAME, UNAUTHENTICATED))
 
 
-class GuardMiddleware:
+class DoorMiddleware:
     """Pure ASGI: authenticates every request but the open ones (see the module doc)."""
 
     def __init__(
@@ -104,17 +105,17 @@ class GuardMiddleware:
         headers = dict(scope.get("headers") or [])
         entered = time.perf_counter()
         if self.keys is None:
-            state["api_key"] = ANONYMOUS
+            state[KEY_NAME] = ANONYMOUS
             await self._admitted(ANONYMOUS, scope, receive, send, headers, entered)
             return
         presented = presented_key(headers)
         name = self.keys.identify(presented)  # the key decides first: a valid one is always let in
         if name is not None:
-            state["api_key"] = name
+            state[KEY_NAME] = name
             await self._admitted(name, scope, receive, send, headers, entered)
             return
         if scope.get("path") in self.open_paths:
-            state["api_key"] = ANONYMOUS
+            state[KEY_NAME] = ANONYMOUS
             await self.app(scope, receive, send)
             return
         address = (scope.get("client") or ("unknown", 0))[0]

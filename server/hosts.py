@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from server.door import PROBES
 from server.errors import error_response
-from server.guard import PROBES
 from server.metrics import Metrics
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})

@@ -18,7 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import ASGIApp, Scope
 
-from server.observe import ObservingMiddleware, method_label, route_label
+from server.observe import KEY_NAME, ObservingMiddleware, method_label, route_label
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LOAD_FAILED_MARK = "load-failed"  # a worker whose model failed leaves this in the shared directory
@@ -256,6 +256,6 @@ class MetricsMiddleware(ObservingMiddleware):
         label = route_label(scope)
         self.metrics.requests.labels(label, method_label(scope), str(status)).inc()
         self.metrics.latency.labels(label).observe(seconds)
-        key = (scope.get("state") or {}).get("api_key")
-        if key is not None:  # set by the door (server.guard) for every request it let in
+        key = (scope.get("state") or {}).get(KEY_NAME)
+        if key is not None:  # set by the door (server.door) for every request it let in
             self.metrics.key_requests.labels(str(key), str(status)).inc()

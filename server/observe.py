@@ -14,6 +14,10 @@ from server.http_middleware import HttpMiddleware
 KNOWN_METHODS = frozenset({"GET", "POST", "HEAD", "OPTIONS"})
 OTHER_METHOD = "other"
 
+# The request state's entry where the door (server.door) records the caller's key name, which the
+# routes, the per-key metrics and the access log read (never the key itself).
+KEY_NAME = "key_name"
+
 
 def route_label(scope: Scope) -> str:
     """The matched route's template (never the raw path, so random URLs cannot add label values)."""

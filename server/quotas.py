@@ -2,7 +2,7 @@
 and a bucket per client address for failed authentications.
 
 A caller is an API key's name (``anonymous`` when the server runs without keys). Requests are counted
-at the door (:mod:`server.guard`), before the body is read, so a flood of malformed bodies is throttled
+at the door (:mod:`server.door`), before the body is read, so a flood of malformed bodies is throttled
 too; windows once the request is tokenized (windows are what costs: a 20,000-character
 context is 40 of them). A request over a limit is refused with :class:`OverLimit`, which the HTTP
 layer turns into 429 + ``Retry-After`` (the seconds until the bucket holds enough again), before any

@@ -18,9 +18,9 @@ from fastapi.responses import JSONResponse, Response
 from server.answering import Answered, Charge, RequestTimeout
 from server.api_error import ApiError
 from server.batching import BatcherClosed, BatcherUnhealthy, InferenceError, NonFiniteOutput, QueueFull
+from server.door import caller_name
 from server.engine.failures import EngineUnavailable
 from server.errors import ERROR_RESPONSES
-from server.guard import caller_name
 from server.host_path import Question, RejectedInput, decoding_n_best
 from server.lifecycle import Lifecycle
 from server.metrics import Metrics

@@ -55,9 +55,10 @@ class DeadlineUnreachable(RuntimeError):
     """At the measured speed this question's remaining windows cannot finish before its deadline."""
 
 
-class Question(Protocol):
-    """What the policy needs of a question: its windows' lengths, whether it is still wanted, how many
-    of its windows are still queued, and the request that holds them."""
+class QueuedQuestion(Protocol):
+    """What the policy needs of a queued question (the host path's ``Question`` is one): its windows'
+    lengths, whether it is still wanted, how many of its windows are still queued, and the request that
+    holds them."""
 
     @property
     def features(self) -> Sequence[Sized]: ...
@@ -69,7 +70,7 @@ class Question(Protocol):
     request: Request[Any] | None
 
 
-Q = TypeVar("Q", bound=Question)
+Q = TypeVar("Q", bound=QueuedQuestion)
 
 
 @dataclass(eq=False)
@@ -91,7 +92,7 @@ class Batch(Generic[Q]):
     unreachable: list[Q] = field(default_factory=list)
 
 
-def window_length(window: tuple[Question, int]) -> int:
+def window_length(window: tuple[QueuedQuestion, int]) -> int:
     question, i = window
     return len(question.features[i])
 

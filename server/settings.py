@@ -174,7 +174,7 @@ class ServerSettings(BaseSettings):
         30.0, gt=0.0, description="How long SIGTERM waits for in-flight requests"
     )
     playground: bool = Field(True, description="Serve the browser playground at GET / (false: 404)")
-    # ---- who may ask (server.auth, server.guard, server.quotas) ----
+    # ---- who may ask (server.auth, server.door, server.quotas) ----
     api_keys_file: Path | None = Field(
         None,
         description="File of API keys, one 'name: key' (or bare key) per line; reloaded on change and on SIGHUP. "

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from export.serving.providers import GPU_PROVIDERS, INT8_CPU_ONLY, canonical_provider
-from export.serving.sidecar import PRECISIONS, SIDECAR_FILE, Sidecar
+from export.serving.sidecar import EXPORT_PRECISIONS, SIDECAR_FILE, Sidecar
 from train.common.dataclass_flags import flag
 from train.model import HEADS
 
@@ -59,7 +59,7 @@ class OnnxExportOptions:
     checkpoint: Path = flag(help="checkpoint directory (ours or HuggingFace XLNet)")
     out: Path = flag(help="export directory to create (an existing export is replaced)")
     opset: int = flag(17, help="ONNX opset")
-    precision: str = flag("fp32", choices=PRECISIONS)
+    precision: str = flag("fp32", choices=EXPORT_PRECISIONS)
     head: str | None = flag(
         None, choices=HEADS, help="QA head; LM/base checkpoints need it and get an UNTRAINED head"
     )
@@ -103,8 +103,8 @@ class OnnxExportOptions:
             raise ValueError("--threads must be >= 1")
         if self.agreement_data and not Path(self.agreement_data).is_file():
             raise FileNotFoundError(f"--agreement-data {self.agreement_data}: no such file")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.precision not in EXPORT_PRECISIONS:
+            raise ValueError(f"--precision must be one of {EXPORT_PRECISIONS}, got {self.precision!r}")
         if self.head is not None and self.head not in HEADS:
             raise ValueError(f"--head must be one of {HEADS}, got {self.head!r}")
 

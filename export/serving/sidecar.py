@@ -34,8 +34,7 @@ FORMAT_VERSION = 1
 SIDECAR_FILE = "export.json"
 TOKENIZER_FILES = ("spiece.model", "tokenizer_config.json")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-BACKENDS = EXPORT_BACKENDS
-PRECISIONS = ("fp32", "fp16", "int8")
+EXPORT_PRECISIONS = ("fp32", "fp16", "int8")
 # Serving settings when the checkpoint's metadata does not say (ModelSettings' defaults: BERT's run_squad).
 DEFAULT_SETTINGS: dict[str, float | int] = DEFAULTS.as_dict()
 
@@ -135,8 +134,8 @@ class Sidecar(ServingSettings):
             p.append(
                 f"format_version {self.format_version!r} is not supported (this code reads {FORMAT_VERSION})"
             )
-        if self.backend not in BACKENDS:
-            p.append(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend not in EXPORT_BACKENDS:
+            p.append(f"backend must be one of {EXPORT_BACKENDS}, got {self.backend!r}")
         for name in ("model_file", "portable_model_file"):
             value = getattr(self, name)
             if value is not None and not _inside(value):
@@ -149,8 +148,8 @@ class Sidecar(ServingSettings):
             )
         if list(self.inputs) != list(INPUT_NAMES):
             p.append(f"inputs must be {list(INPUT_NAMES)}, got {self.inputs}")
-        if self.precision not in PRECISIONS:
-            p.append(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.precision not in EXPORT_PRECISIONS:
+            p.append(f"precision must be one of {EXPORT_PRECISIONS}, got {self.precision!r}")
         ints = ("d_model", "n_layer", "vocab_size", "start_n_top", "end_n_top")
         p += [
             f"{n} must be a positive integer, got {getattr(self, n)!r}"

@@ -7,10 +7,7 @@ from server.backends.base import Backend, BackendUnavailable, dummy_batch
 from server.model_spec import ModelSpec
 from server.settings import ServerSettings
 
-BACKENDS = SERVER_BACKENDS
-
 __all__ = [
-    "BACKENDS",
     "Backend",
     "BackendUnavailable",
     "batch_limit",
@@ -90,7 +87,7 @@ def create_backend(spec: ModelSpec, settings: ServerSettings) -> Backend:
         from server.backends.null import NullBackend
 
         return NullBackend(spec)
-    raise BackendUnavailable(f"unknown backend {settings.backend!r}; choose one of {BACKENDS}")
+    raise BackendUnavailable(f"unknown backend {settings.backend!r}; choose one of {SERVER_BACKENDS}")
 
 
 def check_spec(spec: ModelSpec, settings: ServerSettings) -> None:

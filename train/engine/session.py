@@ -24,7 +24,7 @@ from train.engine.memory import gpu_peak_line
 from train.engine.optim import DECAYS, OPTIMIZERS
 from train.engine.run_record import open_run
 from train.engine.state import latest_checkpoint, load_training_state, save_training_state
-from train.engine.step import PRECISIONS, TrainStep
+from train.engine.step import TRAINING_PRECISIONS, TrainStep
 from train.model import ACTIVATIONS, PRESETS
 
 C = TypeVar("C", bound="RunConfig")
@@ -94,7 +94,9 @@ class TrainingConfig(RunConfig):
     adam_eps: float = flag(1e-6, help="Adam's epsilon")
     clip: float = flag(1.0, help="gradient global-norm clip (0 = off)")
     precision: str = flag(
-        "fp32", choices=PRECISIONS, help="autocast precision (fp16: CUDA only, with a gradient scaler)"
+        "fp32",
+        choices=TRAINING_PRECISIONS,
+        help="autocast precision (fp16: CUDA only, with a gradient scaler)",
     )
     activation_checkpointing: bool = flag(
         False,

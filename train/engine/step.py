@@ -25,7 +25,7 @@ from train.engine.execution import Dist, autocast
 from train.engine.optim import MicroBatchClipping, apply_update, clip_gradients
 
 MAX_BAD_STEPS = 8  # skipped steps in a row before a run is declared diverged (fp16 warm-up needs a few)
-PRECISIONS = ("fp32", "bf16", "fp16")
+TRAINING_PRECISIONS = ("fp32", "bf16", "fp16")
 
 MicroLoss = Callable[[torch.nn.Module, int], torch.Tensor]
 
@@ -63,8 +63,8 @@ class TrainStep:
         clip_each_micro_batch: bool = False,
         max_bad_steps: int = MAX_BAD_STEPS,
     ) -> None:
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if precision not in TRAINING_PRECISIONS:
+            raise ValueError(f"precision must be one of {TRAINING_PRECISIONS}, got {precision!r}")
         if grad_accum < 1 or max_bad_steps < 1:
             raise ValueError("grad_accum and max_bad_steps must be at least 1")
         if precision == "fp16" and clip_each_micro_batch:
