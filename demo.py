@@ -2,12 +2,13 @@
 
 First the model shipped in `models/` (an int8 export trained by the study's recipe, its provenance
 beside it) is served and asked questions from articles it never trained on, within the first minute.
-Then the path a user runs: tokenizer -> short pretraining -> self-supervised cloze questions from the sample text -> a stage on
+Then the path a user runs, through the libraries the commands wrap (each stage is what one command
+does): tokenizer -> short pretraining -> self-supervised cloze questions from the sample text -> a stage on
 them -> fine-tuning on the sample's SQuAD questions -> evaluation -> ONNX export -> server on
 127.0.0.1 -> the Python SDK asks questions about an article it never trained on (one unanswerable)
 -> prints answers -> stops the server. Both QA stages use the exact-match input feature
 (`--question-match`), which is what lets a model this small and this briefly trained point at the
-right region at all; the README's "Results" show what the longer recipe reaches.
+right region at all; docs/results.md shows what the longer recipe reaches.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,7 +32,7 @@ SAMPLE = SAMPLE_DIR
 SHIPPED = REPO / "models" / "squad2-small-int8"
 SYNTH_STEPS = 200
 FINETUNE_STEPS = 150
-QA_WINDOW = ["--max-seq-len", "128", "--doc-stride", "64", "--batch-size", "16"]
+QA_WINDOW = {"max_seq_len": 128, "doc_stride": 64, "batch_size": 16}
 # What the closing line points at, where each stage writes it.
 MADE = ("pretrain/loss.png", "finetune/loss.png", "finetune/dev_f1.png", "eval/metrics.json", "onnx/")
 
@@ -39,12 +41,22 @@ def banner(text: str) -> None:
     print(f"\n=== {text} ===", flush=True)
 
 
-def stage(name: str, fn, argv: list[str]) -> None:
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def stage(name: str, work: Callable[[], object]) -> None:
+    """Run one stage through the libraries, timed; what a command would report as a user error (bad
+    input, a full disk, an export that does not verify) ends the demo in one line."""
+    from export.onnx.options import VerificationFailed
+    from train.common.cli import USER_ERRORS
+
     banner(name)
     t = time.time()
-    code = fn(argv)
-    if code:
-        raise SystemExit(f"demo: stage '{name}' failed with exit code {code}")
+    try:
+        work()
+    except (*USER_ERRORS, OSError, VerificationFailed) as exc:
+        raise SystemExit(f"demo: stage '{name}' failed: {exc}") from None
     print(f"[{name}: {time.time() - t:.0f} s]", flush=True)
 
 
@@ -77,114 +89,100 @@ def main() -> int:
             raise SystemExit(f"demo: the shipped model's server did not become ready: {exc}") from None
         print(f"[shipped model: {time.time() - t:.0f} s]", flush=True)
 
-    from train import evaluate, finetune, pretrain
-    from train import synth as synth_cli
-    from train.tokenizer import cli as tokenizer_cli
+    from export.onnx.exporter import export_onnx
+    from export.onnx.options import OnnxExportOptions
+    from train.evaluation.options import EvaluationOptions
+    from train.evaluation.predict import evaluate_checkpoint
+    from train.experiments.synth import SynthConfig, write_synthetic
+    from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
+    from train.recipes.pretrain import PretrainConfig, PretrainRecipe
+    from train.tokenizer import XLNetTokenizer, summary_lines, train_spm
 
+    corpus = [str(SAMPLE / "corpus.json"), str(SAMPLE / "train.json")]
     tok_dir = out / "tokenizer"
-    stage(
-        "1/8 train a sentencepiece tokenizer",
-        tokenizer_cli.main,
-        [
-            "--input",
-            str(SAMPLE / "corpus.json"),
-            str(SAMPLE / "train.json"),
-            "--vocab-size",
-            "2000",
-            "--out",
-            str(tok_dir),
-        ],
+
+    def tokenizer() -> None:
+        t = time.perf_counter()
+        model = train_spm(corpus, tok_dir, 2000)
+        tok = XLNetTokenizer.from_dir(model.parent)
+        for line in summary_lines(tok, model, corpus, 2000, True, time.perf_counter() - t):
+            print(line)
+
+    stage("1/8 train a sentencepiece tokenizer", tokenizer)
+    pretraining = PretrainConfig(
+        corpus=corpus,
+        spm=str(tok_dir),
+        config=args.config,
+        steps=args.pretrain_steps,
+        batch_size=8,
+        seq_len=128,
+        reuse_len=64,
+        mem_len=64,
+        lr=1e-3,
+        warmup=15,
+        log_every=25,
+        out=str(out / "pretrain"),
+        overwrite=True,  # the demo starts over each time
     )
-    stage(
-        "2/8 pretrain (permutation LM, two streams, memory)",
-        pretrain.main,
-        [
-            "--corpus",
-            str(SAMPLE / "corpus.json"),
-            str(SAMPLE / "train.json"),
-            "--spm",
-            str(tok_dir),
-            "--config",
-            args.config,
-            "--steps",
-            str(args.pretrain_steps),
-            "--batch-size",
-            "8",
-            "--seq-len",
-            "128",
-            "--reuse-len",
-            "64",
-            "--mem-len",
-            "64",
-            "--lr",
-            "1e-3",
-            "--warmup",
-            "15",
-            "--log-every",
-            "25",
-            "--out",
-            str(out / "pretrain"),
-            "--overwrite",  # the demo starts over each time
-        ],
-    )
+    stage("2/8 pretrain (permutation LM, two streams, memory)", PretrainRecipe(pretraining).run)
     synthetic = out / "synthetic.json"
     stage(
         "3/8 write cloze questions from the sample text (train.synth)",
-        synth_cli.main,
-        ["--input", str(SAMPLE / "corpus.json"), str(SAMPLE / "train.json"), "--out", str(synthetic)],
+        lambda: write_synthetic(corpus, synthetic, SynthConfig()),
     )
 
     # The fine-tuning runs' dev file holds articles of their own: the answerability model is fitted
     # there, so nothing is chosen on dev.json, the article the demo scores.
-    def qa_stage(
-        name: str, init: list[str], train_file: Path, steps: int, run_dir: Path, *extra: str
-    ) -> None:
-        argv = ["--train-file", str(train_file), "--dev-file", str(SAMPLE_CALIBRATION), *init, *extra]
-        argv += ["--head", "shallow", "--question-match", "--steps", str(steps), *QA_WINDOW]
-        argv += ["--lr", "5e-4", "--layer-decay", "0.9", "--eval-every", str(steps), "--log-every", "25"]
-        stage(name, finetune.main, [*argv, "--out", str(run_dir), "--overwrite"])
+    def qa_stage(name: str, start: dict, train_file: Path, steps: int, run_dir: Path, **extra) -> None:
+        config = FinetuneConfig(
+            train_file=str(train_file),
+            dev_file=str(SAMPLE_CALIBRATION),
+            **start,
+            head="shallow",
+            question_match=True,
+            steps=steps,
+            **QA_WINDOW,
+            lr=5e-4,
+            layer_decay=0.9,
+            eval_every=steps,
+            log_every=25,
+            out=str(run_dir),
+            overwrite=True,
+            **extra,
+        )
+        stage(name, FinetuneRecipe(config).run)
 
     if args.qa_init == "pretrained":
-        start = ["--init", str(out / "pretrain")]
+        start: dict = {"init": str(out / "pretrain")}
     else:
         print(
             "(the QA stages start from random init: at this budget pretraining does not help them, docs/study)"
         )
-        start = ["--config", args.config, "--spm", str(tok_dir)]
+        start = {"config": args.config, "spm": str(tok_dir)}
     qa_stage(
         "4/8 a stage on the cloze questions",
         start,
         synthetic,
         args.synth_steps,
         out / "synth",
-        *("--answerability", "cls", "--max-dev-examples", "200"),  # a stage only: monitored, not calibrated
+        answerability="cls",  # a stage only: monitored, not calibrated
+        max_dev_examples=200,
     )
     qa_stage(
         "5/8 fine-tune on SQuAD 2.0 (shallow head)",
-        ["--init", str(out / "synth")],
+        {"init": str(out / "synth")},
         SAMPLE / "train.json",
         args.finetune_steps,
         out / "finetune",
     )
+    evaluation = EvaluationOptions(out / "finetune", SAMPLE / "dev.json", out / "eval")
     stage(
         "6/8 evaluate (official SQuAD 2.0 metrics)",
-        evaluate.main,
-        [
-            "--checkpoint",
-            str(out / "finetune"),
-            "--data",
-            str(SAMPLE / "dev.json"),
-            "--out",
-            str(out / "eval"),
-        ],
+        lambda: print(json.dumps(evaluate_checkpoint(evaluation).metrics, indent=2)),
     )
-
-    from export.onnx import cli as onnx_export
-
+    export = OnnxExportOptions(out / "finetune", out / "onnx")
     stage(
-        "7/8 export to ONNX and verify against PyTorch",
-        onnx_export.main,
-        ["--checkpoint", str(out / "finetune"), "--out", str(out / "onnx")],
+        "7/8 export to ONNX and verify against PyTorch", lambda: export_onnx(export, report=print, warn=say)
     )
 
     banner("8/8 serve on 127.0.0.1 and ask through the Python SDK")
@@ -327,7 +325,7 @@ def verdict(eval_dir: Path, model_dir: Path) -> str:
         f"{none_f1:.1f} for answering none (difference {100 * diff:+.1f}, 95% interval {100 * low:+.1f} to "
         f"{100 * high:+.1f}); span F1 {spans['span_f1']:.1f} (best span of each answerable one). Answerability, "
         f"fitted on {SAMPLE_CALIBRATION.name}: {rule}. Four minutes of training do not answer reliably; "
-        f'see README "Results" for the longer recipe.'
+        f"see docs/results.md for the longer recipe."
     )
 
 
