@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from export.serving.backends import ServerBackend
 from export.serving.providers import TENSORRT, parse_providers
+from train.common.contract import MAX_N_BEST
 
 ENV_PREFIX = "XLNETQA_"
 ENGINE_ADDRESS_ENV = (
@@ -159,7 +160,7 @@ class ServerSettings(BaseSettings):
     n_best_pool: int | None = Field(
         None,
         ge=1,
-        le=100,
+        le=MAX_N_BEST,
         description="Candidate starts/ends per window when decoding; default: the model's n_best (its "
         "sidecar or checkpoint metadata)",
     )

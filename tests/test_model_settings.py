@@ -12,10 +12,11 @@ from export.serving.sidecar import Sidecar, SidecarError
 from harness.tiny_models import tiny_qa_checkpoint
 from server.host_path import HostPath
 from server.model_spec import ModelSpecError, resolve_spec
-from train.common.contract import DEFAULTS, WINDOW_OVERHEAD, ModelSettings
+from train.common.contract import DEFAULTS, MAX_N_BEST, WINDOW_OVERHEAD, ModelSettings
 from train.common.sample_data import SAMPLE_DEV
 from train.evaluation.options import EvaluationOptions
 from train.evaluation.predict import evaluate_checkpoint
+from train.recipes.finetune_config import FinetuneConfig
 from train.tokenizer import XLNetTokenizer
 
 RECIPE = {"max_seq_len": 128, "doc_stride": 64, "max_query_len": 32, "max_answer_len": 16, "n_best": 5}
@@ -83,3 +84,19 @@ def test_bad_recorded_settings_are_refused_where_they_are_read(tmp_path: Path, s
         Sidecar.from_dict({**data, "n_best": 0})
     old = {k: v for k, v in data.items() if k != "n_best"}  # a sidecar written before n_best was recorded
     assert Sidecar.from_dict(old).n_best == DEFAULTS.n_best
+
+
+def test_a_huge_recorded_n_best_is_refused_where_it_is_read_and_cannot_be_trained(
+    tmp_path: Path, spm_dir: Path
+) -> None:
+    """Decoding pairs n-best starts with n-best ends per window: a model file recording more than
+    MAX_N_BEST would make every question cost that squared, so its readers refuse it and fine-tuning
+    will not write it."""
+    ckpt = tiny_qa_checkpoint(tmp_path / "ckpt", spm_dir, "shallow", metadata={"n_best": MAX_N_BEST + 1})
+    with pytest.raises(ModelSpecError, match=f"n_best must be at most {MAX_N_BEST}"):
+        resolve_spec(ckpt, "torch")
+    with pytest.raises(ValueError, match=f"n_best must be at most {MAX_N_BEST}"):
+        evaluate_checkpoint(EvaluationOptions(ckpt, SAMPLE_DEV, tmp_path / "eval", progress=False))
+    with pytest.raises(ValueError, match=f"--n-best must be at most {MAX_N_BEST}"):
+        FinetuneConfig(out=str(tmp_path / "run"), n_best=MAX_N_BEST + 1)
+    assert ModelSettings(n_best=MAX_N_BEST).problems() == []

@@ -99,6 +99,11 @@ def positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+# The most candidate spans a model may keep per question: decoding pairs n-best starts with n-best ends
+# in every window, so a model file recording a huge n_best would make each question cost that squared.
+MAX_N_BEST = 100
+
+
 @dataclass(frozen=True)
 class ModelSettings:
     """How a model's questions are windowed and its answers decoded: the one type of these settings.
@@ -131,6 +136,8 @@ class ModelSettings:
             for n in ints
             if not positive_int(getattr(self, n))
         ]
+        if positive_int(self.n_best) and self.n_best > MAX_N_BEST:
+            found.append(f"n_best must be at most {MAX_N_BEST}, got {self.n_best}")
         thr = self.no_answer_threshold
         if isinstance(thr, bool) or not isinstance(thr, int | float) or not 0.0 <= thr <= 1.0:
             found.append(f"no_answer_threshold must be a probability in [0, 1], got {thr!r}")

@@ -122,6 +122,8 @@ class TrainingConfig(RunConfig):
         "stop_after": 1,
         "threads": 1,
     }
+    # Bounds a recipe's config puts on what the model it writes may record (its readers refuse more).
+    AT_MOST: ClassVar[dict[str, int]] = {}
 
     def __post_init__(self) -> None:
         if self.spm and self.train_spm:
@@ -130,6 +132,10 @@ class TrainingConfig(RunConfig):
             value = getattr(self, name, None)
             if value is not None and value < least:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
+        for name, most in self.AT_MOST.items():
+            value = getattr(self, name, None)
+            if value is not None and value > most:
+                raise ValueError(f"--{name.replace('_', '-')} must be at most {most}, got {value}")
 
 
 @dataclass(frozen=True)

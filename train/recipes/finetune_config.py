@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from train.answerability.fit import ANSWERABILITY_CHOICES, CALIBRATION_METHODS
-from train.common.contract import DEFAULTS
+from train.common.contract import DEFAULTS, MAX_N_BEST
 from train.common.dataclass_flags import flag
 from train.engine.optim import LAYER_DECAY_MODES
 from train.engine.session import TrainingConfig
@@ -28,6 +28,7 @@ class FinetuneConfig(TrainingConfig):
         "n_best": 1,
         "max_answer_len": 1,
     }
+    AT_MOST: ClassVar[dict[str, int]] = {"n_best": MAX_N_BEST}
 
     recipe: str | None = flag(
         None,
