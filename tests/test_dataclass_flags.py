@@ -72,3 +72,13 @@ def test_another_command_takes_some_of_the_flags_with_its_own_defaults_and_requi
     assert vars(parser.parse_args(["--mode", "fast"])) == {"rate": 0.9, "mode": "fast"}
     with pytest.raises(SystemExit):
         parser.parse_args([])
+
+
+def test_a_command_that_runs_a_recipe_twice_prefixes_each_runs_flags() -> None:
+    parser = argparse.ArgumentParser()
+    add_flags(
+        parser, Options, ["rate", "limit"], {"rate": 0.1}, prefix="first", spell={"limit": "--first-max"}
+    )
+    add_flags(parser, Options, ["rate"], prefix="second")
+    args = parser.parse_args(["--first-rate", "0.2", "--first-max", "4"])
+    assert vars(args) == {"first_rate": 0.2, "first_max": 4, "second_rate": 0.5}

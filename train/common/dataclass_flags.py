@@ -65,24 +65,31 @@ def add_flags(
     only: Iterable[str] | None = None,
     defaults: dict[str, Any] | None = None,
     required: Iterable[str] = (),
+    prefix: str = "",
+    spell: dict[str, str] | None = None,
 ) -> None:
     """Add a flag for each flag field of ``cls`` (those named in ``only``, in that order; else all),
     its default the field's unless ``defaults`` names another; those named in ``required`` must be given.
     Another command that runs ``cls``'s recipe (an experiment) takes the same flags this way, with its own
-    defaults: one type, one help text and one set of choices for each knob."""
+    defaults: one type, one help text and one set of choices for each knob. A command that runs it more
+    than once gives each run's flags a ``prefix`` (``--pretrain-steps``, dest ``pretrain_steps``);
+    ``spell`` names a flag otherwise (``{"batch_size": "--pretrain-batch"}``, dest ``pretrain_batch``)."""
     must = set(required)
     by_name = {f.name: f for f in flag_fields(cls)}
     hints = typing.get_type_hints(cls)
     for name in only if only is not None else list(by_name):
         f = by_name[name]
         spec: Flag = f.metadata[FLAG_KEY]
-        option = spec.name or "--" + name.replace("_", "-")
+        dest = f"{prefix}_{name}" if prefix else name
+        option = (spell or {}).get(name) or (None if prefix else spec.name) or "--" + dest.replace("_", "-")
+        if spell and name in spell:
+            dest = option.lstrip("-").replace("-", "_")
         default = (defaults or {}).get(name, f.default)
         if f.default_factory is not MISSING and name not in (defaults or {}):
             default = f.default_factory()
         kinds, many = _value_type(hints[name])
         text = spec.help.replace("%", "%%") if spec.help else spec.help  # argparse formats help with %
-        kw: dict[str, Any] = {"dest": name, "help": text}
+        kw: dict[str, Any] = {"dest": dest, "help": text}
         if kinds is bool:
             action = argparse.BooleanOptionalAction if default is True else "store_true"
             parser.add_argument(option, action=action, default=default, **kw)

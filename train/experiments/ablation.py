@@ -66,9 +66,9 @@ def build_parser() -> Parser:
         "the scored --dev-file; 2+ articles, so it is cross-fitted by article); default: the last 2 articles of "
         "--train-file, held out of fine-tuning",
     )
-    g.add_argument("--finetune-steps", type=int, default=300)
-    g.add_argument("--finetune-lr", type=float, default=5e-4)
-    g.add_argument("--finetune-batch", type=int, default=16)
+    defaults = {"steps": 300, "lr": 5e-4, "batch_size": 16}
+    spell = {"batch_size": "--finetune-batch"}
+    add_flags(g, FinetuneConfig, ("steps", "lr", "batch_size"), defaults, prefix="finetune", spell=spell)
     add_flags(g, FinetuneConfig, ("max_seq_len", "head", "question_match"), {"max_seq_len": 192})
     add_flags(p, FinetuneConfig, ("out", "no_progress"))
     return p

@@ -7,9 +7,14 @@ from argparse import _ArgumentGroup
 from train.common.cli import Parser
 from train.common.dataclass_flags import add_flags
 from train.common.sample_data import SAMPLE_DIR as SAMPLE
-from train.engine.optim import OPTIMIZERS
+from train.experiments.synth import SynthConfig
 from train.recipes.finetune_config import FinetuneConfig
 from train.recipes.pretrain_config import PretrainConfig
+
+
+def BATCH(stage: str) -> dict[str, str]:  # noqa: N802 - reads as the spelling it returns
+    """A stage's batch flag keeps its short spelling: ``--pretrain-batch``, ``--finetune-batch``."""
+    return {"batch_size": f"--{stage}-batch"}
 
 
 def article_count_or_titles(text: str) -> int | list[str]:
@@ -88,23 +93,20 @@ def _run_arguments(g: _ArgumentGroup) -> None:
 
 
 def _pretraining_arguments(g: _ArgumentGroup) -> None:
-    g.add_argument("--pretrain-steps", type=int, default=1000)
-    g.add_argument("--pretrain-batch", type=int, default=16)
-    g.add_argument("--pretrain-lr", type=float, default=1e-3)
+    # pretraining's own flags under --pretrain-..., with the study's defaults
+    defaults = {"steps": 1000, "batch_size": 16, "lr": 1e-3}
+    add_flags(
+        g, PretrainConfig, ("steps", "batch_size", "lr"), defaults, prefix="pretrain", spell=BATCH("pretrain")
+    )
     add_flags(g, PretrainConfig, ("seq_len", "max_gram"), {"max_gram": 1})
-    g.add_argument("--pretrain-optimizer", choices=OPTIMIZERS, default="xlnet")
-    g.add_argument("--pretrain-weight-decay", type=float, default=0.0)
+    add_flags(g, PretrainConfig, ("optimizer", "weight_decay"), prefix="pretrain")
 
 
 def _synth_arguments(g: _ArgumentGroup) -> None:
-    g.add_argument("--synth-steps", type=int, default=1000)
-    g.add_argument("--synth-lr", type=float, default=5e-4)
-    g.add_argument("--synth-answerable", type=float, default=0.5)
-    g.add_argument("--synth-in-place", type=float, default=0.5)
-    g.add_argument("--synth-per-sentence", type=int, default=2)
-    g.add_argument(
-        "--synth-keep-out-of-window", type=float, default=1.0, help="share of answer-less windows kept"
-    )
+    # a fine-tuning run on questions SynthConfig makes: their flags under --synth-...
+    add_flags(g, FinetuneConfig, ("steps", "lr"), {"steps": 1000, "lr": 5e-4}, prefix="synth")
+    add_flags(g, SynthConfig, ("answerable", "in_place", "per_sentence"), prefix="synth")
+    add_flags(g, FinetuneConfig, ("keep_out_of_window",), prefix="synth")
     g.add_argument(
         "--synth-hard-negatives",
         type=float,
@@ -114,9 +116,10 @@ def _synth_arguments(g: _ArgumentGroup) -> None:
 
 
 def _finetuning_arguments(g: _ArgumentGroup) -> None:
-    g.add_argument("--finetune-steps", type=int, default=1500)
-    g.add_argument("--finetune-batch", type=int, default=16)
-    g.add_argument("--finetune-lr", type=float, default=5e-4)
+    defaults = {"steps": 1500, "batch_size": 16, "lr": 5e-4}
+    add_flags(
+        g, FinetuneConfig, ("steps", "batch_size", "lr"), defaults, prefix="finetune", spell=BATCH("finetune")
+    )
     # fine-tuning's own flags, with the study's defaults
     defaults = {"layer_decay": 0.9, "max_seq_len": 192, "doc_stride": 128}
     add_flags(
