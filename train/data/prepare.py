@@ -34,14 +34,11 @@ import numpy as np
 from train.common.atomic_dir import atomic_directory, atomic_write_bytes, recover_interrupted
 from train.common.corpus import line_documents, read_squad_contexts
 from train.common.text import split_sentences
+from train.data.prepare_options import DEFAULT_MAX_LINE_CHARS, DEFAULT_SHARD_MB
 from train.data.shards import MANIFEST, TOKENIZER_DIR, build_manifest, id_dtype, read_record, write_shard
 from train.data.streams import encode_documents
 from train.tokenizer import XLNetTokenizer
 
-DEFAULT_SHARD_MB = 64.0
-DEFAULT_MAX_LINE_CHARS = (
-    1_000_000  # longer lines are skipped and counted (a binary file, a dump without newlines)
-)
 # The command whose work this is: its progress lines carry its name, wherever they are printed from.
 PROG = "python -m train.prepare_corpus"
 PLAN = "plan.json"
