@@ -15,6 +15,7 @@ from typing import Any
 import sentencepiece as spm
 
 from .normalize import _clean, preprocess_text
+from .spm_options import SPM_DEFAULTS
 from .spm_tokenizer import CONTROL_SYMBOLS, MODEL_FILE, SPECIAL_PIECES, USER_SYMBOLS, XLNetTokenizer
 
 # The original ``--user_defined_symbols=<eop>,.,(,),",-,–,£,€`` less <eop> (USER_SYMBOLS). We keep
@@ -22,7 +23,6 @@ from .spm_tokenizer import CONTROL_SYMBOLS, MODEL_FILE, SPECIAL_PIECES, USER_SYM
 # as user-defined symbols: see train_spm for why (HuggingFace parity).
 PUNCT_SYMBOLS: tuple[str, ...] = (".", "(", ")", '"', "-", "\u2013", "\u00a3", "\u20ac")
 
-DEFAULT_NUM_THREADS = 4  # fixed (not cpu_count) so training gives the same model on every machine
 
 # Training-only word boundary (sentencepiece's ``pretokenization_delimiter``), put around PUNCT_SYMBOLS.
 # A private-use character: nmt_nfkc keeps it, and it does not occur in ordinary text.
@@ -56,18 +56,18 @@ def train_spm(
     vocab_size: int,
     *,
     model_type: str = "unigram",
-    character_coverage: float = 0.99995,
-    input_sentence_size: int = 10_000_000,
-    seed: int = 0,
-    do_lower_case: bool = False,
+    character_coverage: float = SPM_DEFAULTS.character_coverage,
+    input_sentence_size: int = SPM_DEFAULTS.input_sentence_size,
+    seed: int = SPM_DEFAULTS.seed,
+    do_lower_case: bool = SPM_DEFAULTS.do_lower_case,
     remove_space: bool = True,
-    keep_accents: bool = False,
-    hard_vocab_limit: bool = False,
-    num_threads: int = DEFAULT_NUM_THREADS,
+    keep_accents: bool = SPM_DEFAULTS.keep_accents,
+    hard_vocab_limit: bool = SPM_DEFAULTS.hard_vocab_limit,
+    num_threads: int = SPM_DEFAULTS.num_threads,
     max_sentence_length: int = 1 << 15,
-    split_digits: bool = True,
+    split_digits: bool = SPM_DEFAULTS.split_digits,
     punct_symbols: Iterable[str] = PUNCT_SYMBOLS,
-    verbose: bool = False,
+    verbose: bool = SPM_DEFAULTS.verbose,
 ) -> Path:
     """Train a sentencepiece model with the original XLNet flags and write a tokenizer dir; return ``spiece.model``.
 
