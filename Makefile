@@ -5,6 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 DEMO_DIR ?= runs/demo
+TEST_WORKERS ?= 2
 
 .PHONY: venv browser redis demo test lint docs format clean gpu-venv gpu-venv-tensorrt gpu-test gpu-check ort-gpu-venv
 
@@ -42,7 +43,8 @@ redis:
 		fi; \
 	fi
 
-# Also the onnxruntime-gpu venv for tests/test_provider_fallback.py, where this Python and platform have
+# The suite runs on TEST_WORKERS pytest-xdist workers, then the tests marked serial (timing comparisons)
+# alone. Also the onnxruntime-gpu venv for tests/test_provider_fallback.py, where this Python and platform have
 # its wheel and the package index answers; otherwise those tests skip, and the reason is printed here.
 test: venv browser redis
 	@if $(PYTHON) -m export.gpu_versions --index $(PYPI_INDEX) && $(MAKE) --no-print-directory ort-gpu-venv; then \
@@ -50,7 +52,7 @@ test: venv browser redis
 	else \
 		echo "make test: WARNING: no onnxruntime-gpu venv (see above): its tests skip" >&2; \
 	fi; \
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not serial" tests && $(PY) -m pytest -m serial tests
 
 # Quality gates (CI runs them before the tests): formatting, lint, types, import layering.
 lint: venv

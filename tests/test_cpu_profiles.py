@@ -72,6 +72,7 @@ def test_profile_aggregation_leaves_out_the_warmup_runs() -> None:
     assert result["slowest_nodes"][0] == {"node": "mm", "op": "MatMulInteger", "ms": pytest.approx(0.03)}
 
 
+@pytest.mark.serial  # a timing bound
 def test_op_profile_of_a_tiny_int8_export(tmp_path: Path, capsys) -> None:
     out = tmp_path / "profile.json"
     args = ["--preset", "tiny", "--precision", "int8", "--shape", "1x32", "--runs", "2", "--warmup", "1"]

@@ -282,6 +282,7 @@ def test_a_keys_file_others_can_read_or_write_is_refused_unless_allowed(onnx_exp
 # ---- TLS: a handshake has the header deadline and counts as a connection ------------------------------
 
 
+@pytest.mark.serial  # a timing bound
 def test_a_tls_connection_that_never_handshakes_is_closed_and_counted(onnx_export, tmp_path):
     ca, cert, key = make_certificates(tmp_path)
     flags = ["--ssl-certfile", str(cert), "--ssl-keyfile", str(key), "--header-timeout-s", "1.5"]
@@ -379,6 +380,7 @@ def test_content_length_with_transfer_encoding_is_refused_and_closed(keyed):
         assert b'"error":"bad_framing"' in reply.replace(b" ", b"")
 
 
+@pytest.mark.serial  # a timing bound
 def test_expect_100_continue_without_a_key_gets_401_not_continue(keyed):
     head = (
         b"POST /answer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
