@@ -22,7 +22,7 @@ from train.squad import (
     Feature,
     Prediction,
     decode_all_head_outputs,
-    featurize,
+    featurize_with,
     pad_batch,
     read_squad,
 )
@@ -126,13 +126,7 @@ def agreement(
     if not examples:
         raise ValueError(f"{data_file}: no questions")
     model = ModelSettings.from_metadata(settings)
-    features = featurize(
-        examples,
-        tokenizer,
-        max_seq_len=model.max_seq_len,
-        doc_stride=model.doc_stride,
-        max_query_len=model.max_query_len,
-    )
+    features = featurize_with(examples, tokenizer, model)
     ref_rows = predict_rows(reference, names, features, batch_size)
     got_rows = predict_rows(candidate, names, features, batch_size)
     options = DecodeOptions.of(model, answerability or Answerability.cls_only(model.no_answer_threshold))

@@ -99,6 +99,11 @@ def positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def probability(value: object) -> bool:
+    """A number in [0, 1] (not a bool, not NaN): what every threshold on P(no answer) must be."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0
+
+
 # The most candidate spans a model may keep per question: decoding pairs n-best starts with n-best ends
 # in every window, so a model file recording a huge n_best would make each question cost that squared.
 MAX_N_BEST = 100
@@ -139,7 +144,7 @@ class ModelSettings:
         if positive_int(self.n_best) and self.n_best > MAX_N_BEST:
             found.append(f"n_best must be at most {MAX_N_BEST}, got {self.n_best}")
         thr = self.no_answer_threshold
-        if isinstance(thr, bool) or not isinstance(thr, int | float) or not 0.0 <= thr <= 1.0:
+        if not probability(thr):
             found.append(f"no_answer_threshold must be a probability in [0, 1], got {thr!r}")
         if positive_int(self.max_seq_len) and positive_int(self.max_query_len):
             found += window_problems(self.max_seq_len, self.max_query_len)

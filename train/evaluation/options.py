@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from train.common.contract import probability
 from train.common.dataclass_flags import flag
 
 # The model settings a caller may override; None keeps what the checkpoint's metadata records.
@@ -41,7 +42,7 @@ class EvaluationOptions:
     progress: bool = flag(True, help="a progress bar on stderr")
 
     def __post_init__(self) -> None:
-        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
+        if self.threshold is not None and not probability(self.threshold):
             raise ValueError(f"--threshold must be a probability in [0, 1], got {self.threshold}")
         if self.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")

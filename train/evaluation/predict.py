@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from train.squad import (
     answers_and_na_probs,
     decode_all_head_outputs,
     evaluate,
-    featurize,
+    featurize_with,
     pad_batch,
     read_squad,
 )
@@ -127,9 +127,6 @@ def predict_checkpoint(
     return predict_ensemble([loaded], examples, batch_size, progress)
 
 
-WINDOW_KEYS = ("max_seq_len", "doc_stride", "max_query_len")
-
-
 def average_outputs(members: Sequence[FeatureOutputs]) -> FeatureOutputs:
     """An ensemble's outputs: the members' start, end and cls logits averaged window by window (the
     members saw the same windows). The beam head keeps only top-k log-probabilities, which cannot be
@@ -151,20 +148,23 @@ def average_outputs(members: Sequence[FeatureOutputs]) -> FeatureOutputs:
     return out
 
 
+# What an ensemble's members must record alike: their windows and decoding (the threshold is refitted).
+SHARED_SETTINGS = tuple(f.name for f in fields(ModelSettings) if f.name != "no_answer_threshold")
+
+
 def predict_ensemble(
     members: Sequence[Any], examples: Sequence[SquadExample], batch_size: int = 32, progress: bool = False
 ) -> dict[str, Prediction]:
     """:func:`predict_checkpoint` for several fine-tuned checkpoints (seeds of one recipe) whose logits
     are averaged: they must share the tokenizer and the windows, so their windows line up."""
     first = members[0]
-    meta = first.metadata
+    settings = ModelSettings.from_metadata(first.metadata)
     for m in members[1:]:
         if m.tokenizer.fingerprint() != first.tokenizer.fingerprint():
             raise ValueError(f"{m.path}: another tokenizer than {first.path}'s; an ensemble shares one")
-        if any(m.metadata.get(k) != meta.get(k) for k in (*WINDOW_KEYS, "n_best", "max_answer_len")):
+        if any(m.metadata.get(k) != first.metadata.get(k) for k in SHARED_SETTINGS):
             raise ValueError(f"{m.path}: other windows or decoding than {first.path}'s")
-    settings = ModelSettings.from_metadata(meta)
-    features = featurize(examples, first.tokenizer, **{k: getattr(settings, k) for k in WINDOW_KEYS})
+    features = featurize_with(examples, first.tokenizer, settings)
     outputs = [predict_features(m.model, features, batch_size=batch_size, progress=progress) for m in members]
     merged = outputs[0] if len(outputs) == 1 else average_outputs(outputs)
     return decode_outputs(examples, features, merged, DecodeOptions.of(settings))
@@ -288,7 +288,6 @@ def evaluate_checkpoint(
         raise ValueError(f"{checkpoint_dir} has no spiece.model")
     meta = loaded.metadata
     settings = ModelSettings.from_metadata(meta, **options.setting_overrides())
-    fkw = {k: getattr(settings, k) for k in WINDOW_KEYS}
     stored = (
         meta if options.answerability == "stored" else {k: v for k, v in meta.items() if k != "answerability"}
     )
@@ -297,7 +296,7 @@ def evaluate_checkpoint(
     warnings = in_sample_warnings(meta, deciding, examples, own_threshold=threshold is not None)
     for line in warnings:
         warn(f"warning: {line}")
-    features = featurize(examples, loaded.tokenizer, **fkw)
+    features = featurize_with(examples, loaded.tokenizer, settings)
     model = loaded.model.to(torch.device(options.device))
     decoding = DecodeOptions.of(settings, deciding, threshold)
     result = run_evaluation(

@@ -12,7 +12,7 @@ from train.recipes.finetune_config import FinetuneConfig
 from train.recipes.pretrain_config import PretrainConfig
 
 
-def BATCH(stage: str) -> dict[str, str]:  # noqa: N802 - reads as the spelling it returns
+def short_batch_flag(stage: str) -> dict[str, str]:
     """A stage's batch flag keeps its short spelling: ``--pretrain-batch``, ``--finetune-batch``."""
     return {"batch_size": f"--{stage}-batch"}
 
@@ -96,7 +96,12 @@ def _pretraining_arguments(g: _ArgumentGroup) -> None:
     # pretraining's own flags under --pretrain-..., with the study's defaults
     defaults = {"steps": 1000, "batch_size": 16, "lr": 1e-3}
     add_flags(
-        g, PretrainConfig, ("steps", "batch_size", "lr"), defaults, prefix="pretrain", spell=BATCH("pretrain")
+        g,
+        PretrainConfig,
+        ("steps", "batch_size", "lr"),
+        defaults,
+        prefix="pretrain",
+        spell=short_batch_flag("pretrain"),
     )
     add_flags(g, PretrainConfig, ("seq_len", "max_gram"), {"max_gram": 1})
     add_flags(g, PretrainConfig, ("optimizer", "weight_decay"), prefix="pretrain")
@@ -118,7 +123,12 @@ def _synth_arguments(g: _ArgumentGroup) -> None:
 def _finetuning_arguments(g: _ArgumentGroup) -> None:
     defaults = {"steps": 1500, "batch_size": 16, "lr": 5e-4}
     add_flags(
-        g, FinetuneConfig, ("steps", "batch_size", "lr"), defaults, prefix="finetune", spell=BATCH("finetune")
+        g,
+        FinetuneConfig,
+        ("steps", "batch_size", "lr"),
+        defaults,
+        prefix="finetune",
+        spell=short_batch_flag("finetune"),
     )
     # fine-tuning's own flags, with the study's defaults
     defaults = {"layer_decay": 0.9, "max_seq_len": 192, "doc_stride": 128}

@@ -31,7 +31,14 @@ from .data import (
     write_squad,
 )
 from .decode import DEFAULT_DECODING, DecodeOptions, decode, decode_beam
-from .features import Feature, feature_answer_text, featurize, featurize_encoded, featurize_one
+from .features import (
+    Feature,
+    feature_answer_text,
+    featurize,
+    featurize_encoded,
+    featurize_one,
+    featurize_with,
+)
 from .head_outputs import (
     SharedContextIndexes,
     decode_all,
@@ -92,6 +99,7 @@ __all__ = [
     "featurize",
     "featurize_encoded",
     "featurize_one",
+    "featurize_with",
     "subsample_out_of_window",
     "find_best_thresh",
     "group_features",

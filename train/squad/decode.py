@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from train.common.contract import DEFAULTS, ModelSettings
+from train.common.contract import DEFAULTS, ModelSettings, positive_int, probability
 
 from .alignment import span_text
 from .answerability import Answerability
@@ -60,10 +60,9 @@ class DecodeOptions:
 
     def __post_init__(self) -> None:
         for name in ("n_best", "max_answer_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
+            if not positive_int(getattr(self, name)):
+                raise ValueError(f"{name} must be a whole number >= 1, got {getattr(self, name)!r}")
+        if self.threshold is not None and not probability(self.threshold):
             raise ValueError(f"threshold must be a probability in [0, 1], got {self.threshold!r}")
 
     @classmethod

@@ -27,7 +27,16 @@ from typing import Literal
 
 import numpy as np
 
-from train.common.contract import CLS_ID, DEFAULTS, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEP_ID, window_problems
+from train.common.contract import (
+    CLS_ID,
+    DEFAULTS,
+    SEG_ID_A,
+    SEG_ID_B,
+    SEG_ID_CLS,
+    SEP_ID,
+    ModelSettings,
+    window_problems,
+)
 
 from .alignment import ContextEncoder, TokenizerLike, align_answer, offsets_array, span_text
 from .data import SquadExample
@@ -176,6 +185,14 @@ def _featurize_example(
                 feature.is_impossible = label_is_plausible
         features.append(feature)
     return features
+
+
+def featurize_with(
+    examples: Iterable[SquadExample], tokenizer: TokenizerLike, settings: ModelSettings
+) -> list[Feature]:
+    """:func:`featurize` with a model's own windows (its :class:`ModelSettings`): what evaluation, an
+    ensemble and the export's agreement check window questions with, as the model was trained."""
+    return featurize(examples, tokenizer, settings.max_seq_len, settings.doc_stride, settings.max_query_len)
 
 
 def featurize(
