@@ -26,7 +26,7 @@ from export.onnx.verify import compare, run_all, sample_batches
 from export.serving import sidecar as sc
 from export.serving.sessions import runner, session
 from harness.tiny_models import TINY, perturb, tiny_qa_checkpoint
-from train.common.contract import INPUT_NAMES
+from train.common.contract import DEFAULTS, INPUT_NAMES
 from train.common.digests import sha256_file
 from train.model import XLNetConfig, XLNetLMHeadModel, checkpoint
 from train.model.inference import QAInference, derive_p_mask, output_names
@@ -77,7 +77,7 @@ def test_every_head_exports_and_verifies(exports, head):
     cfg = checkpoint.load(ckpt).config
     assert (side.d_model, side.n_layer, side.vocab_size) == (cfg.d_model, cfg.n_layer, cfg.vocab_size)
     assert (side.start_n_top, side.end_n_top) == (cfg.start_n_top, cfg.end_n_top)
-    expected = {**sc.DEFAULT_SETTINGS, **(METADATA if head == "shallow" else {})}
+    expected = {**DEFAULTS.as_dict(), **(METADATA if head == "shallow" else {})}
     assert side.settings == expected
     assert (out / "spiece.model").read_bytes() == (ckpt / "spiece.model").read_bytes()
     assert (
@@ -176,7 +176,7 @@ def test_hf_simple_checkpoint_matches_transformers(tmp_path, spm_dir):
     hf, hf_dir = hf_directory(transformers.XLNetForQuestionAnsweringSimple, tmp_path, spm_dir)
     assert main(["--checkpoint", str(hf_dir), "--out", str(tmp_path / "onnx")]) == 0
     side = sc.Sidecar.load(tmp_path / "onnx")
-    assert side.head == "simple" and side.settings == sc.DEFAULT_SETTINGS
+    assert side.head == "simple" and side.settings == DEFAULTS.as_dict()
     sess = session(tmp_path / "onnx" / "model.onnx", threads=1)
     for batch in hf_shapes_batches(spm_dir):
         start, end = sess.run(None, batch)

@@ -35,8 +35,6 @@ SIDECAR_FILE = "export.json"
 TOKENIZER_FILES = ("spiece.model", "tokenizer_config.json")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 EXPORT_PRECISIONS = ("fp32", "fp16", "int8")
-# Serving settings when the checkpoint's metadata does not say (ModelSettings' defaults: BERT's run_squad).
-DEFAULT_SETTINGS: dict[str, float | int] = DEFAULTS.as_dict()
 
 # onnxruntime graph rewrites that make these graphs slower on the CPU execution provider, so every CPU
 # session (export's offline optimisation, verification, benchmarks, the server) switches them off.
@@ -200,8 +198,8 @@ class Sidecar(ServingSettings):
 
     @property
     def settings(self) -> dict[str, float | int]:
-        """The featurisation/decoding settings as one dict (keys of DEFAULT_SETTINGS)."""
-        return {key: getattr(self, key) for key in DEFAULT_SETTINGS}
+        """The featurisation/decoding settings as one dict (the fields of `ModelSettings`)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(ModelSettings)}
 
     @property
     def serving(self) -> ServingSettings:

@@ -113,7 +113,7 @@ MAX_N_BEST = 100
 class ModelSettings:
     """How a model's questions are windowed and its answers decoded: the one type of these settings.
 
-    Fine-tuning writes them into the checkpoint's ``metadata.json`` (`to_metadata`), the exporter copies
+    Fine-tuning writes them into the checkpoint's ``metadata.json`` (`as_dict`), the exporter copies
     them into ``export.json``, and every reader (evaluation, export, the server's model spec) reads them
     with `from_metadata`, where a key the model does not record takes the default: BERT's run_squad.py
     (384/128/64, answers up to 30 tokens, n-best 20), not the original XLNet's (see the module docstring).
@@ -127,11 +127,8 @@ class ModelSettings:
     no_answer_threshold: float = 0.5
 
     def as_dict(self) -> dict[str, float | int]:
+        """The settings by field name: the keys fine-tuning records in ``metadata.json``."""
         return asdict(self)
-
-    def to_metadata(self) -> dict[str, float | int]:
-        """The keys fine-tuning records (the same names as the fields)."""
-        return self.as_dict()
 
     def problems(self) -> list[str]:
         """What is wrong with these settings, one line each ([] if nothing)."""

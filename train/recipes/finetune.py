@@ -345,7 +345,7 @@ class FinetuneRecipe(Recipe):
             "step": at_step,
             "head": c.head,
             "recipe": c.recipe,
-            **settings.to_metadata(),
+            **settings.as_dict(),
             "threshold_selected_on": str(c.dev_file),
             THRESHOLD_SELECTED_ON: article_titles(self.dev_examples),
             FINE_TUNED_ON: article_titles(self.train_examples),
