@@ -63,7 +63,7 @@ lint: venv
 
 # The documentation site into site/ (strict: a broken link, anchor or page fails the build).
 docs: venv
-	$(VENV)/bin/mkdocs build --strict --quiet
+	$(VENV)/bin/mkdocs build --strict
 
 format: venv
 	$(VENV)/bin/ruff format .

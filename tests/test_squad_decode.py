@@ -355,3 +355,18 @@ def test_decode_all_beam(tok: XLNetTokenizer, dev_examples: list[SquadExample]) 
         p = preds[ex.qas_id]
         assert all(ex.context[x.start : x.end] == x.text for x in p.n_best)
         assert p.text == ("" if p.is_impossible else p.n_best[0].text)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"n_best": 0},
+        {"n_best": True},
+        {"max_answer_len": 2.5},
+        {"threshold": float("nan")},
+        {"threshold": 1.5},
+    ],
+)
+def test_decode_options_refuse_what_would_decode_nothing_or_garbage(bad: dict) -> None:
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        DecodeOptions(**bad)
