@@ -100,3 +100,15 @@ def test_a_huge_recorded_n_best_is_refused_where_it_is_read_and_cannot_be_traine
     with pytest.raises(ValueError, match=f"--n-best must be at most {MAX_N_BEST}"):
         FinetuneConfig(out=str(tmp_path / "run"), n_best=MAX_N_BEST + 1)
     assert ModelSettings(n_best=MAX_N_BEST).problems() == []
+
+
+def test_serving_settings_declare_every_model_setting_with_its_default() -> None:
+    """ServingSettings (mutable, so it cannot extend the frozen ModelSettings) repeats its fields: the
+    same names and defaults, checked here, plus the beam's top-k."""
+    import dataclasses
+
+    from export.serving.sidecar import ServingSettings
+
+    served = {f.name: f.default for f in dataclasses.fields(ServingSettings)}
+    assert {f.name: f.default for f in dataclasses.fields(ModelSettings)}.items() <= served.items()
+    assert set(served) - {f.name for f in dataclasses.fields(ModelSettings)} == {"start_n_top", "end_n_top"}
