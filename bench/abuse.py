@@ -36,7 +36,7 @@ from pathlib import Path
 import httpx
 
 from bench.common import cpu_summary, percentile
-from bench.floods import FLOODS, flood_markdown, flood_row
+from bench.flood_scenarios import FLOODS, flood_markdown, flood_row
 from bench.serve_load import Outcome, closed_loop, load_pairs
 from export.serving.backends import SERVER_BACKENDS
 from harness.server_process import ServerProcess

@@ -1,5 +1,5 @@
-"""Floods from clients with no key (or a tenant's own), and a key holder measured beside them: what
-``bench.abuse --flood`` reports and the attack tests assert.
+"""Floods from clients with no key (or a tenant's own): what ``bench.abuse --flood`` reports and the attack
+tests assert (the scenarios, and the key holder measured beside them, are :mod:`bench.flood_scenarios`).
 
 - :class:`ConnectionFlood`: keeps ``connections`` idle TCP connections open from one address, sending
   nothing, opening a new one (at most ``per_second``) whenever the server closes one.
@@ -8,11 +8,18 @@
 - :class:`TokenizerFlood`: a tenant with a valid key sending ``chars`` characters of context per
   request (``/answer/batch`` items of 20,000, each within the per-context limit) that the server
   tokenizes and then refuses (413: too many tokens or windows), at ``per_second`` requests.
+- :class:`KeyConnectionFlood`: a valid key holding ``connections`` keep-alive connections, each sending a
+  keyed request (a probe by default) every ``interval_s``, reconnecting when the server closes one.
+- :class:`LingerFlood`: keyless requests from ``addresses`` client addresses (127.0.0.2 and up) that
+  declare a body of ``body_bytes`` and send none of it, each on a connection of its own, at
+  ``per_second`` (the refusal would wait for the body).
+- :class:`MetricsFlood`: on the metrics port, ``half_open`` connections that send half a request
+  (``GET /metr``) and nothing more, and ``per_second`` whole scrapes.
+- :class:`BatchFlood`: a tenant with a valid key keeping ``concurrency`` ``/answer/batch`` requests in
+  flight, each of ``items`` contexts of ``chars`` characters (a new text each time).
 
 Each runs in a thread of its own with its own event loop, started and stopped as a context manager;
 ``python -m bench.floods KIND`` (and :func:`flood_process`) runs one in a process of its own.
-:func:`key_holder` sends ``n`` requests one after another, each on a new connection, and returns
-(status or error name, seconds) for each.
 """
 
 from __future__ import annotations
@@ -20,17 +27,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
+import resource
 import signal
-import ssl
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Coroutine, Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -170,169 +175,234 @@ class TokenizerFlood(_Flood):
                 await asyncio.sleep(1.0 / self.per_second)
 
 
-def key_holder(
-    url: str, key: str | None, n: int, ca: Path | None = None, timeout: float = 20.0, body: dict | None = None
-) -> list[tuple[str, float]]:
-    """``n`` requests one after another, each on a new connection: (status or error, seconds) each."""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    # one context for every connection: httpx would load the system's CA bundle for each new client
-    # (~18 ms), which is the client's cost, not the server's
-    verify = ssl.create_default_context(cafile=str(ca)) if ca else ssl.create_default_context()
-    body = body or {"question": "What happened?", "context": "Something happened here."}
-    out = []
-    for _ in range(n):
-        start = time.perf_counter()
+async def _read_response(reader: asyncio.StreamReader, timeout: float = 10.0) -> str:
+    """The status of one HTTP/1.1 response (its body read and dropped); "closed" if the server closed."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+    if length:
+        await asyncio.wait_for(reader.readexactly(length), timeout)
+    return head[9:12].decode("latin-1", "replace")
+
+
+async def _hold_up_to(count: int, per_second: float, one: Any) -> None:
+    """Keep ``count`` tasks of ``one()`` running, starting at most ``per_second`` new ones a second."""
+    held: set[asyncio.Task] = set()
+    gap = 1.0 / per_second
+    while True:
+        held = {t for t in held if not t.done()}
+        if len(held) < count:
+            held.add(asyncio.ensure_future(one()))
+            await asyncio.sleep(gap)
+        else:
+            await asyncio.sleep(0.01)
+
+
+class KeyConnectionFlood(_Flood):
+    def __init__(
+        self, host: str, port: int, key: str, connections: int, per_second: float = 200.0,
+        path: str = "/healthz", interval_s: float = 3.5,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.host, self.port, self.key, self.connections = host, port, key, connections
+        self.per_second, self.path, self.interval_s = per_second, path, interval_s
+
+    async def flood(self) -> None:
+        request = (
+            f"GET {self.path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {self.key}\r\n\r\n"
+        ).encode()
+
+        async def hold() -> None:
+            try:
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+            except OSError:
+                self.tally["refused"] += 1
+                return
+            self.tally["opened"] += 1
+            try:
+                while True:
+                    writer.write(request)
+                    self.tally[await _read_response(reader)] += 1
+                    await asyncio.sleep(self.interval_s)
+            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+                self.tally["closed by the server"] += 1
+            finally:
+                writer.close()
+
+        await _hold_up_to(self.connections, self.per_second, hold)
+
+
+class LingerFlood(_Flood):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        addresses: int = 16,
+        per_second: float = 300.0,
+        body_bytes: int = 1_000_000,
+    ) -> None:
+        super().__init__()
+        self.host, self.port, self.addresses = host, port, addresses
+        self.per_second, self.body_bytes = per_second, body_bytes
+
+    async def flood(self) -> None:
+        """Open loop: a request every ``1 / per_second`` seconds whatever the server does (at most 4,000
+        unanswered at once), from the addresses in turn."""
+        head = (
+            "POST /answer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {self.body_bytes}\r\n\r\n"
+        ).encode()
+        sources = itertools.cycle(f"127.0.0.{2 + k}" for k in range(self.addresses))
+
+        async def one(source: str) -> None:
+            try:
+                reader, writer = await asyncio.open_connection(self.host, self.port, local_addr=(source, 0))
+            except OSError as exc:
+                self.tally[type(exc).__name__] += 1
+                return
+            try:
+                writer.write(head)  # and never the body
+                self.tally[await _read_response(reader, timeout=15)] += 1
+            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
+                self.tally[type(exc).__name__] += 1
+            finally:
+                writer.close()
+
+        pending: set[asyncio.Task] = set()
+        while True:
+            pending = {t for t in pending if not t.done()}
+            if len(pending) < 4000:
+                pending.add(asyncio.ensure_future(one(next(sources))))
+            else:
+                self.tally["skipped: 4000 unanswered"] += 1
+            await asyncio.sleep(1.0 / self.per_second)
+
+
+class MetricsFlood(_Flood):
+    def __init__(self, host: str, port: int, half_open: int, per_second: float) -> None:
+        super().__init__()
+        self.host, self.port, self.half_open, self.per_second = host, port, half_open, per_second
+
+    async def flood(self) -> None:
+        async def half() -> None:
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), 10)
+            except (OSError, asyncio.TimeoutError) as exc:
+                self.tally[f"half-open: {type(exc).__name__}"] += 1
+                return
+            self.tally["half-open"] += 1
+            try:
+                writer.write(b"GET /metr")
+                await reader.read()  # until the server closes it
+                self.tally["half-open: closed by the server"] += 1
+            except OSError:
+                self.tally["half-open: reset"] += 1
+            finally:
+                writer.close()
+
+        async def scrape() -> None:
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), 10)
+                writer.write(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                self.tally[f"scrape {await _read_response(reader)}"] += 1
+                writer.close()
+            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
+                self.tally[f"scrape: {type(exc).__name__}"] += 1
+
+        holding = asyncio.ensure_future(_hold_up_to(self.half_open, 2000.0, half))
+        pending: set[asyncio.Task] = set()
         try:
-            with httpx.Client(base_url=url, timeout=timeout, verify=verify) as client:
-                outcome = str(client.post("/answer", json=body, headers=headers).status_code)
-        except httpx.HTTPError as exc:
-            outcome = type(exc).__name__
-        out.append((outcome, time.perf_counter() - start))
-    return out
+            while True:
+                pending = {t for t in pending if not t.done()}
+                if len(pending) < 2000:
+                    pending.add(asyncio.ensure_future(scrape()))
+                await asyncio.sleep(1.0 / self.per_second)
+        finally:
+            holding.cancel()
 
 
-FLOODS = ("connections", "connections-tls", "headers-16k", "headers-100k", "tokenizer")
-KEY_A, KEY_B = "flood-tenant-key-0123456789abcdef", "key-holder-key-fedcba9876543210"
+class BatchFlood(_Flood):
+    def __init__(self, url: str, key: str, concurrency: int = 16, items: int = 2, chars: int = 20000) -> None:
+        super().__init__()
+        self.url, self.key, self.concurrency, self.items, self.chars = url, key, concurrency, items, chars
 
+    async def flood(self) -> None:
+        words = "The committee reviewed the annual report and approved the budget for next year. "
+        base = (words * (self.chars // len(words) + 1))[: self.chars - 12]
+        serial = itertools.count()
+        headers = {"Authorization": f"Bearer {self.key}"}
+        async with httpx.AsyncClient(
+            base_url=self.url, timeout=60, limits=httpx.Limits(max_connections=64)
+        ) as client:
 
-def _p(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+            async def loop() -> None:
+                while True:
+                    items = [{"question": "What was approved?", "context": f"Report {next(serial) % int(__import__('os').environ.get('XQ_TEXTS', '1000000')):06d}. {base}"[: self.chars]}
+                             for _ in range(self.items)]  # fmt: skip
+                    try:
+                        r = await client.post("/answer/batch", json={"items": items}, headers=headers)
+                        self.tally[str(r.status_code)] += 1
+                        if r.status_code != 200:
+                            await asyncio.sleep(float(r.headers.get("retry-after", "1")))
+                    except httpx.HTTPError as exc:
+                        self.tally[type(exc).__name__] += 1
 
-
-@dataclass(frozen=True)
-class FloodSetup:
-    """One flood's scenario, the one home ``bench.abuse --flood`` and the attack tests read: the
-    server's flags beyond its keys file, the key holder's request (None: a short question) and, under
-    TLS, the CA its clients trust."""
-
-    name: str
-    flags: tuple[str, ...]
-    body: dict[str, str] | None
-    ca: Path | None
-
-    def flood(self, url: str, port: int, tenant_key: str) -> tuple[str, ...]:
-        """:func:`flood_process`'s arguments against the server at ``url`` (``port``): a connection
-        flood never speaks, so it gets plain TCP, TLS or not; the tokenizer flood is ``tenant_key``'s."""
-        name = self.name
-        if name.startswith("connections"):
-            return ("connections", f"http://127.0.0.1:{port}", "--connections", "300", "--per-second", "200")
-        if name.startswith("headers-"):
-            block = {"headers-16k": 16 * 1024, "headers-100k": 100 * 1024}[name]
-            return ("headers", url, "--block-bytes", str(block), "--bytes-per-second", "1000000")
-        return ("tokenizer", url, "--key", tenant_key, "--chars", "60000", "--per-second", "20")
-
-
-def flood_setup(name: str, work: Path) -> FloodSetup:
-    """The scenario of flood ``name`` (one of :data:`FLOODS`); TLS certificates are written under ``work``.
-
-    - connections: ``--max-connections 150``, a 3 s header deadline, and a flood of 300 idle connections;
-    - headers: the default caps, ~1 MB/s of 16 KB or 100 KB header blocks;
-    - tokenizer: the README's example limits per key, at most 64 windows a request (a 60,000-character
-      context is ~110), and the key holder's long question on the featurize thread.
-    """
-    if name not in FLOODS:
-        raise ValueError(f"unknown flood {name!r}; one of {', '.join(FLOODS)}")
-    if name.startswith("connections"):
-        flags: tuple[str, ...] = ("--max-connections", "150", "--header-timeout-s", "3")
-        if not name.endswith("tls"):
-            return FloodSetup(name, flags, None, None)
-        from harness.certificates import make_certificates
-
-        ca, cert, key = make_certificates(work)
-        return FloodSetup(name, (*flags, "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)), None, ca)
-    if name.startswith("headers-"):
-        return FloodSetup(name, (), None, None)
-    limits = ("--key-requests-per-s", "20", "--key-windows-per-s", "200", "--key-max-inflight-windows", "256")
-    words = "The committee reviewed the annual report and approved the budget for next year. "
-    body = {"question": "What was approved?", "context": (words * 30)[:2400]}
-    return FloodSetup(name, (*limits, "--max-request-windows", "64"), body, None)
-
-
-def flood_row(
-    name: str,
-    model: str | Path,
-    backend: str,
-    work: Path,
-    requests: int = 60,
-    repo: Path | None = None,
-    python: str | None = None,
-) -> dict[str, Any]:
-    """One flood against a fresh server (``repo``'s, under ``python``, when given), with a key holder
-    measured before and during it: success rate, p50 and p99 (ms) of each, and the flood's own tally."""
-    from harness.server_process import ServerProcess
-
-    work.mkdir(parents=True, exist_ok=True)
-    keys = work / "flood-keys.txt"
-    keys.write_text(f"tenant: {KEY_A}\nholder: {KEY_B}\n")
-    keys.chmod(0o600)
-    setup = flood_setup(name, work)
-    server = ServerProcess(model, "--api-keys-file", str(keys), *setup.flags, backend=backend, repo=repo,
-                           python=python, tls_ca=setup.ca, log_path=work / f"flood-{name}.log")  # fmt: skip
-    with server:
-        unloaded = key_holder(server.url, KEY_B, requests, ca=setup.ca, body=setup.body)
-        with flood_process(*setup.flood(server.url, server.port, KEY_A)) as flood:
-            time.sleep(3.0)
-            flooded = key_holder(server.url, KEY_B, requests, ca=setup.ca, body=setup.body)
-    row: dict[str, Any] = {"flood": name, "tally": flood.tally}
-    for phase, outcomes in (("unloaded", unloaded), ("flooded", flooded)):
-        ok = [t * 1000 for o, t in outcomes if o == "200"]
-        row[phase] = {
-            "success": len(ok) / len(outcomes),
-            "p50_ms": _p(ok, 0.5),
-            "p99_ms": _p(ok, 0.99),
-            "outcomes": dict(Counter(o for o, _ in outcomes)),
-        }
-    return row
-
-
-def flood_markdown(rows: Sequence[dict[str, Any]], title: str) -> str:
-    lines = [f"**{title}**", "", "| flood | key holder unloaded: ok, p50, p99 ms | under the flood: ok, p50, p99 ms | p99 ratio | the flood saw |",
-             "| --- | --- | --- | --- | --- |"]  # fmt: skip
-    for r in rows:
-        u, f = r["unloaded"], r["flooded"]
-        ratio = f["p99_ms"] / u["p99_ms"] if u["p99_ms"] and f["p99_ms"] == f["p99_ms"] else float("nan")
-        failures = {k: v for k, v in f["outcomes"].items() if k != "200"}
-        lines.append(
-            f"| {r['flood']} | {u['success']:.0%}, {u['p50_ms']:.1f}, {u['p99_ms']:.1f} | "
-            f"{f['success']:.0%}, {f['p50_ms']:.1f}, {f['p99_ms']:.1f}"
-            + (f" (failed: {failures})" if failures else "")
-            + f" | {ratio:.2f} | {r['tally']} |"
-        )
-    return "\n".join(lines)
+            await asyncio.gather(*(loop() for _ in range(self.concurrency)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m bench.floods KIND ...``: one flood for ``--seconds`` in a process of its own (so it
     shares no interpreter lock with whoever measures beside it); prints what it saw as JSON."""
     p = argparse.ArgumentParser(prog="python -m bench.floods", description=main.__doc__)
-    p.add_argument("kind", choices=("connections", "headers", "tokenizer"))
+    p.add_argument("kind", choices=KINDS)
     p.add_argument("--url", required=True, help="http(s)://127.0.0.1:PORT")
     p.add_argument("--seconds", type=float, default=10.0)
-    p.add_argument("--connections", type=int, default=2200, help="connections: how many to hold")
+    p.add_argument(
+        "--connections", type=int, default=2200, help="connections, key-connections: how many to hold"
+    )
     p.add_argument("--per-second", type=float, default=200.0, help="connections opened / requests sent per s")
     p.add_argument("--block-bytes", type=int, default=16384, help="headers: the header block's size")
     p.add_argument("--bytes-per-second", type=float, default=1e6, help="headers: the flood's rate")
-    p.add_argument("--key", help="tokenizer: the tenant's key")
-    p.add_argument("--chars", type=int, default=60000, help="tokenizer: characters per context")
+    p.add_argument("--key", help="tokenizer, key-connections, batches: the tenant's key")
+    p.add_argument("--chars", type=int, default=60000, help="tokenizer, batches: characters per context")
+    p.add_argument("--path", default="/healthz", help="key-connections: what each connection asks")
+    p.add_argument("--addresses", type=int, default=16, help="lingering: client addresses (127.0.0.2 on)")
+    p.add_argument("--half-open", type=int, default=2000, help="metrics: half-sent connections to hold")
+    p.add_argument("--concurrency", type=int, default=16, help="batches: requests in flight")
     args = p.parse_args(argv)
     parsed = urlparse(args.url)
     host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
+    if args.kind in ("tokenizer", "key-connections", "batches") and not args.key:
+        p.error(f"{args.kind} needs --key")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # thousands of sockets
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     flood: _Flood
     if args.kind == "connections":
         flood = ConnectionFlood(host, port, args.connections, args.per_second)
     elif args.kind == "headers":
         flood = HeaderFlood(host, port, args.block_bytes, args.bytes_per_second)
-    else:
-        if not args.key:
-            p.error("tokenizer needs --key")
+    elif args.kind == "tokenizer":
         flood = TokenizerFlood(args.url, args.key, args.chars, args.per_second)
+    elif args.kind == "key-connections":
+        flood = KeyConnectionFlood(host, port, args.key, args.connections, args.per_second, args.path)
+    elif args.kind == "lingering":
+        flood = LingerFlood(host, port, args.addresses, args.per_second)
+    elif args.kind == "metrics":
+        flood = MetricsFlood(host, port, args.half_open, args.per_second)
+    else:
+        flood = BatchFlood(args.url, args.key, args.concurrency, chars=args.chars)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with flood:
         stop.wait(args.seconds)
     print(json.dumps(dict(flood.tally)), flush=True)
     return 0
+
+
+KINDS = ("connections", "headers", "tokenizer", "key-connections", "lingering", "metrics", "batches")
 
 
 class FloodProcess:

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from server.flags import load_settings
+from server.flags import SecretInArgv, load_settings
+from server.gil import prefer_latency
 from server.request_ids import configure_logging
 
 
@@ -25,6 +26,8 @@ def _fail(message: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(argv)
+    except SecretInArgv as exc:
+        return _fail(str(exc))
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors()
@@ -33,6 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.model is None:
         return _fail("--model DIR (or XLNETQA_MODEL) is required")
     configure_logging(settings.log_level)
+    prefer_latency()
 
     import uvicorn
 
@@ -41,8 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from server.connection import configure_connections, connection_protocol
     from server.hosts import is_loopback
     from server.model_spec import ModelSpecError, resolve_spec
-    from server.quotas import CallerLimits
-    from server.quotas_redis import LimitsStoreError, RedisQuotas
+    from server.quotas_redis import LimitsStoreError, check_store
     from server.tls import TlsSetupError
 
     try:
@@ -52,9 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         keys = KeyRing.from_settings(settings.api_keys_file, allow_shared=settings.allow_shared_keys_file)
         tls = settings.tls_context()
         if settings.limits_redis is not None:
-            RedisQuotas(
-                CallerLimits.from_settings(settings), settings.max_request_windows, settings.limits_redis
-            ).ping()
+            check_store(settings)
     except (ModelSpecError, BackendUnavailable, KeyFileError, TlsSetupError, LimitsStoreError) as exc:
         return _fail(str(exc))
     if keys is None and not is_loopback(settings.host):
@@ -84,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     configure_connections(
         settings.header_timeout_s, tls, settings.max_headers, settings.max_header_bytes,
-        settings.unauthenticated_per_address,
+        settings.unauthenticated_per_address, settings.connections_per_key,
     )  # fmt: skip
     if settings.fronts_over_engine:
         from server.supervisor import run_fronts_over_engine
@@ -100,12 +101,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             server.should_exit = True
 
     app = create_app(settings, spec=spec, on_fatal=stop)
+    listener = None
     if settings.metrics_port is not None:
         from server.metrics_listener import start_metrics_listener
 
-        start_metrics_listener(settings.host, settings.metrics_port, registry=app.state.metrics.registry)
+        try:
+            listener = start_metrics_listener(
+                settings.host, settings.metrics_port, registry=app.state.metrics.registry
+            )
+        except OSError as exc:
+            return _fail(f"--metrics-port {settings.metrics_port}: cannot listen ({exc.strerror or exc})")
     server = uvicorn.Server(uvicorn.Config(app, lifespan="on", **common))
-    server.run()
+    try:
+        server.run()
+    finally:
+        if listener is not None:
+            listener.shutdown()
     runtime = app.state.runtime
     if runtime.state == "failed":
         print(f"error: model failed to load: {runtime.error}", file=sys.stderr)

@@ -54,14 +54,14 @@ class AnswerService:
         self.host = host
         self.queue = queue
         self.timeout_s = timeout_s
-        # One thread: long inputs are tokenized one at a time, so a flood of them cannot take every core;
-        # it serves callers in turn, so one caller's flood cannot hold the others' long inputs back.
-        self._featurizer = FairExecutor()
+        # One thread: long inputs are tokenized and decoded one at a time, so a flood of them cannot take
+        # every core; it serves callers in turn, so one caller's flood cannot hold the others' back.
+        self._host_work = FairExecutor()
         self._backlog_chars = 0  # normalised characters waiting for (or in) the featurizing thread
         self._backlog_by_caller: dict[str, int] = {}
 
     def close(self) -> None:
-        self._featurizer.shutdown()
+        self._host_work.shutdown()
 
     async def _featurize(
         self, items: Sequence[Question], normalized: int, inline: bool, caller: str
@@ -84,7 +84,7 @@ class AnswerService:
         self._backlog_chars += normalized
         self._backlog_by_caller[caller] = mine + normalized
         try:
-            result = await asyncio.wrap_future(self._featurizer.submit(caller, work))
+            result = await asyncio.wrap_future(self._host_work.submit(caller, work))
         except asyncio.CancelledError:
             given_up = True  # still waiting for the thread: it skips this request
             raise
@@ -120,7 +120,9 @@ class AnswerService:
             groups = featurized[0]
             if time.perf_counter() >= t0 + self.timeout_s:  # spent while tokenizing: a timeout, not overload
                 raise asyncio.TimeoutError
-            futures.extend(self.queue.submit(groups, tag=tag, deadline=t0 + self.timeout_s, caller=caller))
+            futures.extend(
+                await self.queue.submit(groups, tag=tag, deadline=t0 + self.timeout_s, caller=caller)
+            )
             charge.windows = sum(len(g) for g in groups)
             return featurized, list(await asyncio.gather(*futures))
 
@@ -147,10 +149,11 @@ class AnswerService:
         outputs = [r.rows for r in results]
         if inline:
             preds, dec_ms = self.host.decode_answers(items, groups, contexts, outputs)
-        else:
-            preds, dec_ms = await asyncio.to_thread(
-                self.host.decode_answers, items, groups, contexts, outputs
+        else:  # in the host-work thread, callers in turn (as for featurizing)
+            decoding = self._host_work.submit(
+                caller, lambda: self.host.decode_answers(items, groups, contexts, outputs)
             )
+            preds, dec_ms = await asyncio.wrap_future(decoding)
         total = (time.perf_counter() - t0) * 1000
         return [
             Answered(

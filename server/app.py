@@ -34,6 +34,7 @@ from server.door import (
 from server.errors import install_error_handlers
 from server.framing import FramingMiddleware
 from server.front import FrontLifecycle
+from server.gil import prefer_latency
 from server.hosts import HostCheckMiddleware, allowed_hosts, is_loopback
 from server.lifecycle import BackendFactory, Lifecycle, ModelLifecycle
 from server.metrics import Metrics, MetricsMiddleware
@@ -78,7 +79,7 @@ def create_app(
     runtime: Lifecycle
     limits: DoorLimits
     if engine_address is None:
-        quotas = quotas_for(settings)
+        quotas = quotas_for(settings, metrics.store_watch(), keyed=keys is not None)
         runtime = ModelLifecycle(settings, spec, metrics, backend_factory or create_backend, on_fatal, quotas)
         limits = quotas
     else:  # a front: the engine process owns the model and the per-key limits
@@ -125,6 +126,7 @@ def create_app(
         failures=failures,
         quotas=limits,
         metrics=metrics,
+        retry_after_s=settings.retry_after_s,
     )
     hosts = allowed_hosts(settings.trusted_hosts, is_loopback(settings.host))
     app.add_middleware(HostCheckMiddleware, allowed=hosts, metrics=metrics)
@@ -181,9 +183,10 @@ def create_app_from_env() -> FastAPI:
     takes connections only once its model is ready (a respawned one leaves them to its siblings)."""
     settings = ServerSettings()
     configure_logging(settings.log_level)
+    prefer_latency()
     configure_connections(  # this worker's connections
         settings.header_timeout_s, settings.tls_context(), settings.max_headers, settings.max_header_bytes,
-        settings.unauthenticated_per_address,
+        settings.unauthenticated_per_address, settings.connections_per_key,
     )  # fmt: skip
     address = os.environ.get(ENGINE_ADDRESS_ENV) or None
     return create_app(settings, on_fatal=_exit_worker, listen_while_loading=False, engine_address=address)

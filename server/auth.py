@@ -144,8 +144,10 @@ def parse_env_text(text: str, source: str = KEYS_ENV) -> _Parsed:
     return _parse_entries(entries, f"{source} entry")
 
 
-def shared_file_problem(path: Path) -> str | None:
-    """Why ``path`` is unsafe for keys, or None: other users may read or write it (any permission for
+def shared_file_problem(
+    path: Path, what: str = "the keys file", override: str = "--allow-shared-keys-file"
+) -> str | None:
+    """Why ``path`` is unsafe for secrets (``what``: keys, a password), or None: other users may read or write it (any permission for
     others; write for its group; read for a group this process is not in). Readable by the process's
     own group is fine (Kubernetes mounts a Secret so, with fsGroup). POSIX modes only."""
     if os.name != "posix":
@@ -162,8 +164,8 @@ def shared_file_problem(path: Path) -> str | None:
     else:
         return None
     return (
-        f"{path}: the keys file is {who} by other users (mode {mode & 0o777:04o}): chmod 600 it, or 640 "
-        "with a group of this server's user (or --allow-shared-keys-file)"
+        f"{path}: {what} is {who} by other users (mode {mode & 0o777:04o}): chmod 600 it, or 640 "
+        f"with a group of this server's user (or {override})"
     )
 
 
@@ -305,6 +307,12 @@ class KeyRing:
             if hmac.compare_digest(stored, d):
                 found = name
         return found
+
+
+def keys_configured(keys_file: Path | None, env: dict[str, str] | None = None) -> bool:
+    """Whether a server with this keys file (and environment) asks for keys: what a process that does not
+    check keys itself (the engine) needs to know of them."""
+    return keys_file is not None or bool((os.environ if env is None else env).get(KEYS_ENV, "").strip())
 
 
 def presented_key(headers: dict[bytes, bytes]) -> str | None:

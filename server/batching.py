@@ -209,11 +209,16 @@ class MicroBatcher:
         self.policy.check_queue(windows)
 
     def submit_many(
-        self, groups: Sequence[Sequence[Feature]], tag: str = "", deadline: float | None = None
+        self,
+        groups: Sequence[Sequence[Feature]],
+        tag: str = "",
+        deadline: float | None = None,
+        caller: str = "",
     ) -> list[asyncio.Future]:
         """Admit one request's questions at once, all or none (a batch request is never half-queued).
 
-        ``deadline`` (``time.perf_counter()`` time) lets a large request be scheduled to meet it. Returns
+        ``deadline`` (``time.perf_counter()`` time) lets a large request be scheduled to meet it;
+        ``caller`` (an API key's name) is the lane it waits in: callers take turns. Returns
         one future per question resolving to a :class:`JobResult`. Raises QueueFull, BatcherClosed or
         BatcherUnhealthy without queueing anything.
         """
@@ -223,7 +228,7 @@ class MicroBatcher:
         self.check_admission(n)
         loop = asyncio.get_running_loop()
         now = time.perf_counter()
-        request: Request[_Job] = Request(deque(), now, deadline)
+        request: Request[_Job] = Request(deque(), now, deadline, caller=caller)
         futures = []
         for features in groups:
             k = len(features)

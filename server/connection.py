@@ -10,10 +10,11 @@ before a request reaches the app:
   plus headers, counted as the parser reads them, however the bytes arrive (one read or many): over
   either, ``431`` and the connection is closed. Nothing an unauthenticated client sends grows without
   bound before the door (:mod:`server.door`) runs.
-- **Connections before the door.** At most ``per_address`` connections from one address that no request
-  has passed the door on yet, and the oldest idle one of them closed when a new connection would fill
-  ``--max-connections`` (:mod:`server.door_pool`): a keyless flood of idle connections cannot take the
-  slots key holders need.
+- **Who holds the connections.** At most ``per_address`` connections from one address that no request
+  has passed the door on yet, at most ``per_key`` that one key's requests passed it on, and the oldest
+  idle unvouched one (else the oldest idle one of the key holding the most) closed when a new connection
+  would fill ``--max-connections`` (:mod:`server.door_pool`): neither a keyless flood of idle
+  connections nor one key's can take the slots other key holders need.
 - **Pipelining.** At most ``MAX_PIPELINED`` requests queued on one connection behind the one being
   answered (the parser would otherwise read a whole buffer of tiny requests, each a queued object,
   before the door has refused the first): over it, 400 and a close.
@@ -83,6 +84,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     max_header_bytes: int = 16384
     tls: ssl.SSLContext | None = None
     per_address: int | None = None  # unvouched connections one address may hold (None: no cap)
+    per_key: int | None = None  # connections one key's requests may hold (None: no cap)
     address_log = AddressLog()
     pool = DoorPool()
 
@@ -95,6 +97,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_count = 0
         self._framing: set[bytes] = set()
+        self.lingering = False  # a refusal is reading the refused body (idle, for the pool)
 
     # ---- the header deadline --------------------------------------------------------------------
 
@@ -129,17 +132,33 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             connection.close_idle()
         if evicted:
             self.address_log.warn(
-                "*", "evicted", "closed idle connections no valid key has used, to make room for new ones"
+                "*",
+                "evicted",
+                "closed idle connections (unvouched first, else the largest key's) to make room",
             )
 
     @property
     def idle(self) -> bool:
-        """No request in progress (nothing is cut short by closing it)."""
-        return self.cycle is None or self.cycle.response_complete
+        """No request in progress, or only a refusal reading the refused body (nothing the client is owed
+        is cut short by closing it)."""
+        return self.cycle is None or self.cycle.response_complete or self.lingering
 
-    def vouch(self) -> None:
-        """A request on this connection passed the door (server.door)."""
-        self.pool.vouch(self)
+    @property
+    def pool_nearly_full(self) -> bool:
+        """Nine tenths of ``--max-connections`` are taken: no refusal lingers to read a body now."""
+        limit = self.limit_concurrency
+        return limit is not None and len(self.connections) * 10 >= limit * 9
+
+    def vouch(self, key: str) -> None:
+        """A request of ``key`` on this connection passed the door (server.door): it is the key's now,
+        and the key's oldest idle connection goes if it holds more than ``per_key``."""
+        over_cap: list[GuardedHttpProtocol] = self.pool.vouch(self, key, self.per_key)
+        for connection in over_cap:
+            connection.close_idle()
+        if over_cap:
+            self.address_log.warn(
+                key, "per_key", f"closed idle connections of this key: over {self.per_key} at once"
+            )
 
     def close_idle(self) -> None:
         if self.transport is not None:
@@ -180,6 +199,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         self._head_bytes, self._head_count, self._framing = 0, 0, set()
+        self.lingering = False
         super().on_message_begin()
         self.scope[CONNECTION_SCOPE_KEY] = self  # type: ignore[literal-required]  # the door vouches for it
 
@@ -309,10 +329,12 @@ def configure_connections(
     max_headers: int = 100,
     max_header_bytes: int = 16384,
     per_address: int | None = None,
+    per_key: int | None = None,
 ) -> None:
     """This process's connection rules: the header deadline, the header caps, the unvouched connections
-    one address may hold, and TLS (None: plain HTTP)."""
+    one address may hold, the connections one key may hold, and TLS (None: plain HTTP)."""
     GuardedHttpProtocol.per_address = per_address
+    GuardedHttpProtocol.per_key = per_key
     GuardedHttpProtocol.header_timeout_s = header_timeout_s
     GuardedHttpProtocol.max_headers = max_headers
     GuardedHttpProtocol.max_header_bytes = max_header_bytes

@@ -28,7 +28,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from server.auth import KeyRing, presented_key
 from server.body_limit import LINGER_S, discard_body
 from server.connection import CONNECTION_SCOPE_KEY
-from server.errors import error_response, rate_limited_response
+from server.engine.failures import EngineUnavailable
+from server.errors import engine_unavailable_response, error_response, rate_limited_response
 from server.metrics import Metrics
 from server.observe import KEY_NAME
 from server.quotas import FailureLimiter, OverLimit
@@ -93,9 +94,11 @@ class DoorMiddleware:
         failures: FailureLimiter,
         quotas: DoorLimits,
         metrics: Metrics,
+        retry_after_s: int = 1,
     ) -> None:
         self.app, self.keys, self.open_paths = app, keys, open_paths
         self.failures, self.quotas, self.metrics = failures, quotas, metrics
+        self.retry_after_s = retry_after_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -120,7 +123,7 @@ class DoorMiddleware:
             return
         address = (scope.get("client") or ("unknown", 0))[0]
         wait = self.failures.blocked_for(address)
-        if wait > 0:
+        if wait > 0:  # over its budget: answered at once, its body never read
             self.metrics.auth_failures.labels("address_blocked").inc()
             response = error_response(
                 self.metrics, 429, "too_many_auth_failures",
@@ -134,7 +137,7 @@ class DoorMiddleware:
                 self.metrics, 401, "unauthorized", UNAUTHORIZED_MESSAGE,
                 headers={"WWW-Authenticate": "Bearer", "Connection": "close"},
             )  # fmt: skip
-        await _refuse(response, scope, receive, send, headers)
+        await _refuse(response, scope, receive, send, headers, linger=wait <= 0)
 
     async def _admitted(
         self,
@@ -145,18 +148,23 @@ class DoorMiddleware:
         headers: dict[bytes, bytes],
         entered: float,
     ) -> None:
-        """A caller let in: its request rate and daily quota (the probes are free), then the app."""
+        """A caller let in: its request rate and daily quota (the probes are free), then the app. Only a
+        request within its key's limits vouches for its connection (server.door_pool): a probe or a
+        refusal leaves it unvouched, so neither can hold slots of --max-connections for a key."""
         connection = scope.get(CONNECTION_SCOPE_KEY)
-        if connection is not None:  # a client's connection, not a flood's (server.door_pool)
-            connection.vouch()
         if scope.get("path") not in PROBES:
             try:
                 await self.quotas.admit(name)
             except OverLimit as exc:
-                await _refuse(
-                    rate_limited_response(self.metrics, exc, close=True), scope, receive, send, headers
-                )
+                response = rate_limited_response(self.metrics, exc, close=True)
+                await _refuse(response, scope, receive, send, headers)
                 return
+            except EngineUnavailable as exc:  # the engine process restarts: a clean 503, never a 500
+                response = engine_unavailable_response(self.metrics, exc, self.retry_after_s)
+                await _refuse(response, scope, receive, send, headers)
+                return
+            if connection is not None:
+                connection.vouch(name)
         clock = stage_clock(scope)
         if clock is not None:
             clock.admitted = clock.since("auth", entered)
@@ -164,12 +172,30 @@ class DoorMiddleware:
 
 
 async def _refuse(
-    response: Response, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes]
+    response: Response,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    headers: dict[bytes, bytes],
+    linger: bool = True,
 ) -> None:
-    """Send a refusal; a small body still on its way is read first (briefly) so the client sees it,
-    unless the client waits for ``100 Continue`` (reading would invite the body the refusal is for)."""
+    """Send a refusal. A small body still on its way is read first (briefly) so the client sees the
+    answer instead of a reset, unless the client waits for ``100 Continue`` (reading would invite the body
+    the refusal is for), ``linger`` is off (an address over its failure budget), or the connections are
+    nearly all taken. While it reads, its connection counts as idle: the pool may close it for a
+    newcomer, and its address's cap counts it."""
     declared = headers.get(b"content-length", b"")
     expects_continue = headers.get(b"expect", b"").lower() == b"100-continue"
-    if declared.isdigit() and 0 < int(declared) <= LINGER_BYTES and not expects_continue:
+    connection = scope.get(CONNECTION_SCOPE_KEY)
+    crowded = connection is not None and connection.pool_nearly_full
+    if (
+        linger
+        and not crowded
+        and declared.isdigit()
+        and 0 < int(declared) <= LINGER_BYTES
+        and not expects_continue
+    ):
+        if connection is not None:
+            connection.lingering = True
         await discard_body(receive, LINGER_S)
     await response(scope, receive, send)

@@ -1,20 +1,29 @@
-"""Connections before the door: what a client that has shown no valid key may hold.
+"""Who holds the server's connections: what a client that has shown no valid key may hold, and what one
+key may hold.
 
-A connection is *unvouched* from its accept until a request on it passes the door (a valid API key, or
-any request when the server has no keys). Unvouched connections cost a slot of ``--max-connections``
-and nothing else, so a keyless client could hold every slot, sending nothing and reconnecting as the
-header deadline closes them, and a key holder would find none free. Two rules bound them:
+A connection is *unvouched* from its accept until a request on it passes the door (a valid API key
+within its limits, or any request when the server has no keys); probes (``/healthz``, ``/readyz``)
+and refused requests never vouch. Unvouched connections cost a slot of ``--max-connections`` and
+nothing else, so a keyless client could hold every slot, sending nothing and reconnecting as the
+header deadline closes them, and a key holder would find none free. A vouched connection belongs to
+its key, and one key could hold every slot the same way (a keyed probe every few seconds on thousands
+of keep-alive connections). The rules:
 
 - **Per address**: at most ``per_address`` unvouched connections from one client address at once; a
   new one over it closes that address's oldest *idle* unvouched connection (no request in progress).
   The newcomer is never the one refused: behind a proxy or NAT every client shares the flood's address,
   and a client's new connection must still get in.
+- **Per key**: at most ``per_key`` connections vouched by one key; a request that vouches one more
+  closes that key's oldest idle connection.
 - **Room for newcomers**: when accepting a connection would fill the pool, the oldest idle unvouched
-  connection of any address is closed to make room.
+  connection of any address is closed to make room; if there is none, the oldest idle connection of
+  the key holding the most.
 
-A flood of idle connections therefore only ever displaces itself: a key holder's new connection gets a
-slot, is the newest, and is vouched by its first request (a millisecond later) long before enough newer
-connections could age it out. Vouched connections are never closed here.
+A refusal that is still reading the refused body (so that the client sees the answer, not a reset)
+counts as idle here: closing it cuts nothing the client is owed. A flood of idle connections therefore
+only ever displaces itself, keyless or keyed: a key holder's new connection gets a slot, is the newest,
+and is vouched by its first request (a millisecond later) long before enough newer connections could
+age it out.
 
 Plain bookkeeping with no I/O: :mod:`server.connection` calls it and closes what it names.
 """
@@ -22,6 +31,7 @@ Plain bookkeeping with no I/O: :mod:`server.connection` calls it and closes what
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from collections.abc import Iterable
 from typing import Protocol, TypeVar
 
 
@@ -36,17 +46,24 @@ C = TypeVar("C", bound=PoolMember)
 
 
 class DoorPool:
-    """Unvouched connections, oldest first, and how many each address holds."""
+    """Unvouched connections (oldest first, and how many each address holds) and vouched ones by key."""
 
     def __init__(self) -> None:
         self._unvouched: OrderedDict[object, str] = OrderedDict()
         self._by_address: Counter[str] = Counter()
+        self._by_key: dict[str, OrderedDict[object, None]] = {}  # oldest first
+        self._key_of: dict[object, str] = {}
 
     def __len__(self) -> int:
         return len(self._unvouched)
 
     def holds(self, address: str) -> int:
+        """Unvouched connections ``address`` holds."""
         return self._by_address[address]
+
+    def held_by_key(self, key: str) -> int:
+        """Connections ``key`` vouched for."""
+        return len(self._by_key.get(key, ()))
 
     def accept(self, connection: C, address: str, per_address: int | None) -> list[C]:
         """Count a new connection; returns the same address's idle unvouched connections to close
@@ -64,9 +81,20 @@ class DoorPool:
             self.forget(c)
         return evict  # type: ignore[return-value]
 
-    def vouch(self, connection: object) -> None:
-        """A request on ``connection`` passed the door: it is a client's, not the flood's."""
+    def vouch(self, connection: C, key: str, per_key: int | None) -> list[C]:
+        """A request of ``key`` on ``connection`` passed the door: it is that key's now. Returns the
+        key's idle connections to close (oldest first, never ``connection``) beyond ``per_key``."""
         self.forget(connection)
+        own = self._by_key.setdefault(key, OrderedDict())
+        own[connection] = None
+        self._key_of[connection] = key
+        if per_key is None or len(own) <= per_key:
+            return []
+        over = len(own) - per_key
+        evict = [c for c in own if c is not connection and c.idle][:over]  # type: ignore[attr-defined]
+        for c in evict:
+            self.forget(c)
+        return evict  # type: ignore[return-value]
 
     def forget(self, connection: object) -> None:
         address = self._unvouched.pop(connection, None)
@@ -74,18 +102,38 @@ class DoorPool:
             self._by_address[address] -= 1
             if self._by_address[address] <= 0:
                 del self._by_address[address]
+        key = self._key_of.pop(connection, None)
+        if key is not None:
+            own = self._by_key[key]
+            own.pop(connection, None)
+            if not own:
+                del self._by_key[key]
 
     def make_room(self, connections: int, limit: int | None, newcomer: object) -> list[C]:
-        """The idle unvouched connections to close (oldest first, never ``newcomer``) so that
-        ``connections`` (all of them, vouched and not) stays under ``limit``."""
+        """The idle connections to close (never ``newcomer``) so that ``connections`` (all of them)
+        stays under ``limit``: unvouched ones first, oldest first; then those of the key holding the
+        most, oldest first."""
         if limit is None or connections < limit:
             return []
-        evict: list[C] = []
-        for connection in self._unvouched:
-            if connections - len(evict) < limit:
-                break
-            if connection is not newcomer and connection.idle:  # type: ignore[attr-defined]
-                evict.append(connection)  # type: ignore[arg-type]
-        for connection in evict:
-            self.forget(connection)
-        return evict
+        need = connections - limit + 1
+        evict = _idle(self._unvouched, newcomer, need)
+        while len(evict) < need and self._by_key:
+            key = max(self._by_key, key=lambda k: len(self._by_key[k]))
+            taken = _idle(self._by_key[key], newcomer, need - len(evict))
+            if not taken:
+                break  # the largest key's connections are all busy: nothing idle to take
+            evict.extend(taken)
+        for c in evict:
+            self.forget(c)
+        return evict  # type: ignore[return-value]
+
+
+def _idle(connections: Iterable[object], newcomer: object, n: int) -> list[object]:
+    """Up to ``n`` idle connections of ``connections``, oldest first, never ``newcomer``."""
+    found: list[object] = []
+    for c in connections:
+        if len(found) == n:
+            break
+        if c is not newcomer and c.idle:  # type: ignore[attr-defined]
+            found.append(c)
+    return found

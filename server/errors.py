@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.api_error import ApiError
+from server.engine.failures import EngineUnavailable
 from server.metrics import Metrics
 from server.quotas import OverLimit
 from server.request_ids import REQUEST_ID_HEADER, request_id_var
@@ -75,6 +76,13 @@ def rate_limited_response(metrics: Metrics, exc: OverLimit, close: bool = False)
     return error_response(metrics, 429, "rate_limited", exc.message, headers=headers)
 
 
+def engine_unavailable_response(metrics: Metrics, exc: Exception, retry_after_s: int) -> JSONResponse:
+    """503 ``engine_unavailable`` + Retry-After: the engine process is away (killed, restarting, hung);
+    the door (per-key limits live there) and the routes both answer with it."""
+    headers = {"Retry-After": str(retry_after_s), "Connection": "close"}
+    return error_response(metrics, 503, "engine_unavailable", str(exc), headers=headers)
+
+
 def error_response(metrics: Metrics, status: int, kind: str, message: str, **extra: Any) -> JSONResponse:
     metrics.errors.labels(kind).inc()
     request_id = request_id_var.get()
@@ -116,6 +124,10 @@ def install_error_handlers(app: FastAPI, metrics: Metrics, settings: ServerSetti
     @app.exception_handler(OverLimit)
     async def _over_limit(_: Request, exc: OverLimit) -> JSONResponse:
         return rate_limited_response(metrics, exc)
+
+    @app.exception_handler(EngineUnavailable)
+    async def _engine_away(_: Request, exc: EngineUnavailable) -> JSONResponse:
+        return engine_unavailable_response(metrics, exc, settings.retry_after_s)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

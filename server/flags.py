@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from server.settings import ServerSettings
+from server.settings import ServerSettings, url_password
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +26,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class SecretInArgv(ValueError):
+    """A flag's value holds a secret, which ``ps`` would show to every local user."""
+
+
+def refuse_secrets(values: dict[str, str]) -> None:
+    """SecretInArgv for a flag that carries a password (keys never have a flag at all)."""
+    url = values.get("limits_redis")
+    if url is not None and url_password(url) is not None:
+        raise SecretInArgv(
+            "--limits-redis: the URL holds a password, which ps shows to every local user: give the URL in "
+            "XLNETQA_LIMITS_REDIS instead, or the password alone in a private file (--limits-redis-password-file)"
+        )
+
+
 def load_settings(argv: Sequence[str] | None = None) -> ServerSettings:
-    """Settings from env + flags; raises ValidationError with every problem."""
-    args = build_parser().parse_args(argv)
-    return ServerSettings(**{k: v for k, v in vars(args).items() if v is not None})
+    """Settings from env + flags; raises ValidationError with every problem, SecretInArgv for a secret
+    given as a flag."""
+    given = {k: v for k, v in vars(build_parser().parse_args(argv)).items() if v is not None}
+    refuse_secrets(given)
+    return ServerSettings(**given)

@@ -56,7 +56,7 @@ class FrontLifecycle(Lifecycle):
         on_fatal=None,
     ) -> None:
         super().__init__(settings, spec, metrics, on_fatal)
-        self.engine = EngineClient(address, limits_active=CallerLimits.from_settings(settings).active)
+        self.engine = EngineClient(address, limits_active=CallerLimits.from_settings(settings).at_the_door)
 
     @property
     def state(self) -> str:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from server.context_cache import ContextCache, EncodedContext, context_key
+from server.auth import keys_configured
+from server.context_cache import KEY_SHARE, ContextCache, EncodedContext, context_key
 from server.model_spec import ModelSpec, decision_rule
 from server.settings import ServerSettings
 from train.squad import DecodeOptions, Feature, Prediction, decode_head_outputs, featurize_encoded
@@ -128,14 +129,16 @@ class HostPath:
 
     @classmethod
     def from_settings(cls, spec: ModelSpec, tokenizer: TokenizerLike, s: ServerSettings) -> HostPath:
-        """The host path a server with settings ``s`` runs (its limits, n-best pool, threshold, cache)."""
+        """The host path a server with settings ``s`` runs (its limits, n-best pool, threshold, cache:
+        with API keys, one key holds at most its share of the cache)."""
+        share = KEY_SHARE if keys_configured(s.api_keys_file) else 1.0
         return cls(
             spec,
             tokenizer,
             n_best_pool=s.n_best_pool,
             threshold=s.no_answer_threshold,
             limits=WorkLimits(s.max_normalized_chars, s.max_request_tokens, s.max_request_windows),
-            contexts=ContextCache(s.context_cache_tokens),
+            contexts=ContextCache(int(s.context_cache_mb * (1 << 20)), share),
         )
 
     def check_text_size(self, items: Sequence[Question]) -> int:
@@ -156,8 +159,9 @@ class HostPath:
         entry = self.contexts.get(key)
         if entry is None:
             ids, offsets = self.tokenizer.encode_with_offsets(context)
-            entry = EncodedContext(np.asarray(ids, dtype=np.int64), offsets_array(offsets))
-            self.contexts.put(key, entry)
+            ids_array, offsets_of = np.asarray(ids, dtype=np.int64), offsets_array(offsets)
+            entry = EncodedContext.of(ids_array, offsets_of, context, indexed=self._lexical)
+            self.contexts.put(caller, key, entry)
         return entry
 
     def featurize_checked(self, items: Sequence[Question], caller: str = "") -> Featurized:

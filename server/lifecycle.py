@@ -27,6 +27,8 @@ from typing import Any
 from server.answering import AnswerService
 from server.api_error import ApiError
 from server.backends import Backend, BackendUnavailable, batch_limit
+from server.backends.base import dummy_batch
+from server.batch_curve import BatchCurve, measure
 from server.batching import BatcherClosed, BatchStats, MicroBatcher
 from server.host_path import HostPath, Question
 from server.metrics import Metrics
@@ -242,6 +244,7 @@ class ModelLifecycle(Lifecycle):
         self.batcher: MicroBatcher | None = None
         self.quotas = quotas or CallerQuotas(CallerLimits(), settings.max_request_windows)
         self.answers = answers
+        self.batch_curve: BatchCurve | None = None  # measured at load (--batching measured)
 
     @property
     def state(self) -> str:
@@ -306,6 +309,8 @@ class ModelLifecycle(Lifecycle):
             await asyncio.sleep(s.warmup_delay_s)
         lengths = tuple(sorted({max(16, spec.min_engine_seq_len or 0), spec.serving.max_seq_len}))
         await asyncio.to_thread(self.backend.warmup, lengths, tuple(sorted({1, self.max_batch_size})))
+        if s.batching == "measured" and self.max_batch_size > 1:
+            await self._measure_batching()
         if self.pipeline is not None:
             await self.pipeline.answer(Question("What is warmed up?", "The model is warmed up. " * 8))
         self._state = "ready"
@@ -313,6 +318,19 @@ class ModelLifecycle(Lifecycle):
         if self.answers:  # an engine process is not an HTTP server: its fronts say whether they are ready
             self.metrics.ready.set(1)
         logger.info("model %s ready: backend %s, head %s", self.name, self.backend.describe(), spec.head)
+
+    async def _measure_batching(self) -> None:
+        """Group only windows whose grouping pays here (server.batch_curve): the rest run one per call."""
+        assert self.backend is not None and self.batcher is not None
+        length, size = self.spec.serving.max_seq_len, min(8, self.max_batch_size)
+        self.batch_curve = await asyncio.to_thread(measure, self.backend.run, dummy_batch, length, size)
+        solo = self.batcher.policy.solo_from = self.batch_curve.solo_from()
+        c = self.batch_curve
+        logger.info(
+            "batching: 1 window of %d tokens %.2f ms, %d windows %.2f ms: %s", length, c.one_s * 1000, size,
+            c.many_s * 1000,
+            "grouping pays at every length" if solo is None else f"windows of {solo}+ tokens run one per call",
+        )  # fmt: skip
 
     async def stop(self) -> None:
         """Refuse new work and finish what was admitted (uvicorn already waited for open requests)."""
@@ -323,6 +341,7 @@ class ModelLifecycle(Lifecycle):
             await self.batcher.drain(timeout=max(0.0, left))
         if self.pipeline is not None:
             self.pipeline.close()
+        await self.quotas.close()
         if self.backend is not None:
             self.backend.close()
         if (
@@ -337,4 +356,7 @@ class ModelLifecycle(Lifecycle):
             os._exit(1)
 
     def describe(self) -> dict[str, Any]:
-        return self.backend.describe() if self.backend is not None else {"state": self.state}
+        if self.backend is None:
+            return {"state": self.state}
+        facts = self.backend.describe()
+        return facts | ({"batching": self.batch_curve.describe()} if self.batch_curve is not None else {})

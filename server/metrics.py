@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import ASGIApp, Scope
 
 from server.observe import KEY_NAME, ObservingMiddleware, method_label, route_label
+from server.store_watch import StoreWatch
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LOAD_FAILED_MARK = "load-failed"  # a worker whose model failed leaves this in the shared directory
@@ -190,6 +191,20 @@ class Metrics:
             ["key", "limit"],
             registry=r,
         )
+        self.limits_store_up = Gauge(
+            "xlnetqa_limits_store_up",
+            "1 while the --limits-redis store is in use, 0 while this process enforces the per-key limits on "
+            "its own (the store failed; see the log)",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.limits_store_errors = Counter(
+            "xlnetqa_limits_store_errors",
+            "Calls to the --limits-redis store that failed, by error (each one decided by this process's own "
+            "limits)",
+            ["error"],
+            registry=r,
+        )
 
     def _add_model(self, r: CollectorRegistry) -> None:
         """What model is served, and what it really runs on."""
@@ -207,6 +222,13 @@ class Metrics:
             ["backend", "providers", "device"],
             registry=r,
             multiprocess_mode="max",
+        )
+
+    def store_watch(self) -> StoreWatch:
+        """What the limits store reports into these metrics."""
+        return StoreWatch(
+            up=lambda up: self.limits_store_up.set(1 if up else 0),
+            error=lambda kind: self.limits_store_errors.labels(kind).inc(),
         )
 
     def render(self) -> bytes:

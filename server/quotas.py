@@ -85,14 +85,15 @@ class CallerLimits:
     daily_requests: int | None = None
 
     @classmethod
-    def from_settings(cls, settings: ServerSettings) -> CallerLimits:
-        """The per-key limits ``--key-*`` configure."""
+    def from_settings(cls, settings: ServerSettings, keyed: bool = False) -> CallerLimits:
+        """The per-key limits ``--key-*`` configure (``keyed``: the server has API keys, so each key's
+        windows in flight have a bound by default)."""
         return cls(
             requests_per_s=settings.key_requests_per_s,
             request_burst=settings.key_request_burst,
             windows_per_s=settings.key_windows_per_s,
             window_burst=settings.key_window_burst,
-            max_inflight_windows=settings.key_max_inflight_windows,
+            max_inflight_windows=settings.inflight_windows_per_key(keyed),
             daily_requests=settings.key_daily_requests,
         )
 
@@ -103,6 +104,12 @@ class CallerLimits:
     def window_bucket(self, max_request_windows: int) -> float:
         """Windows at once: the burst set, else 2 seconds' worth, at least one maximal request."""
         return self.window_burst or max(float(max_request_windows), 2 * (self.windows_per_s or 0.0))
+
+    @property
+    def at_the_door(self) -> bool:
+        """Whether the door has anything to check: a request rate, a daily quota, or a window rate (whose
+        debt it refuses); a bound on windows in flight alone is checked once the request is tokenized."""
+        return any(v is not None for v in (self.requests_per_s, self.daily_requests, self.windows_per_s))
 
     @property
     def active(self) -> bool:
@@ -122,15 +129,16 @@ class _Caller:
             else None
         )
         self.inflight = 0
+        self.refused = 0  # windows of its last request refused at the in-flight cap (0: none since)
         self.day = -1
         self.today = 0
 
 
-def _utc_day(now: float) -> int:
+def utc_day(now: float) -> int:
     return int(now // 86400)
 
 
-def _seconds_to_midnight(now: float) -> float:
+def seconds_to_midnight(now: float) -> float:
     return 86400 - now % 86400
 
 
@@ -149,8 +157,25 @@ class CallerQuotas:
             c = self._callers[name] = _Caller(self.limits, self.max_request_windows)
         return c
 
+    def _refuse_if_saturated(self, name: str, c: _Caller) -> None:
+        """OverLimit for a key whose last request was refused at its in-flight cap, until that much of
+        its work is answered: its next requests are refused at the door, before their bodies are read
+        and tokenized only to be refused again."""
+        if c.refused:
+            raise OverLimit(
+                name, "inflight_windows", 1.0,
+                f"this key has {c.inflight} windows in flight and its last request needed {c.refused} more "
+                f"(limit {self.limits.max_inflight_windows}): retry once some are answered",
+            )  # fmt: skip
+
+    def refuse_if_saturated(self, name: str) -> None:
+        """:meth:`_refuse_if_saturated` on its own (where the rest of the door's check is elsewhere)."""
+        with self._lock:
+            self._refuse_if_saturated(name, self._caller(name))
+
     def admit_request(self, name: str, now: float | None = None) -> None:
-        """On arrival: the daily quota and the request rate (OverLimit when over)."""
+        """On arrival: the daily quota, a key at its in-flight cap, the window debt and the request rate
+        (OverLimit when over)."""
         if not self.limits.active:
             return
         wall = time.time() if now is None else now
@@ -158,13 +183,14 @@ class CallerQuotas:
             c = self._caller(name)
             quota = self.limits.daily_requests
             if quota is not None:
-                if c.day != _utc_day(wall):
-                    c.day, c.today = _utc_day(wall), 0
+                if c.day != utc_day(wall):
+                    c.day, c.today = utc_day(wall), 0
                 if c.today >= quota:
                     raise OverLimit(
-                        name, "daily_requests", _seconds_to_midnight(wall),
+                        name, "daily_requests", seconds_to_midnight(wall),
                         f"the daily quota of {quota} requests is used up (it renews at 00:00 UTC)",
                     )  # fmt: skip
+            self._refuse_if_saturated(name, c)
             if c.windows is not None and c.windows.owed() > 0:
                 owed = c.windows.owed()
                 raise OverLimit(
@@ -187,27 +213,48 @@ class CallerQuotas:
         self.admit_request(name)
 
     def acquire_windows(self, name: str, windows: int) -> None:
-        """Once tokenized: the window rate and the windows in flight (OverLimit when over). A success
+        """Once tokenized: the windows in flight and the window rate (OverLimit when over). A success
         must be paired with :meth:`release_windows`."""
         if not self.limits.active:
             return
+        self.hold_inflight(name, windows)
+        try:
+            self.take_windows(name, windows)
+        except OverLimit:
+            self.release_windows(name, windows)
+            raise
+
+    async def acquire(self, name: str, windows: int) -> None:
+        """:meth:`acquire_windows` as the queue awaits it (a shared store's limits are a round trip away)."""
+        self.acquire_windows(name, windows)
+
+    def hold_inflight(self, name: str, windows: int) -> None:
+        """Count ``windows`` more in flight for ``name``, or OverLimit when that passes its cap."""
+        cap = self.limits.max_inflight_windows
         with self._lock:
             c = self._caller(name)
-            cap = self.limits.max_inflight_windows
             if cap is not None and c.inflight + windows > cap:
+                c.refused = windows  # the door refuses this key until that much is answered
                 raise OverLimit(
                     name, "inflight_windows", 1.0,
                     f"this key has {c.inflight} windows in flight and this request {windows} (limit {cap})",
                 )  # fmt: skip
-            if c.windows is not None:
-                wait = c.windows.take(float(windows))
-                if wait > 0:
-                    rate = self.limits.windows_per_s
-                    raise OverLimit(
-                        name, "windows_per_s", wait if math.isfinite(wait) else 60.0,
-                        f"over the rate of {rate:g} windows/s for this key (this request has {windows})",
-                    )  # fmt: skip
             c.inflight += windows
+            c.refused = 0
+
+    def take_windows(self, name: str, windows: int) -> None:
+        """Take ``windows`` from ``name``'s window rate (this process's bucket), or OverLimit."""
+        with self._lock:
+            bucket = self._caller(name).windows
+            if bucket is None:
+                return
+            wait = bucket.take(float(windows))
+            if wait > 0:
+                rate = self.limits.windows_per_s
+                raise OverLimit(
+                    name, "windows_per_s", wait if math.isfinite(wait) else 60.0,
+                    f"over the rate of {rate:g} windows/s for this key (this request has {windows})",
+                )  # fmt: skip
 
     def charge_work(self, name: str, windows: int) -> None:
         """Charge work done that no admitted window paid for (tokenizing a request then refused): the
@@ -220,12 +267,18 @@ class CallerQuotas:
                 bucket.owed()  # refilled to now
                 bucket.tokens = max(-bucket.burst, bucket.tokens - windows)
 
+    async def close(self) -> None:
+        """Release what the limits hold outside this process (nothing here; a shared store's connections)."""
+
     def release_windows(self, name: str, windows: int) -> None:
         if not self.limits.active:
             return
         with self._lock:
             c = self._caller(name)
             c.inflight = max(0, c.inflight - windows)
+            cap = self.limits.max_inflight_windows
+            if c.refused and (cap is None or c.inflight + c.refused <= cap):
+                c.refused = 0  # room for the request refused last: the door lets the key in again
 
 
 class FailureLimiter:

@@ -285,11 +285,12 @@ async def model_info(runtime: RuntimeDep, settings: SettingsDep) -> ModelInfoRes
     public["n_best"] = decoding_n_best(spec, settings.n_best_pool)
     if threshold is not None:  # the server's --no-answer-threshold replaces the model's rule
         public["answerability"] |= {"rule": "threshold", "threshold": threshold, "set_by": "server"}
+    facts = runtime.describe()
     return ModelInfoResponse(
         **public,
         backend=settings.backend,
         ready=runtime.ready,
-        runtime=runtime.describe(),
+        runtime={k: v for k, v in facts.items() if k != "batching"},
         limits={
             "max_context_chars": settings.max_context_chars,
             "max_question_chars": settings.max_question_chars,
@@ -306,5 +307,7 @@ async def model_info(runtime: RuntimeDep, settings: SettingsDep) -> ModelInfoRes
             "max_batch_delay_ms": settings.max_batch_delay_ms,
             "inference_workers": settings.inference_workers,
             "pad_multiple_of": settings.pad_multiple_of,
+            "grouping": settings.batching,  # measured: what the load measured is below
+            "measured": facts.get("batching"),
         },
     )

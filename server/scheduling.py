@@ -4,13 +4,23 @@ Plain synchronous code with no clock of its own: every decision that depends on 
 (``time.perf_counter()`` seconds in the server, any number in a test). ``server.batching`` owns the
 event loop, the futures and the backend; it asks this policy what to admit and what to run next.
 
-Fairness: waiting requests sit in a ring, and a batch takes their windows round-robin, one window per
-request per round, so a request of one window is never stuck behind every window of a huge one. With
-aging, a request that has waited ``k * aging_s`` seconds gives up to ``k + 1`` windows per round, so a
-large request still finishes within its deadline while many small ones keep arriving.
-Requests that got a window into the batch move to the back of the ring; one that was skipped stays in
-front and starts the next batch (nothing starves). Forming a batch looks at most ``lookahead``
-requests, so queue housekeeping costs O(lookahead) per batch, independent of the queue length.
+Fairness, by caller first: waiting requests sit in lanes, one per caller (an API key's name), and
+the lanes in a ring. A batch takes windows lane by lane, one lane's turn per round: a caller with
+sixteen requests queued gets a turn as often as a caller with one, so one key's flood of batches
+never pushes another key's question back by more than a turn per round. Within a lane the caller's
+own requests take turns the same way, so a caller's one-window question is not stuck behind every
+window of its own huge one (with a single caller, the server without keys, this is plain
+round-robin over requests). With aging, a request that has waited ``k * aging_s`` seconds gives up
+to ``k + 1`` windows on its turn, so a large request still finishes within its deadline while many
+small ones keep arriving. A lane's turn is ``TURN_WINDOWS`` windows (where windows run one per call,
+a question about one paragraph, one or two windows, runs without another caller's window between its
+own); lanes (and requests in a lane) that had their turn move to the back; one that was skipped stays
+in front and starts the next batch (nothing starves). A caller that had nothing
+waiting comes in at the front, as a new flow does in start-time fair queueing: a tenant sending one
+question at a time waits for the call in flight, not for another turn of a tenant whose lane never
+empties (a lane stays a lane while it has work, so this favours only callers that use less). Forming a batch looks at
+most ``lookahead`` lanes and ``lookahead`` requests in each, so queue housekeeping per batch is
+bounded, independent of the queue length.
 
 Deadlines: a fair share is not enough for a request of many windows while the server is saturated:
 it would reach its deadline with half of its windows done. Requests of more than one batch of windows
@@ -27,7 +37,9 @@ This costs O(large requests) per batch, at most ``max_queue / max_batch_size``.
 
 Padding: a window joins only while the batch's padding stays within ``max_padding`` of its real
 tokens: on a compute-bound CPU a batch costs about what its windows cost one by one, so padding is
-pure loss; a window that would exceed the cap waits for the next call. ``max_batch_size=1`` switches
+pure loss; a window that would exceed the cap waits for the next call. Where grouping saves nothing
+(measured at load, :mod:`server.batch_curve`), windows of ``solo_from`` tokens or more run one per
+call: a batch of them would only make a newcomer wait for all of them. ``max_batch_size=1`` switches
 batching off; ``max_delay_s=0`` only stops waiting (windows already queued are still grouped).
 
 Admission is bounded in windows (``max_queue``): beyond it :class:`QueueFull` is raised at once (the
@@ -39,12 +51,13 @@ is formed and leave the count at once through :meth:`Scheduler.forget`.
 from __future__ import annotations
 
 import bisect
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 URGENCY_MARGIN = 2.0  # a large request is served first once its time left < this x the work ahead of it
+TURN_WINDOWS = 2  # windows a caller takes in a row before the next caller's turn (a paragraph's question)
 
 
 class QueueFull(RuntimeError):
@@ -81,6 +94,20 @@ class Request(Generic[Q]):
     enqueued: float
     deadline: float | None = None  # in the policy's clock, by which its answer is due
     urgent: bool = False  # served before the ring until done (see "Deadlines" above)
+    caller: str = ""  # whose lane it waits in (an API key's name)
+
+
+@dataclass(eq=False)
+class Lane(Generic[Q]):
+    """One caller's waiting requests, in turn order; the unit of the ring's round-robin."""
+
+    caller: str
+    requests: deque[Request[Q]] = field(default_factory=deque)
+    turn_left: int = 0  # windows this caller may still take before the next caller's turn
+
+    @property
+    def has_work(self) -> bool:
+        return any(r.windows for r in self.requests)
 
 
 @dataclass
@@ -114,8 +141,10 @@ class Scheduler(Generic[Q]):
         self.max_queue = max_queue
         self.lookahead = lookahead if lookahead is not None else 4 * max_batch_size
         self.max_padding = max_padding  # padded tokens / real tokens - 1, at most
+        self.solo_from: int | None = None  # windows this long run alone (grouping them does not pay)
         self.aging_s = aging_s
-        self.ring: deque[Request[Q]] = deque()  # requests with windows waiting, round-robin order
+        self.ring: deque[Lane[Q]] = deque()  # callers with windows waiting, round-robin order
+        self._lanes: dict[str, Lane[Q]] = {}  # the ring's lanes by caller
         self._large: list[Request[Q]] = []  # requests of more than one batch, by deadline
         self._ring_owed = False  # the last batch was all urgent windows: the next one is the ring's
         self.waiting = 0  # windows of live questions not dispatched yet
@@ -136,7 +165,11 @@ class Scheduler(Generic[Q]):
         n = len(request.windows)
         if request.deadline is not None and n > self.max_batch_size:
             self._admit_large(request, now)
-        self.ring.append(request)
+        lane = self._lanes.get(request.caller)
+        if lane is None:  # a caller with nothing waiting until now has its turn first
+            lane = self._lanes[request.caller] = Lane(request.caller, turn_left=TURN_WINDOWS)
+            self.ring.appendleft(lane)
+        lane.requests.append(request)
         self.waiting += n
 
     def forget(self, question: Q) -> int:
@@ -153,14 +186,16 @@ class Scheduler(Generic[Q]):
 
     def queued_questions(self) -> Iterator[Q]:
         """Every question with a window in the ring (repeated once per window)."""
-        for request in self.ring:
-            for question, _ in list(request.windows):
-                yield question
+        for lane in self.ring:
+            for request in lane.requests:
+                for question, _ in list(request.windows):
+                    yield question
 
     def clear_if_idle(self) -> None:
         """With no live window waiting, only windows of dead questions can be left: forget them."""
         if not self.waiting:
             self.ring.clear()
+            self._lanes.clear()
 
     # ---- batch formation ------------------------------------------------------------------------
 
@@ -169,7 +204,8 @@ class Scheduler(Generic[Q]):
         None when there is nothing to wait for (batching off, no delay, or nothing queued)."""
         if self.max_batch_size <= 1 or self.max_delay_s <= 0 or not self.ring:
             return None
-        return self.ring[0].enqueued + self.max_delay_s
+        front = self.ring[0].requests
+        return (front[0].enqueued if front else 0.0) + self.max_delay_s
 
     @property
     def full(self) -> bool:
@@ -177,64 +213,114 @@ class Scheduler(Generic[Q]):
         return self.waiting >= self.max_batch_size
 
     def next_batch(self, now: float) -> Batch[Q]:
-        """Take the urgent windows, then windows round-robin from the first ``lookahead`` requests,
-        within the padding cap; the chosen windows leave the queue."""
+        """Take the urgent windows, then windows lane by lane from the first ``lookahead`` lanes (and
+        requests in each), within the padding cap; the chosen windows leave the queue."""
         batch: Batch[Q] = Batch()
         urgent = [] if self._ring_owed else self._take_urgent(now, batch.unreachable)
-        visited: list[Request[Q]] = []
-        while self.ring and len(visited) < self.lookahead:
-            visited.append(self.ring.popleft())
+        lanes: list[Lane[Q]] = []
+        while self.ring and len(lanes) < self.lookahead:
+            lanes.append(self.ring.popleft())
+        visits = [_pop_front(lane.requests, self.lookahead) for lane in lanes]
         try:
-            chosen, served = self._take_round_robin(visited, list(urgent), now)
-        except BaseException:
-            self.ring.extendleft(reversed(visited))  # nothing is lost: a crash fails them from the ring
+            chosen, served = self._take_round_robin(visits, list(urgent), now)
+        except BaseException:  # nothing is lost: a crash fails them from the ring
+            for lane, requests in zip(lanes, visits, strict=True):
+                lane.requests.extendleft(reversed(requests))
+            self.ring.extendleft(reversed(lanes))
             raise
         # An urgent batch that left no room for the ring (padding) owes the ring the next batch.
-        self._ring_owed = bool(urgent) and len(chosen) == len(urgent) and any(r.windows for r in visited)
-        # Skipped requests keep their place in front; served ones go to the back (round-robin).
-        front = [r for k, r in enumerate(visited) if k not in served and r.windows]
-        back = [r for k, r in enumerate(visited) if k in served and r.windows]
-        self.ring.extendleft(reversed(front))
-        self.ring.extend(back)
+        self._ring_owed = (
+            bool(urgent) and len(chosen) == len(urgent) and any(r.windows for v in visits for r in v)
+        )
+        # Skipped lanes and requests keep their place in front; served ones go to the back.
+        for i, (lane, requests) in enumerate(zip(lanes, visits, strict=True)):
+            _requeue(lane.requests, [(r, (i, k) in served) for k, r in enumerate(requests) if r.windows])
+        for lane in lanes:
+            if not lane.has_work:
+                del self._lanes[lane.caller]
+        given = Counter(q.request.caller for q, _ in chosen if q.request is not None)
+        _requeue(
+            self.ring,
+            [
+                (lane, self._turn_over(lane, given[lane.caller]))
+                for lane in lanes
+                if lane.caller in self._lanes
+            ],
+        )
         for question, _ in chosen:
             question.undispatched -= 1
             self.waiting -= 1
         batch.windows = chosen
         return batch
 
+    def _turn_over(self, lane: Lane[Q], given: int) -> bool:
+        """Whether ``lane``, which gave ``given`` windows to this batch, goes to the back of the ring:
+        once it has given ``TURN_WINDOWS`` since its turn began (a caller's question of one or two
+        windows runs without another caller's window between its own, where windows run one per call)."""
+        if not given:
+            return False
+        lane.turn_left -= given
+        if lane.turn_left > 0:
+            return False
+        lane.turn_left = TURN_WINDOWS
+        return True
+
     def _take_round_robin(
-        self, visited: list[Request[Q]], chosen: list[tuple[Q, int]], now: float
-    ) -> tuple[list[tuple[Q, int]], set[int]]:
-        """After the urgent windows in ``chosen``: one window per request per round (more with aging)
-        while the batch has room and padding stays under the cap; returns the windows and the indices
-        of the requests that gave one."""
-        served: set[int] = set()
-        blocked: set[int] = set()
+        self, visits: list[list[Request[Q]]], chosen: list[tuple[Q, int]], now: float
+    ) -> tuple[list[tuple[Q, int]], set[tuple[int, int]]]:
+        """After the urgent windows in ``chosen``: one lane's turn per round, in which its next request
+        gives one window (more with aging), while the batch has room and padding stays under the cap;
+        returns the windows and the (lane, request) indices that gave one."""
+        served: set[tuple[int, int]] = set()
+        blocked: set[tuple[int, int]] = set()
         longest = max((window_length(w) for w in chosen), default=0)
         real = sum(window_length(w) for w in chosen)
-        quota = [1 + int((now - r.enqueued) / self.aging_s) if self.aging_s > 0 else 1 for r in visited]
+        turn = [0] * len(visits)
+
+        def give(i: int, k: int) -> bool:
+            """Request ``k`` of lane ``i`` gives its quota, or as much as it can; True if any."""
+            nonlocal longest, real
+            request = visits[i][k]
+            quota = 1 + int((now - request.enqueued) / self.aging_s) if self.aging_s > 0 else 1
+            gave = False
+            for _ in range(quota):
+                if len(chosen) == self.max_batch_size:
+                    break
+                item = next_live(request)
+                if item is None:
+                    blocked.add((i, k))
+                    break
+                length = window_length(item)
+                wider = max(longest, length)
+                if chosen and not self._may_join(len(chosen), wider, real + length):
+                    request.windows.appendleft(item)  # too much padding, or alone: it leads a later batch
+                    blocked.add((i, k))
+                    break
+                chosen.append(item)
+                longest, real, gave = wider, real + length, True
+            return gave
+
         progress = True
         while progress and len(chosen) < self.max_batch_size:
             progress = False
-            for k, request in enumerate(visited):
-                for _ in range(quota[k]):
-                    if k in blocked or len(chosen) == self.max_batch_size:
+            for i, requests in enumerate(visits):
+                if len(chosen) == self.max_batch_size:
+                    break
+                for _ in range(len(requests)):  # the lane's turn: its next request that can give
+                    k = turn[i] % len(requests)
+                    turn[i] += 1
+                    if (i, k) not in blocked and give(i, k):
+                        served.add((i, k))
+                        progress = True
                         break
-                    item = next_live(request)
-                    if item is None:
-                        blocked.add(k)
-                        break
-                    length = window_length(item)
-                    wider = max(longest, length)
-                    if chosen and wider * (len(chosen) + 1) > (1 + self.max_padding) * (real + length):
-                        request.windows.appendleft(item)  # too much padding: it leads a later batch
-                        blocked.add(k)
-                        break
-                    chosen.append(item)
-                    served.add(k)
-                    longest, real = wider, real + length
-                    progress = True
         return chosen, served
+
+    def _may_join(self, chosen: int, wider: int, real: int) -> bool:
+        """Whether a batch of ``chosen`` windows may take one more, making it ``wider`` tokens long with
+        ``real`` real tokens: within the padding cap, and not windows that run alone."""
+        if self.solo_from is not None and wider >= self.solo_from:
+            return False
+        return wider * (chosen + 1) <= (1 + self.max_padding) * real
 
     # ---- deadlines of large requests ------------------------------------------------------------
 
@@ -298,13 +384,33 @@ class Scheduler(Generic[Q]):
                 last_urgent = len(feasible) - 1
         room = self.max_batch_size - 1 if self.max_batch_size > 1 else 1
         chosen: list[tuple[Q, int]] = []
+        longest = 0
         for request in feasible[: last_urgent + 1]:
             while len(chosen) < room:
                 item = next_live(request)
                 if item is None:
                     break
+                longest = max(longest, window_length(item))
+                if chosen and self.solo_from is not None and longest >= self.solo_from:
+                    request.windows.appendleft(item)  # it runs alone: the next batch
+                    return chosen
                 chosen.append(item)
         return chosen
+
+
+T = TypeVar("T")
+
+
+def _pop_front(items: deque[T], n: int) -> list[T]:
+    """Up to ``n`` items off the front of ``items``."""
+    return [items.popleft() for _ in range(min(n, len(items)))]
+
+
+def _requeue(queue: deque[T], visited: list[tuple[T, bool]]) -> None:
+    """Put visited items back (each with whether it was served): the others in front, in their order,
+    the served at the back."""
+    queue.extendleft(reversed([item for item, served in visited if not served]))
+    queue.extend(item for item, served in visited if served)
 
 
 def next_live(request: Request[Q]) -> tuple[Q, int] | None:

@@ -10,6 +10,7 @@ import ipaddress
 import ssl
 from pathlib import Path
 from typing import Literal
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -26,6 +27,15 @@ JSON_BYTES_PER_CHAR = 12  # the most one character can take in a JSON string ("\
 LOAD_TIMEOUT_S = 600.0
 ENGINE_BUILD_TIMEOUT_S = 3600.0  # xlnet-large engines for several profiles build in tens of minutes
 ITEM_OVERHEAD_BYTES = 512  # field names, numbers, whitespace of one request item (generous)
+
+
+def url_password(url: str) -> str | None:
+    """The password of ``scheme://user:password@host...`` (or its ``?password=`` for a unix socket), or None."""
+    try:
+        parts = urlsplit(url)
+        return parts.password or next(iter(parse_qs(parts.query).get("password", [])), None)
+    except ValueError:
+        return None
 
 
 class ServerSettings(BaseSettings):
@@ -101,6 +111,12 @@ class ServerSettings(BaseSettings):
     )
     trt_fp16: bool = Field(False, description="onnxruntime TensorRT provider: allow fp16 kernels")
     max_batch_size: int = Field(8, ge=1, description="Most windows (features) in one backend call")
+    batching: Literal["measured", "always"] = Field(
+        "measured",
+        description="measured: at load, time one window and a batch of the longest length, and group only windows "
+        "short enough for a batch to save 20% of their cost (on a CPU running one thread, long windows run one per "
+        "call, so a request never waits for another's whole batch); always: group up to --max-batch-size",
+    )
     max_batch_delay_ms: float = Field(
         2.0,
         ge=0.0,
@@ -131,11 +147,12 @@ class ServerSettings(BaseSettings):
     max_request_windows: int = Field(
         128, ge=1, description="Windows (model inputs of max_seq_len) of a request, summed over batch items"
     )
-    context_cache_tokens: int = Field(
-        262144,
-        ge=0,
-        description="Tokens of recently sent contexts kept tokenized (with their sentence index), per API key: "
-        "a context asked about again skips tokenizing; least recently used first out; 0 = off",
+    context_cache_mb: float = Field(
+        32.0,
+        ge=0.0,
+        description="Memory for recently sent contexts kept tokenized (with their sentence index), keyed by API "
+        "key: a context asked about again skips tokenizing; least recently used first out, one key at most a "
+        "quarter of it; 0 = off",
     )
     max_queue: int = Field(
         1024, ge=1, description="Windows waiting for inference; beyond it 503 + Retry-After"
@@ -192,17 +209,32 @@ class ServerSettings(BaseSettings):
     )
     limits_redis: str | None = Field(
         None,
-        pattern=r"^rediss?://",
-        description="Keep the per-key rates and daily quotas in this Redis (redis://host:port/db, or rediss:// "
-        "with TLS), one set for every replica and process; without it each host keeps its own, so N "
-        "replicas mean N times the limits",
+        pattern=r"^(rediss?|unix)://",
+        description="Keep the per-key rates and daily quotas in this Redis (redis://host:port/db, rediss:// with "
+        "TLS, or unix:///path/redis.sock), one set for every replica and process; without it each host keeps "
+        "its own, so N replicas mean N times the limits. While it fails, each replica enforces the limits on "
+        "its own",
+    )
+    limits_redis_password_file: Path | None = Field(
+        None,
+        description="File holding the password of --limits-redis (its first line; private, as the keys file): "
+        "a password in the flag itself is refused, since ps shows flags to every local user "
+        "(XLNETQA_LIMITS_REDIS may carry the whole URL instead)",
+    )
+    limits_redis_timeout_ms: float = Field(
+        100.0,
+        gt=0.0,
+        le=10000.0,
+        description="Longest wait for the limits store; a call slower than this, or failing, is decided by this "
+        "replica's own limits, and 3 in a row stop asking the store for 2 s",
     )
     metrics_port: int | None = Field(
         None,
-        ge=1,
+        ge=0,
         le=65535,
         description="Also serve the metrics, with no key, on this port of --host (for a scraper that cannot "
-        "send a key; keep it off the Internet: the API's port keeps /metrics behind a key)",
+        "send a key; keep it off the Internet: the API's port keeps /metrics behind a key); 0: any free port, "
+        "logged",
     )
     docs: bool = Field(True, description="Serve /docs, /redoc and /openapi.json (false: 404)")
     auth_docs: bool = Field(True, description="With keys: the docs and the OpenAPI schema need one too")
@@ -220,7 +252,10 @@ class ServerSettings(BaseSettings):
         description="Per key: windows allowed at once (default: 2 s worth, at least one request's)",
     )
     key_max_inflight_windows: int | None = Field(
-        None, ge=1, description="Per key: windows queued or running at once"
+        None,
+        ge=1,
+        description="Per key: windows queued or running at once (default with API keys: a quarter of "
+        "--max-queue, at least one maximal request, so one key cannot fill the queue; without keys: none)",
     )
     key_daily_requests: int | None = Field(None, ge=1, description="Per key: requests per UTC day")
     access_log: bool = Field(
@@ -268,6 +303,14 @@ class ServerSettings(BaseSettings):
         "--max-connections, room for a proxy's many clients). The oldest idle such connection is also closed "
         "when a new one would fill --max-connections",
     )
+    max_connections_per_key: int | None = Field(
+        None,
+        ge=1,
+        description="Connections one API key's requests may hold (probes and refused requests do not count "
+        "them); beyond it the key's oldest idle one is closed (default: a quarter of --max-connections). When "
+        "a new connection would fill --max-connections, the idle ones of the key holding the most go first "
+        "after those no key has used",
+    )
     max_connections: int | None = Field(
         None, ge=1, description="Connections and requests at once before 503 (default: 2 x max_queue + 64)"
     )
@@ -314,6 +357,19 @@ class ServerSettings(BaseSettings):
     def unauthenticated_per_address(self) -> int:
         """The cap on one address's connections no request has passed the door on yet."""
         return self.max_unauthenticated_per_address or max(1, self.connection_limit // 4)
+
+    def inflight_windows_per_key(self, keyed: bool) -> int | None:
+        """``key_max_inflight_windows``, or with API keys (``keyed``) its default: a quarter of the queue,
+        at least one maximal request; without keys every request is the one caller ``anonymous``, whom
+        the queue's own bound limits."""
+        if self.key_max_inflight_windows is not None or not keyed:
+            return self.key_max_inflight_windows
+        return max(self.max_request_windows, self.max_queue // 4)
+
+    @property
+    def connections_per_key(self) -> int:
+        """The cap on the connections one key's requests hold."""
+        return self.max_connections_per_key or max(1, self.connection_limit // 4)
 
     @property
     def connection_limit(self) -> int:

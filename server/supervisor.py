@@ -12,8 +12,6 @@ dies with the supervisor (Linux parent-death signal), so a killed supervisor lea
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import os
 import shutil
@@ -25,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+from server.child_process import die_with_parent
 from server.engine import LOAD_FAILED
 from server.metrics import (
     ENGINE_LOAD_FAILED_MARK,
@@ -38,13 +37,6 @@ from server.settings import ENGINE_ADDRESS_ENV, ServerSettings
 logger = logging.getLogger("server")
 RESTART_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 STABLE_S = 30.0  # an engine that ran this long starts the restart delays over
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the supervisor dies (Linux; elsewhere nothing)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class EngineKeeper:
@@ -63,7 +55,7 @@ class EngineKeeper:
 
     def _spawn(self) -> subprocess.Popen:
         command = [sys.executable, "-m", "server.engine"]
-        return subprocess.Popen(command, env=self.env, preexec_fn=_die_with_parent)  # noqa: PLW1509
+        return subprocess.Popen(command, env=self.env, preexec_fn=die_with_parent)  # noqa: PLW1509
 
     def _keep(self) -> None:
         failures = 0
@@ -117,18 +109,31 @@ def run_fronts_over_engine(settings: ServerSettings, uvicorn_options: dict) -> i
         ENGINE_ADDRESS_ENV: f"ipc://{run_dir}/engine.sock",
     }
     os.environ.update(shared)  # the fronts (uvicorn's workers) inherit them
-    engine = EngineKeeper(dict(os.environ), grace_s=settings.graceful_timeout_s + 5)
-    engine.start()
+    listener = None
     if settings.metrics_port is not None:  # every process's metrics, from the shared directory
         from server.metrics_listener import start_metrics_listener
 
-        start_metrics_listener(settings.host, settings.metrics_port, directory=metrics_dir)
+        try:
+            listener = start_metrics_listener(settings.host, settings.metrics_port, directory=metrics_dir)
+        except OSError as exc:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            if own_metrics:
+                shutil.rmtree(metrics_dir, ignore_errors=True)
+            print(
+                f"error: --metrics-port {settings.metrics_port}: cannot listen ({exc.strerror or exc})",
+                file=sys.stderr,
+            )
+            return 2
+    engine = EngineKeeper(dict(os.environ), grace_s=settings.graceful_timeout_s + 5)
+    engine.start()
     try:
         uvicorn.run(
             "server.app:create_app_from_env", factory=True, workers=settings.workers, **uvicorn_options
         )
         front_failed = (Path(metrics_dir) / LOAD_FAILED_MARK).exists()
     finally:
+        if listener is not None:
+            listener.shutdown()
         engine.stop()
         if (Path(metrics_dir) / ENGINE_LOAD_FAILED_MARK).exists():  # its verdict, if it had no time to exit
             engine.load_failed = True

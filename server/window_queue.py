@@ -22,7 +22,7 @@ class WindowQueue(Protocol):
         """Raise (BatcherClosed, BatcherUnhealthy, QueueFull, ...) if ``windows`` could not be queued now:
         the cheap check before any tokenizing."""
 
-    def submit(
+    async def submit(
         self, groups: Sequence[Sequence[Feature]], *, tag: str, deadline: float, caller: str
     ) -> list[asyncio.Future]:
         """Queue one request's questions, all or none, charging ``caller`` their windows (OverLimit:
@@ -43,13 +43,13 @@ class LocalQueue:
     def check_admission(self, windows: int = 1) -> None:
         self.batcher.check_admission(windows)
 
-    def submit(
+    async def submit(
         self, groups: Sequence[Sequence[Feature]], *, tag: str, deadline: float, caller: str
     ) -> list[asyncio.Future]:
         windows = sum(len(g) for g in groups)
-        self.quotas.acquire_windows(caller, windows)
+        await self.quotas.acquire(caller, windows)
         try:
-            futures = self.batcher.submit_many(groups, tag=tag, deadline=deadline)
+            futures = self.batcher.submit_many(groups, tag=tag, deadline=deadline, caller=caller)
         except BaseException:
             self.quotas.release_windows(caller, windows)
             raise

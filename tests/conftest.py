@@ -85,7 +85,9 @@ def onnx_export(tmp_path_factory: pytest.TempPathFactory, qa_checkpoint: Path) -
 
 @pytest.fixture(scope="module")
 def onnx_server(onnx_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """``python -m server`` (onnx backend) on a loopback port, with a 1 MB body limit."""
+    """``python -m server`` (onnx backend) on a loopback port, with a 1 MB body limit, grouping windows up
+    to the batch size whatever this machine's measurement of grouping says (--batching always: the
+    measured decision has tests of its own, tests/test_batch_curve.py)."""
     s = ServerProcess(
         onnx_export,
         tmp_path_factory.mktemp("logs"),
@@ -93,6 +95,8 @@ def onnx_server(onnx_export: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         "1000000",
         "--max-batch-delay-ms",
         "5",
+        "--batching",
+        "always",
     )
     try:
         yield s.start()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -64,6 +65,11 @@ def server_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return child_env({"OMP_NUM_THREADS": "1", **(extra or {})})
 
 
+# Run the servers of the tests from another checkout (its code, this suite): how a test written for a
+# finding is shown to fail on the code before the fix, e.g. XLNETQA_TEST_SERVER_REPO=/tmp/before.
+OTHER_SERVER_REPO = os.environ.get("XLNETQA_TEST_SERVER_REPO") or None
+
+
 class ServerProcess(harness.server_process.ServerProcess):
     """The shared launcher with the tests' conventions: log file in ``log_dir``, one OMP thread."""
 
@@ -93,6 +99,7 @@ class ServerProcess(harness.server_process.ServerProcess):
             ready_timeout_s=ready_timeout_s,
             stop_grace_s=15.0,
             python=python,
+            repo=Path(OTHER_SERVER_REPO) if OTHER_SERVER_REPO else None,
         )
 
 

@@ -30,9 +30,11 @@ class Q:
         return [range(n) for n in self.lengths]
 
 
-def submit(policy: Scheduler, now: float, *questions: Q, deadline: float | None = None) -> Request:
-    """One request holding ``questions`` (all of their windows), admitted at ``now``."""
-    request: Request = Request(deque(), now, deadline)
+def submit(
+    policy: Scheduler, now: float, *questions: Q, deadline: float | None = None, caller: str = ""
+) -> Request:
+    """One request of ``caller`` holding ``questions`` (all of their windows), admitted at ``now``."""
+    request: Request = Request(deque(), now, deadline, caller=caller)
     for q in questions:
         q.undispatched, q.request = len(q.lengths), request
         request.windows.extend((q, i) for i in range(len(q.lengths)))
@@ -79,6 +81,31 @@ def test_small_requests_are_served_round_robin_beside_a_huge_one() -> None:
     assert batch(policy, 0.1) == ["H5", "d0", "H6", "H7"]  # a newcomer gets a slot in the next batch
 
 
+def test_callers_take_turns_however_many_requests_each_has_queued() -> None:
+    """One key's sixteen requests of many windows, another key's one question: the second key's window
+    leads the next batch (a caller with nothing waiting comes in first), and the two keys alternate while
+    both wait (not 16 to 1)."""
+    policy = Scheduler(max_batch_size=4, aging_s=0.0)
+    for k in range(16):
+        submit(policy, 0.0, Q(f"x{k}-", [10] * 40), caller="flood")
+    submit(policy, 0.0, Q("y", [10, 10]), caller="tenant")
+    assert batch(policy, 0.0) == ["y0", "x0-0", "y1", "x1-0"]
+    flood_only = batch(policy, 0.0)  # the tenant is done: the rest is the flood's
+    assert flood_only == ["x2-0", "x3-0", "x4-0", "x5-0"]
+    submit(policy, 0.0, Q("z", [10]), caller="tenant")
+    assert batch(policy, 0.0)[:2] == ["z0", "x6-0"]
+
+
+def test_a_caller_beyond_a_floods_requests_is_within_the_lookahead() -> None:
+    """The lookahead counts callers, not requests: one key's 100 queued requests cannot push another
+    key's request out of the batches' sight."""
+    policy = Scheduler(max_batch_size=4, lookahead=2, aging_s=0.0)
+    for k in range(100):
+        submit(policy, 0.0, Q(f"x{k}-", [10]), caller="flood")
+    submit(policy, 0.0, Q("y", [10]), caller="tenant")
+    assert "y0" in batch(policy, 0.0)
+
+
 def test_served_requests_go_to_the_back_of_the_ring() -> None:
     policy = Scheduler(max_batch_size=2, aging_s=0.0)
     for name in "abc":
@@ -121,6 +148,29 @@ def test_padding_cap_leaves_a_window_for_the_next_batch_in_front() -> None:
     submit(loose, 0.0, Q("long", [100]))
     submit(loose, 0.0, Q("short", [10]))
     assert batch(loose, 0.0) == ["long0", "short0"]
+
+
+def test_windows_that_run_alone_never_share_a_call_and_short_ones_still_group() -> None:
+    """Where grouping saves nothing (measured at load), windows of solo_from tokens or more run one per
+    call, so another caller's window waits for one of them, not a batch; shorter ones still group."""
+    policy = Scheduler(max_batch_size=4, max_padding=10.0, aging_s=0.0)
+    policy.solo_from = 100
+    submit(policy, 0.0, Q("long", [192] * 3), caller="flood")
+    assert batch(policy, 0.0) == ["long0"]  # alone
+    submit(policy, 0.0, Q("short", [20, 20]), caller="tenant")
+    submit(policy, 0.0, Q("tiny", [10, 10]), caller="third")
+    assert batch(policy, 0.0) == ["tiny0", "short0", "tiny1", "short1"]  # grouped, before the long one
+    assert batch(policy, 0.0) == ["long1"]
+    submit(policy, 0.0, Q("late", [20]), caller="tenant")
+    assert batch(policy, 0.0) == ["late0"]  # it waited for one long window, not for a batch of them
+    submit(policy, 0.0, Q("two", [150, 150]), caller="tenant")  # a paragraph's question: two windows
+    assert [batch(policy, 0.0) for _ in range(3)] == [["two0"], ["two1"], ["long2"]]  # one turn, in a row
+    urgent = _measured(Scheduler(max_batch_size=4, aging_s=0.0))
+    urgent.solo_from = 100
+    submit(urgent, 0.0, Q("s", [10]))
+    submit(urgent, 0.0, Q("L", [192] * 6), deadline=20.0)  # urgent at once: 20 s < 2 x its 15 s of work
+    assert batch(urgent, 0.0) == ["L0"]  # urgent, but alone
+    assert batch(urgent, 0.0) == ["s0"]  # the ring's turn
 
 
 def test_the_wait_for_a_full_batch_counts_from_the_first_arrival_and_is_not_repeated() -> None:

@@ -7,6 +7,8 @@ tokenizing backlog is bounded. (The scheduling policy itself, with a fake clock:
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import threading
 import time
 from pathlib import Path
@@ -121,8 +123,16 @@ def test_windows_of_a_departed_client_are_dropped(onnx_export: Path, xlnet_tok) 
     big = {"question": question, "context": long_context(xlnet_tok, question, 60)}
     with app_server(onnx_export, slow_backend(0.02), max_batch_size=1, max_batch_delay_ms=0) as (url, _):
         calls_before = sample_total(httpx.get(url + "/metrics").text, "xlnetqa_batch_size_count")
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(url + "/answer", json=big, timeout=0.2)  # the client gives up and disconnects
+        body = json.dumps(big).encode()
+        head = f"POST /answer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as client:
+            client.sendall(head.encode() + body)
+            queued = time.monotonic() + 30  # only a guard against a hang
+            while sample_total(httpx.get(url + "/metrics").text, "xlnetqa_queue_depth") < 40:
+                assert time.monotonic() < queued, "the request's windows were never queued"
+                time.sleep(0.01)
+        # the client gave up (its connection closed) with most of its 60 windows still queued
         give_up = time.monotonic() + 30  # only a guard against a hang
         while True:  # the server has seen the disconnect and its queue is empty
             text = httpx.get(url + "/metrics").text

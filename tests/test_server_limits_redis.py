@@ -1,13 +1,11 @@
 """Per-key limits shared through a real Redis (``--limits-redis``): two servers, or fronts over an engine,
-count one daily quota; it survives a restart; a store that does not answer at start stops the start,
-and one that goes away later lets requests through (and says so). Needs Debian's ``redis-server``
-(``make test`` installs it as root; elsewhere these tests skip, saying why)."""
+count one daily quota; it survives a restart; a store that does not answer at start stops the start;
+its password never reaches a command line. (What a store that fails later does to the service:
+test_limits_store_failures.py.) Needs Debian's ``redis-server`` (``make test`` installs it as root;
+elsewhere these tests skip, saying why)."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,52 +13,17 @@ import httpx
 import pytest
 from auth_helpers import ALICE, BOB, bearer, keys_file
 from module_runs import run_module
+from redis_store import REDIS, SKIP_REASON, RedisStore
 from server_helpers import OK, ServerProcess, server_env
 
-from harness.server_process import free_port
-
-REDIS = shutil.which("redis-server")
-pytestmark = pytest.mark.skipif(
-    REDIS is None, reason="redis-server is not installed (apt-get install redis-server)"
-)
+pytestmark = pytest.mark.skipif(REDIS is None, reason=SKIP_REASON)
+PASSWORD = "store-secret-5f0c2a9e71d84b36"
 
 
 @pytest.fixture
-def redis_url(tmp_path: Path) -> Iterator[str]:
-    """A redis-server of this test's own on a free loopback port (no persistence)."""
-    assert REDIS is not None
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            REDIS,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while (
-            subprocess.run(
-                ["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True
-            ).stdout.strip()
-            != "PONG"
-        ):
-            assert time.monotonic() < deadline and proc.poll() is None, "redis-server did not start"
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+def store() -> Iterator[RedisStore]:
+    with RedisStore() as running:
+        yield running
 
 
 def statuses(urls: list[str], n: int, key: str = ALICE) -> list[int]:
@@ -72,10 +35,10 @@ def statuses(urls: list[str], n: int, key: str = ALICE) -> list[int]:
 
 
 def test_two_servers_sharing_one_redis_serve_a_daily_quota_once(
-    onnx_export: Path, tmp_path: Path, redis_url: str
+    onnx_export: Path, tmp_path: Path, store: RedisStore
 ) -> None:
     keys = keys_file(tmp_path / "keys.txt", f"alice: {ALICE}", f"bob: {BOB}")
-    flags = ["--api-keys-file", str(keys), "--key-daily-requests", "5", "--limits-redis", redis_url]
+    flags = ["--api-keys-file", str(keys), "--key-daily-requests", "5", "--limits-redis", store.url]
     with ServerProcess(onnx_export, tmp_path, *flags) as a, ServerProcess(onnx_export, tmp_path, *flags) as b:
         got = statuses([a.url, b.url], 10)
         assert got == [200] * 5 + [429] * 5, got
@@ -86,20 +49,11 @@ def test_two_servers_sharing_one_redis_serve_a_daily_quota_once(
 
 
 def test_fronts_over_an_engine_count_the_redis_quota_once(
-    onnx_export: Path, tmp_path: Path, redis_url: str
+    onnx_export: Path, tmp_path: Path, store: RedisStore
 ) -> None:
     keys = keys_file(tmp_path / "keys.txt", f"alice: {ALICE}")
-    flags = [
-        "--api-keys-file",
-        str(keys),
-        "--key-daily-requests",
-        "5",
-        "--limits-redis",
-        redis_url,
-        "--workers",
-        "2",
-    ]
-    with ServerProcess(onnx_export, tmp_path, *flags) as s:
+    flags = ["--api-keys-file", str(keys), "--key-daily-requests", "5", "--limits-redis", store.url]
+    with ServerProcess(onnx_export, tmp_path, *flags, "--workers", "2") as s:
         # a new connection each time: the kernel spreads them over both fronts
         got = [
             httpx.post(
@@ -110,19 +64,72 @@ def test_fronts_over_an_engine_count_the_redis_quota_once(
     assert got == [200] * 5 + [429] * 5, got
 
 
-def test_a_store_that_does_not_answer_stops_the_start_and_one_that_goes_away_lets_requests_through(
-    onnx_export: Path, tmp_path: Path, redis_url: str
-) -> None:
-    dead = f"redis://127.0.0.1:{free_port()}/0"
-    flags = ["--limits-redis", dead, "--key-daily-requests", "5"]
-    r = run_module("server", "--model", onnx_export, *flags, env=server_env(), timeout=60)
+def test_a_store_that_does_not_answer_stops_the_start(onnx_export: Path, tmp_path: Path) -> None:
+    gone = tmp_path / "nothing-listens-here.sock"
+    r = run_module(
+        "server", "--model", onnx_export, "--limits-redis", f"unix://{gone}", "--key-daily-requests", "5",
+        env=server_env(), timeout=60,
+    )  # fmt: skip
     assert r.returncode == 2 and "--limits-redis: the store does not answer" in r.stderr, r.stderr
-    keys = keys_file(tmp_path / "keys.txt", f"alice: {ALICE}")
-    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
-    flags = ["--api-keys-file", str(keys), "--key-daily-requests", "2", "--limits-redis", redis_url]
-    with ServerProcess(onnx_export, tmp_path, *flags) as s:
-        assert statuses([s.url], 3) == [200, 200, 429]
-        subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True, timeout=10)
-        time.sleep(0.3)
-        assert statuses([s.url], 2) == [200, 200]  # the store is gone: served, not refused
-        assert "the limits store cannot be reached" in s.log() and "limits are not enforced" in s.log()
+    assert "Traceback" not in r.stderr
+
+
+def command_lines(root: int) -> list[bytes]:
+    """The command lines of ``root`` and every process below it (what ``ps`` shows every local user)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    tree, grew = {root}, True
+    while grew:
+        below = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= below
+        grew = bool(below)
+    lines = []
+    for pid in tree:
+        try:
+            lines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
+        except OSError:
+            continue
+    return lines
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_the_stores_password_never_reaches_a_command_line(
+    onnx_export: Path, tmp_path: Path, workers: str
+) -> None:
+    """A password in the --limits-redis flag is refused (ps shows flags to every local user); from the
+    environment, or from a private file, it reaches Redis (the quota is counted there) and no command line
+    of the server or of any process it started (fronts, engine) holds it."""
+    with RedisStore(password=PASSWORD) as store:
+        r = run_module(
+            "server", "--model", onnx_export, "--limits-redis", store.url, env=server_env(), timeout=60
+        )
+        assert r.returncode == 2 and "holds a password" in r.stderr and PASSWORD not in r.stderr, r.stderr
+        keys = keys_file(tmp_path / "keys.txt", f"alice: {ALICE}")
+        secret = keys_file(tmp_path / "redis-password", PASSWORD)
+        ways = [
+            ((), {"XLNETQA_LIMITS_REDIS": store.url}),
+            (("--limits-redis", store.url_without_password, "--limits-redis-password-file", str(secret)), {}),
+        ]
+        for flags, env in ways:
+            store.cli("flushall")
+            common = ["--api-keys-file", str(keys), "--key-daily-requests", "5", "--workers", workers]
+            with ServerProcess(onnx_export, tmp_path, *common, *flags, env=env) as s:
+                assert s.proc is not None
+                assert statuses([s.url], 2) == [200, 200]
+                lines = command_lines(s.proc.pid)
+                assert len(lines) >= (3 if workers == "2" else 1), lines
+                assert not [line for line in lines if PASSWORD.encode() in line]
+            day_keys = store.cli("--scan", "--pattern", "xlnetqa:limits:alice:day:*").split()
+            assert len(day_keys) == 1 and store.cli("get", day_keys[0]) == "2", day_keys
+        secret.chmod(0o644)  # a password file others may read is refused, as a keys file is
+        r = run_module(
+            "server", "--model", onnx_export, "--limits-redis", store.url_without_password,
+            "--limits-redis-password-file", str(secret), "--key-daily-requests", "5", env=server_env(), timeout=60,
+        )  # fmt: skip
+        assert r.returncode == 2 and "the Redis password file is readable by other users" in r.stderr, (
+            r.stderr
+        )

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 from auth_helpers import ALICE, bearer, keys_file
 from server_helpers import OK, ServerProcess
 
@@ -130,19 +131,27 @@ def test_a_killed_front_is_respawned_and_takes_no_request_before_it_is_ready(
         s.stop()
 
 
+@pytest.mark.parametrize("limits", ["off", "on"])
 def test_the_engine_killed_under_load_is_restarted_and_no_request_is_lost(
-    onnx_export: Path, tmp_path: Path
+    onnx_export: Path, tmp_path: Path, limits: str
 ) -> None:
     """kill -9 of the engine: every request in flight or arriving gets its answer or 503
     engine_unavailable + Retry-After at once (no hang, no 500, no dropped connection); /readyz is 503
-    until a new engine is ready, then 200, and answers flow again."""
-    s = ServerProcess(onnx_export, tmp_path, "--workers", "2", "--access-log", "false", log_level="info")
+    until a new engine is ready, then 200, and answers flow again. With per-key limits on too, whose
+    door asks the engine (it answered 500 there, and dropped connections, before)."""
+    flags = ["--workers", "2", "--access-log", "false"]
+    headers = None
+    if limits == "on":
+        keys = keys_file(tmp_path / "keys.txt", f"alice: {ALICE}")
+        flags += ["--api-keys-file", str(keys), "--key-requests-per-s", "5000"]
+        headers = bearer(ALICE)
+    s = ServerProcess(onnx_export, tmp_path, *flags, log_level="info")
     with s:
         assert s.proc is not None
         supervisor = s.proc.pid
         (engine,) = engines(supervisor)
         states: list[str] = []
-        with ClosedLoop(s.url, 6) as clients:
+        with ClosedLoop(s.url, 6, headers) as clients:
             time.sleep(1.0)
             os.kill(engine, signal.SIGKILL)
             deadline = time.monotonic() + 30
@@ -159,7 +168,7 @@ def test_the_engine_killed_under_load_is_restarted_and_no_request_is_lost(
         assert all(o.endswith("retry-after=1") for o in clients.outcomes), clients.outcomes
         (restarted,) = engines(supervisor)
         assert restarted != engine and "the engine exited with signal SIGKILL" in s.log()
-        assert httpx.post(s.url + "/answer", json=OK, timeout=10).status_code == 200
+        assert httpx.post(s.url + "/answer", json=OK, headers=headers, timeout=10).status_code == 200
 
 
 def test_limits_are_one_set_for_the_host_even_when_a_front_is_killed(

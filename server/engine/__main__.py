@@ -19,9 +19,11 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from server.auth import keys_configured
 from server.backends import create_backend
 from server.engine import LOAD_FAILED
 from server.engine.service import EngineService
+from server.gil import prefer_latency
 from server.lifecycle import ModelLifecycle
 from server.metrics import Metrics
 from server.model_spec import resolve_spec
@@ -30,13 +32,14 @@ from server.request_ids import configure_logging
 from server.settings import ENGINE_ADDRESS_ENV, ServerSettings
 
 logger = logging.getLogger("server.engine")
+SOCKET_FAILED = 1  # any exit but LOAD_FAILED is restarted by the supervisor
 
 
 async def serve(settings: ServerSettings, address: str) -> int:
     assert settings.model is not None
     spec = resolve_spec(settings.model, settings.backend, allow_unhashed=settings.allow_unhashed_model)
     metrics = Metrics()
-    quotas = quotas_for(settings)
+    quotas = quotas_for(settings, metrics.store_watch(), keyed=keys_configured(settings.api_keys_file))
     stop = asyncio.Event()
     failed = False
 
@@ -54,19 +57,19 @@ async def serve(settings: ServerSettings, address: str) -> int:
     serving = asyncio.create_task(service.serve(), name="engine-serve")
     logger.info("engine %s listening (pid %d)", service.incarnation[:8], os.getpid())
     await asyncio.wait({serving, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
-    if serving.done() and serving.exception() is not None:
+    socket_failed = serving.done() and serving.exception() is not None
+    if socket_failed:  # not the model's doing: the supervisor starts the engine again
         logger.error("the engine's socket failed", exc_info=serving.exception())
-        failed = True
     await runtime.stop()  # refuses new work (state stopping), finishes what was admitted
     await service.close(timeout_s=1.0)  # their answers go out before the socket closes
     serving.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await serving
-    if failed:
+    if failed:  # only the model's load sets it: the supervisor stops the server (it would fail again)
         Metrics.mark_load_failed(engine=True)
         return LOAD_FAILED
     metrics.process_exiting()
-    return 0
+    return SOCKET_FAILED if socket_failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -78,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ).parse_args(argv)
     settings = ServerSettings()
     configure_logging(settings.log_level)
+    prefer_latency()
     address = os.environ.get(ENGINE_ADDRESS_ENV)
     if not address or settings.model is None:
         print(

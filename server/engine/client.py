@@ -28,6 +28,7 @@ from zmq.utils.monitor import parse_monitor_message
 from server.batching import JobResult, QueueFull
 from server.engine import wire
 from server.engine.failures import EngineUnavailable, exception_of
+from server.quotas import OverLimit
 from train.squad import Feature
 
 logger = logging.getLogger("server.engine")
@@ -54,6 +55,7 @@ class EngineClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[list[asyncio.Future], str]] = {}  # submitted requests
         self._admits: dict[int, tuple[list[asyncio.Future], str]] = {}  # the door's questions
+        self._saturated: dict[str, float] = {}  # key -> until when it is refused at the door (in flight)
         self._context = zmq.asyncio.Context()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -103,7 +105,7 @@ class EngineClient:
         if self.queued + windows > self.max_queue:
             raise QueueFull(f"about {self.queued} windows are waiting (limit {self.max_queue})")
 
-    def submit(
+    async def submit(
         self, groups: Sequence[Sequence[Feature]], *, tag: str, deadline: float, caller: str
     ) -> list[asyncio.Future]:
         self.check_admission(0)
@@ -138,6 +140,15 @@ class EngineClient:
     # ---- DoorLimits -------------------------------------------------------------------------------
 
     async def admit(self, name: str) -> None:
+        saturated_until = self._saturated.get(name)
+        if saturated_until is not None:
+            if time.monotonic() < saturated_until:
+                raise OverLimit(
+                    name, "inflight_windows", saturated_until - time.monotonic(),
+                    "this key's last request was refused at its limit of windows in flight: retry once some "
+                    "are answered",
+                )  # fmt: skip
+            del self._saturated[name]
         if not self.limits_active:
             return
         if not self.available:
@@ -201,6 +212,10 @@ class EngineClient:
     def _on_failed(self, failed: wire.Failed) -> None:
         futures, caller = self._admits.get(failed.id) or self._pending.pop(failed.id, ([], ""))
         error = exception_of(failed.kind, failed.message, failed.limit, failed.retry_after, caller)
+        if isinstance(error, OverLimit) and error.limit == "inflight_windows":
+            # at its cap in the engine: this front refuses the key at the door for the Retry-After it
+            # was told, instead of reading and tokenizing requests the engine would refuse again
+            self._saturated[caller] = time.monotonic() + error.retry_after
         for future in futures:
             if not future.done():
                 future.set_exception(error)

@@ -16,7 +16,8 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -61,21 +62,29 @@ class EngineService:
         self.incarnation = uuid.uuid4().hex
         self.jobs: dict[tuple[bytes, int], list[asyncio.Future]] = {}
         self.seen: dict[bytes, float] = {}  # front identity -> when it last sent anything
+        self._tasks: set[asyncio.Task] = set()  # requests' limits being checked (a shared store may wait)
         self._context = zmq.asyncio.Context()
         self.socket = self._context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 1000)  # replies still queued at shutdown get a second to leave
 
     async def serve(self) -> None:
-        """Bind and answer until cancelled."""
+        """Bind and answer until cancelled. No message can end this loop: one whose handling fails is
+        logged (and its request failed), and the next is read."""
         self.socket.bind(self.address)
         sweeper = asyncio.create_task(self._sweep())
         try:
             while True:
                 identity, payload = await self._receive()
                 if identity is not None:
-                    self._handle(identity, payload)
+                    self._handle_safely(identity, payload)
         finally:
             sweeper.cancel()
+
+    def _handle_safely(self, identity: bytes, payload: bytes) -> None:
+        try:
+            self._handle(identity, payload)
+        except Exception:  # noqa: BLE001 - one message must never stop the engine (nor read as a failed load)
+            logger.exception("the engine could not handle a message (%d bytes); it goes on", len(payload))
 
     async def _receive(self) -> tuple[bytes | None, bytes]:
         frames = await self.socket.recv_multipart()
@@ -93,7 +102,7 @@ class EngineService:
         if isinstance(message, wire.Ping):
             self._send(identity, self._state(message.protocol))
         elif isinstance(message, wire.Admit):
-            self._admit(identity, message)
+            self._spawn(self._admit(identity, message), identity, message.id)
         elif isinstance(message, wire.Submit):
             self._submit(identity, message)
         elif isinstance(message, wire.Cancel):
@@ -115,9 +124,26 @@ class EngineService:
             runs_on=self.runtime.runs_on() if ready else None,
         )
 
-    def _admit(self, identity: bytes, message: wire.Admit) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None], identity: bytes, request: int) -> None:
+        """Run ``work`` (a request's limits, which may wait on a shared store) beside the loop; if it
+        fails unexpectedly, its request fails, and the engine goes on."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+
+        def done(task: asyncio.Task) -> None:
+            self._tasks.discard(task)
+            if task.cancelled() or task.exception() is None:
+                return
+            logger.error("the engine failed a request while checking its limits", exc_info=task.exception())
+            if self.jobs.get((identity, request)) == []:  # still the placeholder of a request not queued
+                del self.jobs[(identity, request)]
+            self._send(identity, wire.Failed(request, "internal", "the engine failed to check this request"))
+
+        task.add_done_callback(done)
+
+    async def _admit(self, identity: bytes, message: wire.Admit) -> None:
         try:
-            self.quotas.admit_request(message.caller)
+            await self.quotas.admit(message.caller)
         except OverLimit as exc:
             self._send(identity, _over_limit(message.id, exc))
             return
@@ -135,25 +161,47 @@ class EngineService:
             self._send(identity, wire.Failed(message.id, "internal", str(exc)))
             return
         deadline = time.perf_counter() + max(0.0, message.seconds_left)
+        key = (identity, message.id)
+        self.jobs[key] = []  # a Cancel arriving while its limits are checked finds it
+        queue = LocalQueue(batcher, self.quotas)
+        self._spawn(self._queue(queue, key, groups, message, deadline), identity, message.id)
+
+    async def _queue(
+        self,
+        queue: LocalQueue,
+        key: tuple[bytes, int],
+        groups: list[list[EngineWindow]],
+        message: wire.Submit,
+        deadline: float,
+    ) -> None:
+        identity = key[0]
         try:  # charged and queued as in a single-process server, all or nothing
-            futures = LocalQueue(batcher, self.quotas).submit(
+            futures = await queue.submit(
                 groups,  # type: ignore[arg-type]
                 tag=message.tag,
                 deadline=deadline,
                 caller=message.caller,
             )
         except OverLimit as exc:
-            self._send(identity, _over_limit(message.id, exc))
+            self._forget_job(key, identity, _over_limit(message.id, exc))
             return
         except Exception as exc:  # noqa: BLE001 - QueueFull, BatcherClosed, ... : nothing was queued
-            self._send(identity, wire.Failed(message.id, kind_of(exc), str(exc)))
+            self._forget_job(key, identity, wire.Failed(message.id, kind_of(exc), str(exc)))
             return
-        key = (identity, message.id)
+        if key not in self.jobs:  # cancelled (or its front went silent) while its limits were checked
+            for future in futures:
+                future.cancel()
+            return
         self.jobs[key] = futures
         for future in futures:  # a question that fails ends its request: its siblings' windows leave
             future.add_done_callback(functools.partial(_cancel_siblings, futures))
         windows = sum(len(g) for g in groups)
         release_when_done(futures, functools.partial(self._answer, key, futures, windows))
+
+    def _forget_job(self, key: tuple[bytes, int], identity: bytes, reply: wire.Failed) -> None:
+        """A request refused before it was queued: answered, unless it was cancelled meanwhile."""
+        if self.jobs.pop(key, None) is not None:
+            self._send(identity, reply)
 
     def _answer(self, key: tuple[bytes, int], futures: Sequence[asyncio.Future], windows: int) -> None:
         """Every question of a request is done (its windows are given back by the queue): answer its
