@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import platform
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -111,3 +113,25 @@ def counted_flops(module: Callable[..., object], *args: object) -> float:
     with triton_attention.kernel(False), torch.no_grad(), FlopCounterMode(display=False) as counter:
         module(*args)
     return float(counter.get_total_flops())
+
+
+_Threads = TypeVar("_Threads", bound="BackgroundThreads")
+
+
+class BackgroundThreads:
+    """Threads running ``target`` until the ``with`` block ends (``self.stopping`` is set then)."""
+
+    def __init__(self, targets: Sequence[Callable[[], None]], join_s: float = 60.0) -> None:
+        self.stopping = threading.Event()
+        self._threads = [threading.Thread(target=t) for t in targets]
+        self._join_s = join_s
+
+    def __enter__(self: _Threads) -> _Threads:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        for t in self._threads:
+            t.join(self._join_s)

@@ -108,7 +108,7 @@ def flood_setup(name: str, work: Path, metrics_port: int = 0) -> FloodSetup:
     - lingering: ``--max-connections 150``, and 300 keyless requests a second from 16 addresses, each
       declaring a body of 1,000,000 bytes and sending none;
     - metrics-port: the metrics on a port of their own (``metrics_port``, 0: any free one, read from the
-      log), 2,000 half-sent requests held there and 400 scrapes a second;
+      log), 6,000 half-sent requests held there and 2,000 scrapes a second;
     - batches: the default limits, one key keeping 16 batches of 2 x 20,000 characters in flight, and the
       key holder asking a sample question about its paragraph.
     """
@@ -148,11 +148,12 @@ METRICS_LINE = re.compile(r"metrics on http://[^:]+:(\d+)/metrics")
 
 
 def metrics_port_of(log: str) -> int:
-    """The metrics port a server logged (``--metrics-port 0`` picks a free one)."""
-    found = METRICS_LINE.search(log)
-    if found is None:
+    """The metrics port a server logged last (``--metrics-port 0`` picks a free one; a log file may hold
+    earlier runs too)."""
+    found = METRICS_LINE.findall(log)
+    if not found:
         raise RuntimeError(f"the server logged no metrics port:\n{log[-2000:]}")
-    return int(found.group(1))
+    return int(found[-1])
 
 
 def flood_row(

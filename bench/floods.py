@@ -66,6 +66,16 @@ class _Flood:
     def flood(self) -> Coroutine[Any, Any, None]:
         raise NotImplementedError
 
+    async def _open(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """A connection, counted as ``opened`` (or ``refused``, then None)."""
+        try:
+            opened = await asyncio.open_connection(host, port)
+        except OSError:
+            self.tally["refused"] += 1
+            return None
+        self.tally["opened"] += 1
+        return opened
+
     def __enter__(self):
         self._thread.start()
         return self
@@ -84,12 +94,10 @@ class ConnectionFlood(_Flood):
         held: set[asyncio.Task] = set()
 
         async def hold() -> None:
-            try:
-                reader, writer = await asyncio.open_connection(self.host, self.port)
-            except OSError:
-                self.tally["refused"] += 1
+            opened = await self._open(self.host, self.port)
+            if opened is None:
                 return
-            self.tally["opened"] += 1
+            reader, writer = opened
             try:
                 await reader.read()  # nothing is sent; returns when the server closes the connection
                 self.tally["closed by the server"] += 1
@@ -216,12 +224,10 @@ class KeyConnectionFlood(_Flood):
         ).encode()
 
         async def hold() -> None:
-            try:
-                reader, writer = await asyncio.open_connection(self.host, self.port)
-            except OSError:
-                self.tally["refused"] += 1
+            opened = await self._open(self.host, self.port)
+            if opened is None:
                 return
-            self.tally["opened"] += 1
+            reader, writer = opened
             try:
                 while True:
                     writer.write(request)

@@ -3,8 +3,8 @@
 A call costs about ``overhead + per_token x tokens`` per window: grouping ``n`` windows saves the
 overhead of ``n - 1`` calls and nothing else. On a GPU the overhead is most of a call and a batch of 8
 costs little more than one window; on a CPU running one thread a window of 192 tokens is almost all
-arithmetic, and 8 of them cost 8 times one (the shipped model on a 2-core EPYC: 9.55 ms for one,
-74.2 ms for eight, a 3% saving). There a batch only makes each window wait for the others: a request
+arithmetic, and 8 of them cost 8 times one (the shipped model on a 2-core EPYC, three loads: 8.9-10.9 ms
+for one, 67-86 ms for eight, a 6% saving at best: docs/bench/door-round-three/batch-curve-shipped.json). There a batch only makes each window wait for the others: a request
 that arrives while 8 windows of another tenant run waits for all 8. So the server times one window
 and ``size`` windows of the model's longest length once, at load, and groups only windows short enough
 for grouping to save at least ``MIN_SAVING`` of their cost (a latency worth paying only for a real

@@ -8,19 +8,17 @@ whole server). Against a real ``redis-server``."""
 
 from __future__ import annotations
 
-import statistics
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from auth_helpers import ALICE, bearer, keys_file, until
-from redis_store import REDIS, SKIP_REASON, RedisStore
 from server_helpers import OK, ServerProcess
 
+from bench.limits_store import scenario
+from harness.redis_store import REDIS, SKIP_REASON, RedisStore
 from server.metrics import sample_total
 from server.quotas_redis import BREAKER_COOLDOWN_S
 
@@ -121,88 +119,20 @@ def test_a_store_that_goes_away_leaves_each_replica_its_own_limits(
         assert metric(s.url, "xlnetqa_limits_store_up") == 0
 
 
-class Load:
-    """``clients`` keyed clients asking as fast as answered, and one keyless ``/healthz`` probe every
-    50 ms (as a kubelet, only faster); each outcome is timed, (seconds since start, status, latency)."""
-
-    def __init__(self, url: str, clients: int = 6) -> None:
-        self.url, self.t0 = url, time.monotonic()
-        self.answers: list[tuple[float, str, float]] = []
-        self.probes: list[tuple[float, str, float]] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._ask) for _ in range(clients)]
-        self._threads.append(threading.Thread(target=self._probe))
-
-    def _timed(self, client: httpx.Client, into: list, method: str, path: str, **kw: object) -> None:
-        start = time.monotonic()
-        try:
-            outcome = str(client.request(method, path, **kw).status_code)  # type: ignore[arg-type]
-        except httpx.HTTPError as exc:
-            outcome = type(exc).__name__
-        into.append((start - self.t0, outcome, time.monotonic() - start))
-
-    def _ask(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=30, headers=bearer(ALICE)) as c:
-            while not self._stop.is_set():
-                self._timed(c, self.answers, "POST", "/answer", json=OK)
-
-    def _probe(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=30) as c:
-            while not self._stop.is_set():
-                self._timed(c, self.probes, "GET", "/healthz")
-                time.sleep(0.05)
-
-    def between(
-        self, outcomes: list[tuple[float, str, float]], a: float, b: float
-    ) -> list[tuple[str, float]]:
-        return [(o, t) for start, o, t in outcomes if a <= start < b]
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(60)
-
-
 def p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_paused_store_stalls_nothing_under_load(
-    onnx_export: Path, tmp_path: Path, store: RedisStore, mode: str
-) -> None:
-    """Redis stopped dead (SIGSTOP) for 6 s under six clients: the keyless probe's p99 stays under 1 s
-    (the Kubernetes probes give up at 3 s), the key holder's p50 under 200 ms, throughput at least a
-    quarter of what it was, every answer a 200; resumed, the store is used again."""
-    flags = [
-        *keyed(tmp_path),
-        "--key-requests-per-s",
-        "5000",
-        "--limits-redis",
-        store.url,
-        *MODES[mode],
-    ]
-    with ServerProcess(onnx_export, tmp_path, *flags, "--access-log", "false") as s:
-        with Load(s.url) as load:
-            time.sleep(3.0)
-            paused_at = time.monotonic() - load.t0
-            store.pause()
-            time.sleep(6.0)
-            store.resume()
-            time.sleep(0.5)
-        before = load.between(load.answers, 1.0, paused_at)
-        during = load.between(load.answers, paused_at, paused_at + 6.0)
-        probes = load.between(load.probes, paused_at, paused_at + 6.0)
-        outcomes = Counter(o for _, o, _ in load.answers) + Counter(o for _, o, _ in load.probes)
-        assert set(outcomes) == {"200"}, outcomes
-        rate_before, rate_during = len(before) / (paused_at - 1.0), len(during) / 6.0
-        assert rate_during >= rate_before / 4, (rate_before, rate_during)
-        assert p99([t for _, t in probes]) <= 1.0, sorted(t for _, t in probes)[-5:]
-        assert statistics.median(t for _, t in during) <= 0.2, statistics.median(t for _, t in during)
-        until(lambda: metric(s.url, "xlnetqa_limits_store_up") == 1, "the store never came back", 10)
+def test_a_paused_store_stalls_nothing_under_load(onnx_export: Path, tmp_path: Path, mode: str) -> None:
+    """Redis stopped dead (SIGSTOP) for 6 s under six clients (bench.limits_store's scenario): the keyless
+    probe's p99 stays under 1 s (the Kubernetes probes give up at 3 s), the key holder's p50 under 200 ms,
+    throughput at least a quarter of what it was, every answer a 200, the server up; resumed, the store is
+    used again."""
+    row = scenario("paused", mode, onnx_export, tmp_path, warm_s=3.0, fail_s=6.0)
+    before, during = row["before"], row["during"]
+    assert set(during["statuses"]) == {"200"} and set(during["probe_statuses"]) == {"200"}, during
+    assert during["answers_per_s"] >= before["answers_per_s"] / 4, (before, during)
+    assert during["probe_p99_ms"] <= 1000 and during["p50_ms"] <= 200, during
+    assert row["server_up_after"]

@@ -13,8 +13,9 @@ import httpx
 import pytest
 from auth_helpers import ALICE, BOB, bearer, keys_file
 from module_runs import run_module
-from redis_store import REDIS, SKIP_REASON, RedisStore
 from server_helpers import OK, ServerProcess, server_env
+
+from harness.redis_store import REDIS, SKIP_REASON, RedisStore
 
 pytestmark = pytest.mark.skipif(REDIS is None, reason=SKIP_REASON)
 PASSWORD = "store-secret-5f0c2a9e71d84b36"

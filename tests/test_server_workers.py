@@ -20,6 +20,7 @@ import pytest
 from auth_helpers import ALICE, bearer, keys_file
 from server_helpers import OK, ServerProcess
 
+from bench.common import BackgroundThreads
 from server.metrics import sample_total
 
 WARMUP_DELAY_S = 4.0  # the engine's load takes at least this long: long enough to be seen
@@ -60,21 +61,20 @@ def ready_fronts(s: ServerProcess) -> int:
     return s.log().count("front of model")
 
 
-class ClosedLoop:
+class ClosedLoop(BackgroundThreads):
     """``n`` clients, each sending the next request when the last one is answered, on a new connection
     each time (so the kernel hands every request to whichever front accepts it). An outcome is the
     status (with the error kind and Retry-After for a 503) or the transport error."""
 
     def __init__(self, url: str, n: int, headers: dict[str, str] | None = None) -> None:
+        super().__init__([self._client] * n, join_s=30)
         self.url, self.headers, self.outcomes = url, headers, Counter[str]()
-        self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._client) for _ in range(n)]
 
     def _client(self) -> None:
         no_reuse = httpx.Limits(max_keepalive_connections=0)
         with httpx.Client(base_url=self.url, limits=no_reuse, timeout=15.0, headers=self.headers) as c:
-            while not self._stop.is_set():
+            while not self.stopping.is_set():
                 try:
                     r = c.post("/answer", json=OK)
                     outcome = str(r.status_code)
@@ -84,16 +84,6 @@ class ClosedLoop:
                     outcome = type(exc).__name__
                 with self._lock:
                     self.outcomes[outcome] += 1
-
-    def __enter__(self) -> ClosedLoop:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(30)
 
 
 def test_a_killed_front_is_respawned_and_takes_no_request_before_it_is_ready(

@@ -14,7 +14,7 @@ from pathlib import Path
 from harness.server_process import free_port
 
 # A TCP port instead of the socket, for a server that only speaks redis:// (the code before unix:// was
-# accepted, when these tests are run against another checkout: XLNETQA_TEST_SERVER_REPO, server_helpers).
+# accepted: the tests run against another checkout, XLNETQA_TEST_SERVER_REPO, or a benchmark's "before").
 TCP = bool(os.environ.get("XLNETQA_TEST_REDIS_TCP"))
 REDIS = shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")
@@ -25,18 +25,18 @@ class RedisStore:
     """``redis-server`` on a Unix socket in a short private directory (a socket's path is at most 107
     bytes, more than a test's tmp_path may leave), no persistence; a context manager."""
 
-    def __init__(self, password: str | None = None) -> None:
+    def __init__(self, password: str | None = None, tcp: bool = TCP) -> None:
         assert REDIS is not None and REDIS_CLI is not None, SKIP_REASON
         self.directory = Path(tempfile.mkdtemp(prefix="xq-redis-"))
-        self.password = password
+        self.password, self.tcp = password, tcp
         self.socket = self.directory / "redis.sock"
-        self.port = free_port() if TCP else 0
+        self.port = free_port() if tcp else 0
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
         """The URL with the password, if any (a server must get it another way than a flag)."""
-        if TCP:
+        if self.tcp:
             return (
                 f"redis://:{self.password}@127.0.0.1:{self.port}/0"
                 if self.password
@@ -47,11 +47,14 @@ class RedisStore:
 
     @property
     def url_without_password(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0" if TCP else f"unix://{self.socket}?db=0"
+        return f"redis://127.0.0.1:{self.port}/0" if self.tcp else f"unix://{self.socket}?db=0"
 
     def start(self) -> RedisStore:
-        command = [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
-                   "--save", "", "--appendonly", "no", "--dir", str(self.directory)]  # fmt: skip
+        assert REDIS is not None, SKIP_REASON
+        command = [
+            REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--unixsocket", str(self.socket),
+            "--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--dir", str(self.directory),
+        ]  # fmt: skip
         if self.password:
             command += ["--requirepass", self.password]
         self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
