@@ -7,13 +7,23 @@ call is let through (half-open) while every other call still falls back; its suc
 breaker, its failure opens it for another ``cooldown_s``. Envoy's outlier detection and Kong's
 ``fault_tolerant`` rate limiting degrade the same way: a sick dependency is skipped, not waited on.
 
-Plain bookkeeping on one event loop (no lock, no I/O); the caller times its calls and reports them.
+Plain bookkeeping on one event loop (no lock, no I/O); the caller times its calls and reports how
+each ended, with the :class:`Call` :meth:`Breaker.allow` gave it (so that only the trial's end decides
+the trial, whatever calls let in before the breaker opened do meanwhile).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call let through: ``trial`` when it is the half-open breaker's one try."""
+
+    trial: bool = False
 
 
 class Breaker:
@@ -34,29 +44,37 @@ class Breaker:
         """The store is in use (no failure streak has opened the breaker)."""
         return self.opened_at is None
 
-    def allow(self) -> bool:
-        """Call the store now? Closed: yes. Open: no, except one trial call once ``cooldown_s`` passed."""
+    def allow(self) -> Call | None:
+        """A call to make now, or None (fall back). Closed: always. Open: only one trial call, once
+        ``cooldown_s`` has passed since it opened (or since the last trial failed)."""
         if self.opened_at is None:
-            return True
+            return Call()
         if self._trial or self._clock() - self.opened_at < self.cooldown_s:
-            return False
+            return None
         self._trial = True
-        return True
+        return Call(trial=True)
 
-    def succeeded(self) -> bool:
-        """A call succeeded; returns True when this closed an open breaker (the store is back)."""
+    def succeeded(self, call: Call) -> bool:
+        """``call`` succeeded: the store answers, the breaker closes. True when that closed an open one."""
         reopened = self.opened_at is not None
         self.failures, self.opened_at, self._trial = 0, None, False
         return reopened
 
-    def abandoned(self) -> None:
-        """A call ended with no verdict on the store (its request was cancelled): a trial may be made again."""
-        self._trial = False
-
-    def failed(self) -> bool:
-        """A call failed; returns True when this opened a closed breaker (the store went away)."""
+    def failed(self, call: Call) -> bool:
+        """``call`` failed; True when this opened a closed breaker (the store went away). A failed trial
+        opens it for another cooldown; a call let in before it opened only counts."""
         self.failures += 1
-        was_closed = self.opened_at is None
-        if not was_closed or self.failures >= self.threshold:
+        if self.opened_at is None:
+            if self.failures >= self.threshold:
+                self.opened_at = self._clock()
+                return True
+            return False
+        if call.trial:
             self.opened_at, self._trial = self._clock(), False
-        return was_closed and self.opened_at is not None
+        return False
+
+    def abandoned(self, call: Call) -> None:
+        """``call`` ended with no verdict on the store (its request was cancelled): if it was the trial,
+        another call may try."""
+        if call.trial:
+            self._trial = False

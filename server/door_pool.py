@@ -83,7 +83,10 @@ class DoorPool:
 
     def vouch(self, connection: C, key: str, per_key: int | None) -> list[C]:
         """A request of ``key`` on ``connection`` passed the door: it is that key's now. Returns the
-        key's idle connections to close (oldest first, never ``connection``) beyond ``per_key``."""
+        key's idle connections to close (oldest first, never ``connection``) beyond ``per_key``. A
+        connection the pool no longer knows (closed while its request waited at the door) is left out."""
+        if connection not in self._unvouched and connection not in self._key_of:
+            return []
         self.forget(connection)
         own = self._by_key.setdefault(key, OrderedDict())
         own[connection] = None
@@ -117,14 +120,17 @@ class DoorPool:
             return []
         need = connections - limit + 1
         evict = _idle(self._unvouched, newcomer, need)
-        while len(evict) < need and self._by_key:
-            key = max(self._by_key, key=lambda k: len(self._by_key[k]))
-            taken = _idle(self._by_key[key], newcomer, need - len(evict))
-            if not taken:
-                break  # the largest key's connections are all busy: nothing idle to take
-            evict.extend(taken)
         for c in evict:
             self.forget(c)
+        while len(evict) < need:
+            # one at a time from the key holding the most (the largest changes as they go); a key whose
+            # connections are all busy has none to give, and the next largest is asked
+            keys = sorted(self._by_key, key=lambda k: len(self._by_key[k]), reverse=True)
+            taken = next((found for k in keys if (found := _idle(self._by_key[k], newcomer, 1))), None)
+            if taken is None:
+                break  # nothing idle anywhere
+            self.forget(taken[0])
+            evict.extend(taken)
         return evict  # type: ignore[return-value]
 
 

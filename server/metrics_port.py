@@ -49,17 +49,19 @@ class CachedRender:
         self._pending: asyncio.Future[bytes] | None = None
 
     async def get(self) -> bytes:
+        """The cached rendering, or a new one. A scrape that gives up (its deadline) never cancels the
+        rendering itself: it is one exchange on the socket to the server, which must be read whole."""
         if time.monotonic() - self._at < CACHE_S:
             return self._body
         if self._pending is None:
             self._pending = asyncio.ensure_future(self._render())
-            pending = self._pending
-            try:
-                self._body, self._at = await pending, time.monotonic()
-            finally:
-                self._pending = None
-            return self._body
+            self._pending.add_done_callback(self._rendered)
         return await asyncio.shield(self._pending)
+
+    def _rendered(self, done: asyncio.Future[bytes]) -> None:
+        self._pending = None
+        if not done.cancelled() and done.exception() is None:
+            self._body, self._at = done.result(), time.monotonic()
 
 
 def from_server(source: socket.socket) -> Callable[[], Awaitable[bytes]]:

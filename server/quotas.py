@@ -234,7 +234,8 @@ class CallerQuotas:
         with self._lock:
             c = self._caller(name)
             if cap is not None and c.inflight + windows > cap:
-                c.refused = windows  # the door refuses this key until that much is answered
+                if windows <= cap:  # the door refuses this key until that much is answered
+                    c.refused = windows
                 raise OverLimit(
                     name, "inflight_windows", 1.0,
                     f"this key has {c.inflight} windows in flight and this request {windows} (limit {cap})",
@@ -277,7 +278,7 @@ class CallerQuotas:
             c = self._caller(name)
             c.inflight = max(0, c.inflight - windows)
             cap = self.limits.max_inflight_windows
-            if c.refused and (cap is None or c.inflight + c.refused <= cap):
+            if c.refused and (cap is None or c.inflight == 0 or c.inflight + c.refused <= cap):
                 c.refused = 0  # room for the request refused last: the door lets the key in again
 
 

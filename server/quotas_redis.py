@@ -36,7 +36,7 @@ from typing import Any
 
 from server.address_log import AddressLog
 from server.auth import shared_file_problem
-from server.breaker import Breaker
+from server.breaker import Breaker, Call
 from server.quotas import CallerLimits, CallerQuotas, OverLimit, utc_day
 from server.settings import ServerSettings, url_password
 from server.store_watch import StoreWatch
@@ -47,7 +47,7 @@ DAY_TTL_S = 2 * 86400
 BREAKER_FAILURES = 3  # failures in a row that open the breaker
 BREAKER_COOLDOWN_S = 2.0  # how long the store is left alone before one request tries it again
 LOG_INTERVAL_S = 60.0  # the "store is out" line, at most once per this
-MAX_STORE_CONNECTIONS = 32  # per process: calls beyond wait for one (within the timeout) or fall back
+MAX_STORE_CONNECTIONS = 64  # per process, at once; a call beyond them falls back (the store is not blamed)
 MAX_PENDING_CHARGES = 256  # charges sent without waiting; beyond, they are charged here
 NO_PACKAGE = "--limits-redis needs the redis package (pip install 'xlnet-qa[redis]')"
 
@@ -214,6 +214,7 @@ class RedisQuotas(CallerQuotas):
             url, password=password, max_connections=MAX_STORE_CONNECTIONS, timeout=timeout_s,
             socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0),
         )  # fmt: skip
+        self._slots = asyncio.Semaphore(MAX_STORE_CONNECTIONS)  # calls at once: the pool never waits
         self._redis = redis.asyncio.Redis(connection_pool=pool)
         self._script = self._redis.register_script(_SCRIPT)
         self.timeout_s = timeout_s
@@ -236,32 +237,36 @@ class RedisQuotas(CallerQuotas):
         ]  # fmt: skip
 
     async def _run(self, name: str, op: str, windows: int = 0, missed: int = 0) -> list[str] | None:
-        """The script's reply, or None when the store is not used now (breaker open) or failed."""
-        if not self.breaker.allow():
+        """The script's reply, or None when the store is not used now (breaker open, or every
+        connection busy: this call falls back, and the store is not blamed) or failed."""
+        if self._slots.locked():
+            return None
+        call = self.breaker.allow()
+        if call is None:
             return None
         try:
-            reply: Any = await asyncio.wait_for(
-                self._script(keys=[PREFIX + name], args=self._args(op, windows, missed)), self.timeout_s
-            )
+            async with self._slots:
+                reply: Any = await asyncio.wait_for(
+                    self._script(keys=[PREFIX + name], args=self._args(op, windows, missed)), self.timeout_s
+                )
             values = [r.decode() if isinstance(r, bytes) else str(r) for r in reply]
             if len(values) < 2:
                 raise ValueError(f"an unexpected reply from the limits script: {values[:3]!r}")
         except asyncio.CancelledError:
-            self.breaker.abandoned()  # the request left: no verdict on the store
+            self.breaker.abandoned(call)  # the request left: no verdict on the store
             raise
         except Exception as exc:  # noqa: BLE001 - every failure of the store is the same fallback
-            self._failed(exc)
+            self._failed(call, exc)
             return None
-        if self.breaker.succeeded():
+        if self.breaker.succeeded(call):
             logger.warning("the limits store answers again: per-key limits are shared through it again")
             self.watch.up(True)
         return values
 
-    def _failed(self, exc: Exception) -> None:
+    def _failed(self, call: Call, exc: Exception) -> None:
         kind = type(exc).__name__
         self.watch.error(kind)
-        opened = self.breaker.failed()
-        if opened:
+        if self.breaker.failed(call):
             self.watch.up(False)
         self._log.warn(
             "redis", "unavailable",
@@ -278,15 +283,17 @@ class RedisQuotas(CallerQuotas):
         if not self.limits.at_the_door:
             return
         day = utc_day(time.time())
-        missed = self._missed.pop((name, day), 0)
-        reply = await self._run(name, "admit", missed=missed)
+        missed = self._missed.pop((name, day), 0)  # sent with this call: Redis adds them to today's count
+        try:
+            reply = await self._run(name, "admit", missed=missed)
+        except BaseException:
+            self._owe(name, day, missed)
+            raise
         if reply is None:
-            if missed:
-                self._missed[(name, day)] = missed
+            self._owe(name, day, missed)
             self.admit_request(name)  # this replica's own limits (OverLimit when over)
             if self.limits.daily_requests is not None:
-                self._missed = {k: v for k, v in self._missed.items() if k[1] == day}
-                self._missed[(name, day)] = self._missed.get((name, day), 0) + 1
+                self._owe(name, day, 1)
             return
         if reply[0] == "ok":
             self._mirror_day(name, day, int(float(reply[1])))
@@ -304,6 +311,14 @@ class RedisQuotas(CallerQuotas):
         else:
             message = f"over the rate of {self.limits.requests_per_s:g} requests/s for this key"
         raise OverLimit(name, limit, wait if math.isfinite(wait) else 60.0, message)
+
+    def _owe(self, name: str, day: int, admitted: int) -> None:
+        """Admissions of today that Redis has not counted yet (merged with any others meanwhile). A call
+        that timed out after Redis ran it is counted again: a key may be charged a request twice, never
+        let through one uncounted."""
+        if admitted and self.limits.daily_requests is not None:
+            self._missed = {k: v for k, v in self._missed.items() if k[1] == day}
+            self._missed[(name, day)] = self._missed.get((name, day), 0) + admitted
 
     def _mirror_day(self, name: str, day: int, count: int) -> None:
         """Remember Redis's count for today: if the store goes away, this replica counts on from it."""

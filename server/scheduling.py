@@ -15,10 +15,11 @@ to ``k + 1`` windows on its turn, so a large request still finishes within its d
 small ones keep arriving. A lane's turn is ``TURN_WINDOWS`` windows (where windows run one per call,
 a question about one paragraph, one or two windows, runs without another caller's window between its
 own); lanes (and requests in a lane) that had their turn move to the back; one that was skipped stays
-in front and starts the next batch (nothing starves). A caller that had nothing
-waiting comes in at the front, as a new flow does in start-time fair queueing: a tenant sending one
-question at a time waits for the call in flight, not for another turn of a tenant whose lane never
-empties (a lane stays a lane while it has work, so this favours only callers that use less). Forming a batch looks at
+in front and starts the next batch (nothing starves). A caller that had nothing waiting comes in at
+the front if every caller waiting has been served since it was (a sleeper's credit, as Linux's CFS
+gives a waking task): a tenant sending one question at a time waits for the call in flight, not for
+another turn of a tenant whose lane never empties; one that comes back the moment it is answered waits
+one window of each other caller first, so its share stays bounded and nobody waiting is passed over. Forming a batch looks at
 most ``lookahead`` lanes and ``lookahead`` requests in each, so queue housekeeping per batch is
 bounded, independent of the queue length.
 
@@ -58,6 +59,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 URGENCY_MARGIN = 2.0  # a large request is served first once its time left < this x the work ahead of it
 TURN_WINDOWS = 2  # windows a caller takes in a row before the next caller's turn (a paragraph's question)
+MAX_REMEMBERED_CALLERS = 4096  # callers whose last service the policy remembers (keys are far fewer)
 
 
 class QueueFull(RuntimeError):
@@ -145,6 +147,8 @@ class Scheduler(Generic[Q]):
         self.aging_s = aging_s
         self.ring: deque[Lane[Q]] = deque()  # callers with windows waiting, round-robin order
         self._lanes: dict[str, Lane[Q]] = {}  # the ring's lanes by caller
+        self._formed = 0  # batches formed so far
+        self._served_at: dict[str, int] = {}  # caller -> the batch it last gave a window to
         self._large: list[Request[Q]] = []  # requests of more than one batch, by deadline
         self._ring_owed = False  # the last batch was all urgent windows: the next one is the ring's
         self.waiting = 0  # windows of live questions not dispatched yet
@@ -166,11 +170,22 @@ class Scheduler(Generic[Q]):
         if request.deadline is not None and n > self.max_batch_size:
             self._admit_large(request, now)
         lane = self._lanes.get(request.caller)
-        if lane is None:  # a caller with nothing waiting until now has its turn first
+        if lane is None:
             lane = self._lanes[request.caller] = Lane(request.caller, turn_left=TURN_WINDOWS)
-            self.ring.appendleft(lane)
+            if self._sat_out(request.caller):  # it has its turn first
+                self.ring.appendleft(lane)
+            else:
+                self.ring.append(lane)
         lane.requests.append(request)
         self.waiting += n
+
+    def _sat_out(self, caller: str) -> bool:
+        """Whether every caller waiting now has been served since ``caller`` was last (or it never was):
+        then ``caller``, having nothing queued, comes in at the front. A caller that keeps coming back
+        the moment it is answered thus waits for one window of each other caller first, and no caller
+        waiting in the ring can be passed over twice by the same newcomer (nobody starves)."""
+        last = self._served_at.get(caller)
+        return last is None or all(self._served_at.get(lane.caller, -1) > last for lane in self.ring)
 
     def forget(self, question: Q) -> int:
         """A question died: its queued windows leave the queue at once, in time linear in its request's
@@ -204,8 +219,8 @@ class Scheduler(Generic[Q]):
         None when there is nothing to wait for (batching off, no delay, or nothing queued)."""
         if self.max_batch_size <= 1 or self.max_delay_s <= 0 or not self.ring:
             return None
-        front = self.ring[0].requests
-        return (front[0].enqueued if front else 0.0) + self.max_delay_s
+        first = min((lane.requests[0].enqueued for lane in self.ring if lane.requests), default=None)
+        return None if first is None else first + self.max_delay_s
 
     @property
     def full(self) -> bool:
@@ -239,6 +254,14 @@ class Scheduler(Generic[Q]):
             if not lane.has_work:
                 del self._lanes[lane.caller]
         given = Counter(q.request.caller for q, _ in chosen if q.request is not None)
+        for caller in given:
+            self._served_at[caller] = self._formed
+        self._formed += 1
+        if len(self._served_at) > MAX_REMEMBERED_CALLERS:  # the longest unserved are forgotten
+            for caller, _ in sorted(self._served_at.items(), key=lambda kv: kv[1])[
+                : MAX_REMEMBERED_CALLERS // 2
+            ]:
+                del self._served_at[caller]
         _requeue(
             self.ring,
             [

@@ -56,11 +56,12 @@ def test_room_is_made_from_the_keyless_first_then_from_the_key_holding_the_most(
     pool.accept(newcomer, "10.0.0.9", per_address=None)
     # 6 connections with a limit of 6: one must go, and the keyless idle one goes first
     assert names(pool.make_room(6, 6, newcomer)) == ["keyless"]
-    # then the key holding the most loses its oldest idle ones, never the tenant's single one
+    # then the key holding the most loses its oldest idle ones, as long as it holds the most
     assert names(pool.make_room(7, 6, newcomer)) == ["f0", "f1"]
-    flood[2].idle = False  # busy: not taken even when it is the only one left to take
-    assert pool.make_room(7, 6, newcomer) == []
-    assert pool.held_by_key("tenant") == 1
+    flood[2].idle = False  # busy: the next largest key gives its idle one instead
+    assert names(pool.make_room(6, 6, newcomer)) == ["t0"]
+    assert pool.make_room(6, 6, newcomer) == []  # nothing idle is left anywhere
+    assert pool.held_by_key("flood") == 1
 
 
 def test_a_vouched_connection_reused_by_another_key_moves_to_that_key() -> None:
@@ -72,3 +73,14 @@ def test_a_vouched_connection_reused_by_another_key_moves_to_that_key() -> None:
     assert (pool.held_by_key("a"), pool.held_by_key("b")) == (0, 1)
     pool.forget(c)
     assert pool.held_by_key("b") == 0
+
+
+def test_a_connection_closed_while_its_request_waited_at_the_door_is_not_counted_again() -> None:
+    """The door vouches after awaiting the key's limits (a round trip to the engine or Redis): a
+    connection closed meanwhile was forgotten, and must not come back as the key's."""
+    pool = DoorPool()
+    gone = Conn("gone", idle=False)
+    pool.accept(gone, "10.0.0.1", per_address=None)
+    pool.forget(gone)  # connection_lost while the limits were checked
+    assert pool.vouch(gone, "flood", per_key=1) == []
+    assert pool.held_by_key("flood") == 0 and len(pool) == 0

@@ -96,6 +96,29 @@ def test_callers_take_turns_however_many_requests_each_has_queued() -> None:
     assert batch(policy, 0.0)[:2] == ["z0", "x6-0"]
 
 
+def test_a_caller_coming_back_at_once_waits_for_the_others_and_starves_nobody() -> None:
+    """A caller with nothing queued comes in first only if every waiting caller was served since it
+    was: ten tenants each asking again the moment they are answered cannot starve the one whose lane
+    never empties, and each of them waits for a window of every other caller before its next turn."""
+    policy = Scheduler(max_batch_size=4, aging_s=0.0)
+    policy.solo_from = 1  # every window alone: each batch is one turn's window
+    submit(policy, 0.0, Q("F", [10] * 500), caller="flood")
+    tenants = [f"t{k}" for k in range(10)]
+    for t in tenants:
+        submit(policy, 0.0, Q(t, [10]), caller=t)
+    served: list[str] = []
+    for _ in range(60):
+        (window,) = batch(policy, 0.0)
+        caller = window.rstrip("0123456789") if window.startswith("F") else window[:-1]
+        served.append("flood" if caller == "F" else caller)
+        if caller != "F":  # answered: it asks again at once
+            submit(policy, 0.0, Q(caller, [10]), caller=caller)
+    assert served.count("flood") >= 5  # a window every round of the ten
+    for t in tenants:  # between two windows of a tenant, the flood had one
+        mine = [i for i, c in enumerate(served) if c == t]
+        assert mine and all("flood" in served[a:b] for a, b in zip(mine, mine[1:], strict=False)), served
+
+
 def test_a_caller_beyond_a_floods_requests_is_within_the_lookahead() -> None:
     """The lookahead counts callers, not requests: one key's 100 queued requests cannot push another
     key's request out of the batches' sight."""
@@ -163,8 +186,9 @@ def test_windows_that_run_alone_never_share_a_call_and_short_ones_still_group() 
     assert batch(policy, 0.0) == ["long1"]
     submit(policy, 0.0, Q("late", [20]), caller="tenant")
     assert batch(policy, 0.0) == ["late0"]  # it waited for one long window, not for a batch of them
+    assert batch(policy, 0.0) == ["long2"]
     submit(policy, 0.0, Q("two", [150, 150]), caller="tenant")  # a paragraph's question: two windows
-    assert [batch(policy, 0.0) for _ in range(3)] == [["two0"], ["two1"], ["long2"]]  # one turn, in a row
+    assert [batch(policy, 0.0) for _ in range(2)] == [["two0"], ["two1"]]  # one turn, in a row
     urgent = _measured(Scheduler(max_batch_size=4, aging_s=0.0))
     urgent.solo_from = 100
     submit(urgent, 0.0, Q("s", [10]))

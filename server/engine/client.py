@@ -210,8 +210,11 @@ class EngineClient:
             _resolve(future, JobResult(rows, question.queue_s, question.inference_s))
 
     def _on_failed(self, failed: wire.Failed) -> None:
+        admission = failed.id in self._admits
         futures, caller = self._admits.get(failed.id) or self._pending.pop(failed.id, ([], ""))
         error = exception_of(failed.kind, failed.message, failed.limit, failed.retry_after, caller)
+        if admission and not isinstance(error, OverLimit):  # the engine could not check the door's limits
+            error = EngineUnavailable("the inference engine could not check this key's limits; retry")
         if isinstance(error, OverLimit) and error.limit == "inflight_windows":
             # at its cap in the engine: this front refuses the key at the door for the Retry-After it
             # was told, instead of reading and tokenizing requests the engine would refuse again

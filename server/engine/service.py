@@ -250,7 +250,13 @@ class EngineService:
             )  # fmt: skip
 
     async def close(self, timeout_s: float) -> None:
-        """Let the answers of admitted requests go out (within ``timeout_s``), then close the socket."""
+        """Let the answers of admitted requests go out (within ``timeout_s``), then close the socket;
+        requests whose limits were still being checked are given up (their fronts fail them)."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for key in [key for key, futures in self.jobs.items() if not futures]:
+            del self.jobs[key]  # placeholders of requests never queued
         deadline = time.monotonic() + timeout_s
         while self.jobs and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
