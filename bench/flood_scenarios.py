@@ -49,7 +49,7 @@ def _p(values: Sequence[float], q: float) -> float:
 
 FLOODS = (
     "connections", "connections-tls", "headers-16k", "headers-100k", "tokenizer",
-    "key-probes", "key-requests", "lingering", "metrics-port", "batches",
+    "key-probes", "key-requests", "key-probes-thousands", "lingering", "metrics-port", "batches",
 )  # fmt: skip
 KEY_A, KEY_B = "flood-tenant-key-0123456789abcdef", "key-holder-key-fedcba9876543210"
 SHIPPED_MODEL_FLOODS = ("tokenizer", "batches")  # floods whose cost is the real model's (tests use it)
@@ -64,6 +64,7 @@ class FloodSetup:
     flags: tuple[str, ...]
     body: dict[str, str] | None
     ca: Path | None
+    settle_s: float = 3.0  # the flood's head start before the key holder is measured beside it
 
     def flood(self, url: str, port: int, tenant_key: str, metrics_port: int | None = None) -> tuple[str, ...]:
         """:func:`flood_process`'s arguments against the server at ``url`` (``port``; its metrics on
@@ -79,6 +80,17 @@ class FloodSetup:
             path = "/healthz" if name == "key-probes" else "/v1/model"
             return ("key-connections", plain, "--key", tenant_key, "--connections", "300", "--per-second", "200",
                     "--path", path)  # fmt: skip
+        if name == "key-probes-thousands":
+            return (
+                "key-connections",
+                plain,
+                "--key",
+                tenant_key,
+                "--connections",
+                "2200",
+                "--per-second",
+                "1000",
+            )
         if name == "lingering":
             return ("lingering", plain, "--addresses", "16", "--per-second", "300")
         if name == "metrics-port":
@@ -104,7 +116,9 @@ def flood_setup(name: str, work: Path, metrics_port: int = 0) -> FloodSetup:
     - tokenizer: the README's example limits per key, at most 64 windows a request (a 60,000-character
       context is ~110), and the key holder's long question on the featurize thread;
     - key-probes, key-requests: ``--max-connections 150``, and one valid key holding 300 keep-alive
-      connections, each asking ``/healthz`` (or ``/v1/model``) every 3.5 s;
+      connections, each asking ``/healthz`` (or ``/v1/model``) every 3.5 s; key-probes-thousands: the same
+      with the default limits (2,112 connections) and 2,600 of them (the server needs a limit of open
+      files above that);
     - lingering: ``--max-connections 150``, and 300 keyless requests a second from 16 addresses, each
       declaring a body of 1,000,000 bytes and sending none;
     - metrics-port: the metrics on a port of their own (``metrics_port``, 0: any free one, read from the
@@ -124,6 +138,8 @@ def flood_setup(name: str, work: Path, metrics_port: int = 0) -> FloodSetup:
         return FloodSetup(name, (*crowded, "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)), None, ca)
     if name in ("key-probes", "key-requests", "lingering"):
         return FloodSetup(name, crowded, None, None)
+    if name == "key-probes-thousands":
+        return FloodSetup(name, (), None, None, settle_s=10.0)  # thousands take a while to open
     if name == "metrics-port":
         return FloodSetup(name, ("--metrics-port", str(metrics_port)), None, None)
     if name.startswith("headers-"):
@@ -183,7 +199,7 @@ def flood_row(
         metrics = metrics_port_of(server.log()) if name == "metrics-port" else None
         unloaded = key_holder(server.url, KEY_B, requests, ca=setup.ca, body=setup.body)
         with flood_process(*setup.flood(server.url, server.port, KEY_A, metrics)) as flood:
-            time.sleep(3.0)
+            time.sleep(setup.settle_s)
             flooded = key_holder(server.url, KEY_B, requests, ca=setup.ca, body=setup.body)
     row: dict[str, Any] = {"flood": name, "tally": flood.tally}
     for phase, outcomes in (("unloaded", unloaded), ("flooded", flooded)):
