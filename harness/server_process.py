@@ -7,13 +7,15 @@ given, to this process's own stdout/stderr.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -25,11 +27,46 @@ LOOPBACK = "127.0.0.1"
 REPO = Path(__file__).resolve().parents[1]
 
 
+@contextlib.contextmanager
+def refusing_port(host: str = LOOPBACK) -> Iterator[socket.socket]:
+    """A socket bound to a free port and not listening: while it is held, connections to the port are
+    refused and no other program can take it (hand it to a server later: ``ServerProcess(listen_socket=)``)."""
+    sock = socket.socket()
+    try:
+        sock.bind((host, 0))
+        yield sock
+    finally:
+        sock.close()
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    """A port nothing listens on right now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nothing listens on right now, for code that binds it itself (another checkout's server,
+    torchrun, a command in the docs). It is taken from below the system's ephemeral range, where the
+    system never hands out ports of its own (a program binding port 0 or connecting out gets one from
+    that range): only a program binding this very port could take it before it is bound. Where the code
+    accepts a socket, hand one over instead (``--listen-fd``, :func:`refusing_port`)."""
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, low)
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as probe:  # a crowded machine: any port the system picks
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The first port of the system's ephemeral range (Linux; 32768 elsewhere or when unreadable)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+    return low if low > 11000 else 32768
 
 
 def child_env(extra: Mapping[str, str] | None = None, repo: Path = REPO) -> dict[str, str]:
@@ -60,17 +97,37 @@ class ServerProcess:
         tls_ca: Path | None = None,
         python: str | None = None,
         repo: Path | None = None,
+        listen_socket: socket.socket | None = None,
     ) -> None:
+        """``listen_socket``: a bound socket the server is to serve (``--listen-fd``; listened on at
+        launch). Without it or ``port``, this checkout's server gets a socket bound to a free port here
+        and handed over, so no other program can take the port between the choice and the bind; another
+        checkout's server (``repo``), which may not take one, gets a port found free."""
         self.model, self.flags, self.backend = Path(model), list(flags), backend
         self.python = python or sys.executable  # another venv's interpreter (e.g. onnxruntime-gpu)
         self.repo = repo or REPO  # another checkout's server (a benchmark's "before")
         self.log_path, self.log_level = log_path, log_level
         self.ready_timeout_s, self.stop_grace_s = ready_timeout_s, stop_grace_s
         self.env = child_env(env, self.repo)
-        self.port = port or free_port()
+        self._hand_over = listen_socket is not None or (port is None and repo is None)
+        self._socket = listen_socket
+        self.port = port or (0 if self._hand_over else free_port())
+        if self._hand_over:
+            self._bind()
         self.tls_ca = tls_ca  # served over HTTPS (flags --ssl-certfile/--ssl-keyfile); probes trust this CA
         self.proc: subprocess.Popen | None = None
         self._log_file: IO[bytes] | None = None
+
+    def _bind(self) -> None:
+        """The socket to hand over: the one given, else one bound here on the host the flags name."""
+        if self._socket is None:
+            host = LOOPBACK
+            for flag, value in zip(self.flags, self.flags[1:], strict=False):
+                if flag == "--host":
+                    host = value
+            self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+            self._socket.bind((host, 0))
+        self.port = self._socket.getsockname()[1]
 
     @property
     def url(self) -> str:
@@ -79,15 +136,10 @@ class ServerProcess:
     @property
     def command(self) -> list[str]:
         cmd = [self.python, "-m", "server", "--model", str(self.model), "--backend", self.backend]
-        return cmd + [
-            "--host",
-            LOOPBACK,
-            "--port",
-            str(self.port),
-            "--log-level",
-            self.log_level,
-            *self.flags,
-        ]
+        cmd += ["--host", LOOPBACK, "--port", str(self.port), "--log-level", self.log_level]
+        if self._socket is not None:
+            cmd += ["--listen-fd", str(self._socket.fileno())]
+        return cmd + self.flags
 
     def log(self) -> str:
         """The server's output so far ("" when it writes to our own stdout)."""
@@ -106,9 +158,21 @@ class ServerProcess:
         out: IO[bytes] | None = None
         if self.log_path is not None:
             out = self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            self.command, cwd=self.repo, env=self.env, stdout=out, stderr=subprocess.STDOUT if out else None
-        )
+        if self._hand_over and self._socket is None:  # launched again: a new socket (a new port)
+            self._bind()
+        fds: tuple[int, ...] = ()
+        if self._socket is not None:
+            self._socket.listen(1024)
+            fds = (self._socket.fileno(),)
+        try:
+            self.proc = subprocess.Popen(
+                self.command, cwd=self.repo, env=self.env, stdout=out, stderr=subprocess.STDOUT if out else None,
+                pass_fds=fds,
+            )  # fmt: skip
+        finally:
+            if self._socket is not None:  # the server holds it now: once it exits, the port refuses
+                self._socket.close()
+                self._socket = None
         return self
 
     def wait(self, path: str = "/readyz", timeout: float | None = None) -> ServerProcess:

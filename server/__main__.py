@@ -44,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from server.backends import BackendUnavailable, check_spec, preflight
     from server.connection import configure_connections, connection_protocol
     from server.hosts import is_loopback
+    from server.listen_socket import ListenSocketError, adopt
     from server.model_spec import ModelSpecError, resolve_spec
     from server.quotas_redis import LimitsStoreError, check_store
     from server.tls import TlsSetupError
@@ -56,7 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         tls = settings.tls_context()
         if settings.limits_redis is not None:
             check_store(settings)
-    except (ModelSpecError, BackendUnavailable, KeyFileError, TlsSetupError, LimitsStoreError) as exc:
+        sockets = [adopt(settings.listen_fd)] if settings.listen_fd is not None else None
+    except (
+        ModelSpecError, BackendUnavailable, KeyFileError, TlsSetupError, LimitsStoreError, ListenSocketError,
+    ) as exc:  # fmt: skip
         return _fail(str(exc))
     if keys is None and not is_loopback(settings.host):
         logging.getLogger("server").warning(
@@ -90,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.fronts_over_engine:
         from server.supervisor import run_fronts_over_engine
 
-        return run_fronts_over_engine(settings, common)
+        return run_fronts_over_engine(settings, common, sockets)
 
     from server.app import create_app
 
@@ -113,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _fail(f"--metrics-port {settings.metrics_port}: cannot listen ({exc.strerror or exc})")
     server = uvicorn.Server(uvicorn.Config(app, lifespan="on", **common))
     try:
-        server.run()
+        server.run(sockets=sockets)
     finally:
         if listener is not None:
             listener.shutdown()

@@ -56,6 +56,13 @@ class ServerSettings(BaseSettings):
     model_name: str | None = Field(None, description="Name reported in responses (default: directory name)")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    listen_fd: int | None = Field(
+        None,
+        ge=0,
+        description="Serve this inherited, listening TCP socket instead of binding --host and --port (systemd "
+        "socket activation, or a supervisor or test harness that bound it: no moment in which another process "
+        "can take the port)",
+    )
     workers: int = Field(
         1,
         ge=1,

@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -94,8 +95,25 @@ def _exit_text(code: int) -> str:
     return f"signal {signal.Signals(-code).name}" if code < 0 else f"code {code}"
 
 
-def run_fronts_over_engine(settings: ServerSettings, uvicorn_options: dict) -> int:
-    """Serve with ``settings.workers`` fronts over one engine; the exit status of ``python -m server``."""
+def _serve_on(sockets: list[socket.socket], workers: int, uvicorn_options: dict) -> None:
+    """What ``uvicorn.run`` does for the fronts, on sockets bound by someone else."""
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    config = uvicorn.Config(
+        "server.app:create_app_from_env", factory=True, workers=workers, **uvicorn_options
+    )
+    if workers > 1:
+        Multiprocess(config, sockets=sockets).run()
+    else:
+        uvicorn.Server(config).run(sockets=sockets)
+
+
+def run_fronts_over_engine(
+    settings: ServerSettings, uvicorn_options: dict, sockets: list[socket.socket] | None = None
+) -> int:
+    """Serve with ``settings.workers`` fronts over one engine (on ``sockets`` when the socket was handed
+    over, ``--listen-fd``); the exit status of ``python -m server``."""
     import uvicorn
 
     run_dir = Path(tempfile.mkdtemp(prefix="xlnetqa-engine-"))  # 0700: only this user reaches the socket
@@ -127,9 +145,12 @@ def run_fronts_over_engine(settings: ServerSettings, uvicorn_options: dict) -> i
     engine = EngineKeeper(dict(os.environ), grace_s=settings.graceful_timeout_s + 5)
     engine.start()
     try:
-        uvicorn.run(
-            "server.app:create_app_from_env", factory=True, workers=settings.workers, **uvicorn_options
-        )
+        if sockets is None:
+            uvicorn.run(
+                "server.app:create_app_from_env", factory=True, workers=settings.workers, **uvicorn_options
+            )
+        else:
+            _serve_on(sockets, settings.workers, uvicorn_options)
         front_failed = (Path(metrics_dir) / LOAD_FAILED_MARK).exists()
     finally:
         if listener is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,7 +14,6 @@ from pathlib import Path
 import httpx
 
 from harness.server_process import LOOPBACK as HOST
-from harness.server_process import free_port
 
 EOP = 8  # "<eop>" in a question: the injected fault's trigger
 FAULTY = {"question": "What is <eop> here?", "context": "Nothing happened here."}
@@ -64,10 +64,11 @@ def app_server(
     from server.app import create_app
     from server.settings import ServerSettings
 
-    config = ServerSettings(model=model, port=free_port(), **settings)
+    listening = socket.create_server((HOST, 0))  # bound here: no other program can take the port first
+    config = ServerSettings(model=model, port=listening.getsockname()[1], **settings)
     app = create_app(config, backend_factory=backend_factory)
     server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=config.port, log_level="critical"))
-    thread = threading.Thread(target=server.run)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]})
     thread.start()
     url = f"http://{HOST}:{config.port}"
     try:
@@ -79,6 +80,7 @@ def app_server(
     finally:
         server.should_exit = True
         thread.join(60)
+        listening.close()
 
 
 async def post_many(url: str, bodies: list[dict], timeout: float = 60) -> list[httpx.Response]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -85,6 +86,7 @@ class ServerProcess(harness.server_process.ServerProcess):
         tls_ca: Path | None = None,
         python: str | None = None,
         ready_timeout_s: float = 60.0,
+        listen_socket: socket.socket | None = None,
     ) -> None:
         log_path = log_dir / f"server-{backend}-{time.monotonic_ns()}.log"
         super().__init__(
@@ -100,6 +102,7 @@ class ServerProcess(harness.server_process.ServerProcess):
             stop_grace_s=15.0,
             python=python,
             repo=Path(OTHER_SERVER_REPO) if OTHER_SERVER_REPO else None,
+            listen_socket=listen_socket,
         )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -37,7 +38,7 @@ from clients import (
     XLNetQATimeoutError,
 )
 from clients.client import _Policy
-from harness.server_process import free_port
+from harness.server_process import refusing_port
 from server.metrics import sample_total
 
 
@@ -132,7 +133,11 @@ def test_4xx_is_raised_at_once_without_retries(server: ServerProcess) -> None:
 
 
 def test_unreachable_server_raises_connection_error_after_retries() -> None:
-    url = f"http://127.0.0.1:{free_port()}"
+    with refusing_port() as port:
+        unreachable(f"http://127.0.0.1:{port.getsockname()[1]}")
+
+
+def unreachable(url: str) -> None:
     with XLNetQAClient(url, retries=2, backoff=0.01) as qa:
         assert not qa.health() and not qa.ready()
         with pytest.raises(XLNetQAConnectionError) as err:
@@ -158,8 +163,12 @@ def test_retry_after_is_honoured_with_jitter_and_capped() -> None:
 
 def test_clients_retry_until_the_server_is_up_and_ready(onnx_export: Path, tmp_path: Path) -> None:
     """Both clients start before the server exists (connection refused), then see 503 during warm-up."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    with refusing_port() as port:  # refused until the server gets it, and nobody else's meanwhile
+        retried_until_ready(onnx_export, tmp_path, port)
+
+
+def retried_until_ready(onnx_export: Path, tmp_path: Path, port: socket.socket) -> None:
+    url = f"http://127.0.0.1:{port.getsockname()[1]}"
     question, context = dev_questions()[0]
     results: dict[str, object] = {}
     kw = {"retries": 80, "backoff": 0.05, "max_backoff": 0.2, "timeout": 10.0}
@@ -179,7 +188,7 @@ def test_clients_retry_until_the_server_is_up_and_ready(onnx_export: Path, tmp_p
     for t in threads:
         t.start()
     time.sleep(0.3)  # the clients are now retrying refused connections
-    s = ServerProcess(onnx_export, tmp_path, "--warmup-delay-s", "1.5", port=port).launch()
+    s = ServerProcess(onnx_export, tmp_path, "--warmup-delay-s", "1.5", listen_socket=port).launch()
     try:
         s.wait("/healthz")
         with XLNetQAClient(url, retries=1, backoff=0.01, max_backoff=0.05) as impatient:

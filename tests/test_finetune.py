@@ -16,6 +16,7 @@ from module_runs import run_module
 from paths import REPO, SAMPLE
 from sample_cuts import first_article_split
 
+from harness.server_process import free_port
 from train.evaluate import main as evaluate_main
 from train.finetune import main as finetune_main
 from train.model import XLNetConfig, XLNetForQuestionAnswering, checkpoint
@@ -290,7 +291,6 @@ def test_two_ranks_equal_one_process_at_twice_the_batch(small_split, spm_dir, tm
     """torchrun with 2 gloo ranks of batch 4 ends with the parameters of 1 process of batch 8 (the
     same global batches, gradients all-reduced once per step): a broken all-reduce, duplicated or
     missing data shards, or ranks drifting apart would all change them."""
-    import socket
     import subprocess
     import sys
 
@@ -301,9 +301,7 @@ def test_two_ranks_equal_one_process_at_twice_the_batch(small_split, spm_dir, tm
     single = tmp_path / "single"
     assert finetune_main([*base, "--batch-size", "8", "--out", str(single)]) == 0
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # below the ephemeral range: no neighbour binding port 0 can take it
     double = tmp_path / "double"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
     cmd += ["-m", "train.finetune", *base, "--batch-size", "4", "--out", str(double), "--device", "cpu"]

@@ -32,6 +32,11 @@ def browser() -> Iterator:
         yield driver
 
 
+SET_VALUE = (
+    "arguments[0].value = arguments[1];arguments[0].dispatchEvent(new Event('input', {bubbles: true}));"
+)
+
+
 def _ask(driver, url: str, context: str, question: str, threshold: str = "", batch: bool = False) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
@@ -43,8 +48,10 @@ def _ask(driver, url: str, context: str, question: str, threshold: str = "", bat
     for element_id, value in (("context", context), ("question", question), ("threshold", threshold)):
         field = driver.find_element(By.ID, element_id)
         field.clear()
-        if len(value) > 1000:  # 20,000 keystrokes through WebDriver can outlast its 120 s on a busy machine
-            driver.execute_script("arguments[0].value = arguments[1]", field, value)
+        if len(value) > 1000 or any(ord(c) > 0xFFFF for c in value):
+            # set through the page: 20,000 keystrokes through WebDriver can outlast its 120 s on a busy
+            # machine, and ChromeDriver types no character outside the BMP (an emoji) since Chromium 150
+            driver.execute_script(SET_VALUE, field, value)
         elif value:
             field.send_keys(value)
     if batch != driver.find_element(By.ID, "batch").is_selected():

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from module_runs import run_module
 from paths import REPO, SAMPLE_CORPUS, SHARED_TEST_NAME, shared_squad_file
 from xlnet_oracle import hf_loss
 
+from harness.server_process import free_port
 from train.data import PretrainBatches, PretrainDataConfig
 from train.engine.execution import to_tensors
 from train.engine.state import latest_checkpoint
@@ -288,12 +288,6 @@ def test_torchrun_two_ranks_on_a_prepared_corpus(spm_dir, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "world 2" in proc.stdout and "tokenizing" not in proc.stdout + proc.stderr
     assert not (out / "data").exists() and len(read_metrics(out)) == 3
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def torchrun_pretrain(spm_dir: Path, out: Path) -> list[str]:

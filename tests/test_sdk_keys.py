@@ -22,7 +22,7 @@ from clients import (
     XLNetQAError,
 )
 from clients.client import API_KEY_ENV
-from harness.server_process import free_port
+from harness.server_process import refusing_port
 
 # ---- the SDK: the key is checked at once and kept out of sight --------------------------------------
 
@@ -122,17 +122,18 @@ def test_the_key_shows_in_no_repr_vars_or_error(sdk_keyed: ServerProcess) -> Non
         with pytest.raises(XLNetQAAuthenticationError) as err:
             qa.answer(OK["question"], OK["context"])
         assert SDK_WRONG not in error_texts(err.value) and not shows_key(err.value, SDK_WRONG)
-    refused = f"http://127.0.0.1:{free_port()}"
-    with XLNetQAClient(refused, api_key=SDK_KEY, retries=1, backoff=0.01) as qa:
-        with pytest.raises(XLNetQAConnectionError) as conn:
-            qa.answer(OK["question"], OK["context"])
-        assert SDK_KEY not in error_texts(conn.value)
+    with refusing_port() as port:  # refused while held, and nobody else's meanwhile
+        refused = f"http://127.0.0.1:{port.getsockname()[1]}"
+        with XLNetQAClient(refused, api_key=SDK_KEY, retries=1, backoff=0.01) as qa:
+            with pytest.raises(XLNetQAConnectionError) as conn:
+                qa.answer(OK["question"], OK["context"])
+            assert SDK_KEY not in error_texts(conn.value)
 
-    async def async_case() -> XLNetQAError:
-        async with AsyncXLNetQAClient(refused, api_key=SDK_KEY, retries=0) as qa:
-            assert not shows_key(qa) and SDK_KEY not in str(vars(qa))
-            with pytest.raises(XLNetQAConnectionError) as caught:
-                await qa.answer(OK["question"], OK["context"])
-            return caught.value
+        async def async_case() -> XLNetQAError:
+            async with AsyncXLNetQAClient(refused, api_key=SDK_KEY, retries=0) as qa:
+                assert not shows_key(qa) and SDK_KEY not in str(vars(qa))
+                with pytest.raises(XLNetQAConnectionError) as caught:
+                    await qa.answer(OK["question"], OK["context"])
+                return caught.value
 
-    assert SDK_KEY not in error_texts(asyncio.run(async_case()))
+        assert SDK_KEY not in error_texts(asyncio.run(async_case()))

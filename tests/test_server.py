@@ -32,7 +32,6 @@ from server_helpers import (
     server_env,
 )
 
-from harness.server_process import free_port
 from server.metrics import sample_total
 from train.squad import DecodeOptions, decode, featurize_one
 from train.tokenizer import XLNetTokenizer
@@ -418,12 +417,12 @@ def test_unusable_model_or_backend_exits_2_with_one_line(onnx_export: Path, tmp_
     broken = tmp_path / "broken"
     shutil.copytree(onnx_export, broken)
     (broken / "model.onnx").write_bytes(b"not an onnx model")
-    r = _run_server_cli("--model", str(broken), "--port", str(free_port()), "--log-level", "critical")
+    r = _run_server_cli("--model", str(broken), "--port", "0", "--log-level", "critical")
     assert r.returncode == 2 and "model.onnx differs from the exported file" in r.stderr, r.stderr
     from export.serving.sidecar import Sidecar
 
     Sidecar.load(broken).save(broken)  # as if the exporter had written it: passes the checks, fails to load
-    r = _run_server_cli("--model", str(broken), "--port", str(free_port()), "--log-level", "critical")
+    r = _run_server_cli("--model", str(broken), "--port", "0", "--log-level", "critical")  # any free port
     assert r.returncode == 1 and "model failed to load" in r.stderr, r.stderr
     import importlib.util
 
@@ -433,12 +432,14 @@ def test_unusable_model_or_backend_exits_2_with_one_line(onnx_export: Path, tmp_
 
 
 TORCH_FREE_SCRIPT = """
-import sys, threading, time, httpx, uvicorn
+import socket, sys, threading, time, httpx, uvicorn
 from server.flags import load_settings
 from server.app import create_app
-settings = load_settings(["--model", sys.argv[1], "--backend", "onnx", "--port", sys.argv[2]])
+listening = socket.create_server(("127.0.0.1", 0))
+port = str(listening.getsockname()[1])
+settings = load_settings(["--model", sys.argv[1], "--backend", "onnx", "--port", port])
 server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=settings.port, log_level="error"))
-thread = threading.Thread(target=server.run); thread.start()
+thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]}); thread.start()
 url = f"http://127.0.0.1:{settings.port}"
 for _ in range(600):
     try:
@@ -455,7 +456,7 @@ print("LEAKED" if bad else "TORCH-FREE", bad)
 
 
 def test_onnx_server_never_imports_torch(onnx_export: Path) -> None:
-    cmd = [sys.executable, "-c", TORCH_FREE_SCRIPT, str(onnx_export), str(free_port())]
+    cmd = [sys.executable, "-c", TORCH_FREE_SCRIPT, str(onnx_export)]
     r = subprocess.run(cmd, cwd=REPO, env=server_env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "TORCH-FREE []" in r.stdout, r.stdout + r.stderr
 

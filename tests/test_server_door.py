@@ -33,8 +33,8 @@ from auth_helpers import ALICE, BOB, WRONG, bearer, keys_file, until
 from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import OK, ServerProcess, post, server_env
 
+from bench.flood_scenarios import metrics_port_of
 from harness.certificates import make_certificates
-from harness.server_process import free_port
 from server.app import create_app
 from server.settings import ServerSettings
 
@@ -427,9 +427,9 @@ def test_the_metrics_port_serves_a_scraper_without_a_key_and_the_api_port_keeps_
     from server.metrics import sample_total
 
     keys = keys_file(tmp_path / "keys.txt", f"alice: {ALICE}")
-    port = free_port()
-    flags = ["--api-keys-file", str(keys), "--metrics-port", str(port), "--workers", workers]
-    with ServerProcess(onnx_export, tmp_path, *flags) as s:
+    flags = ["--api-keys-file", str(keys), "--metrics-port", "0", "--workers", workers]  # any free port
+    with ServerProcess(onnx_export, tmp_path, *flags, log_level="info") as s:
+        port = metrics_port_of(s.log())
         assert post(s.url + "/answer", OK, headers=bearer(ALICE)).status_code == 200
         assert httpx.get(s.url + "/metrics", timeout=10).status_code == 401  # the API's port: a key
         scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)

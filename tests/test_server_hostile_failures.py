@@ -21,7 +21,6 @@ from paths import REPO
 from server_helpers import OK, ServerProcess, long_context, post, stand_in_spec
 
 from export.serving.sidecar import Sidecar
-from harness.server_process import free_port
 from server.metrics import sample_total
 
 # ---- failures: hangs, NaN, crashes, load errors ---------------------------------------------------------
@@ -256,7 +255,7 @@ def test_model_files_that_differ_from_the_export_or_are_links_are_refused(
     assert {"model.onnx", "spiece.model", "tokenizer_config.json"} <= set(recorded)
 
     def start(model: Path) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "server", "--model", str(model), "--port", str(free_port())]
+        cmd = [sys.executable, "-m", "server", "--model", str(model), "--port", "0"]  # refused before binding
         return subprocess.run(cmd, env=server_env(), capture_output=True, text=True, timeout=60)
 
     changed = tmp_path / "changed"
