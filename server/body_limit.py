@@ -64,7 +64,7 @@ class BodyLimitMiddleware:
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             response = error_response(
-                self.metrics, 413, "body_too_large", f"request body exceeds {self.max_bytes} bytes",
+                self.metrics, 413, "body_too_large", f"request body exceeds {self.max_bytes} bytes (max_body_bytes)",
                 headers={"Connection": "close"},
             )  # fmt: skip
             expects_continue = headers.get(b"expect", b"").lower() == b"100-continue"

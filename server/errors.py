@@ -165,7 +165,10 @@ def install_error_handlers(app: FastAPI, metrics: Metrics, settings: ServerSetti
             return error_response(metrics, 400, "invalid_utf8", message)
         if exc.status_code == 413:
             return error_response(
-                metrics, 413, "body_too_large", f"request body exceeds {settings.body_limit} bytes"
+                metrics,
+                413,
+                "body_too_large",
+                f"request body exceeds {settings.body_limit} bytes (max_body_bytes)",
             )
         if exc.status_code == 408:
             message = f"the request body did not arrive within {settings.body_timeout_s:g} s"

@@ -6,23 +6,70 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import Any, Literal, get_args, get_origin
 
 from server.settings import ServerSettings, url_password
 
 
+class Switch(argparse.Action):
+    """A boolean setting's flag: ``--x`` turns it on, ``--no-x`` off; ``--x true|false`` still works."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        both = [*option_strings, *("--no-" + s.removeprefix("--") for s in option_strings)]
+        super().__init__(both, dest, nargs="?", metavar="true|false", **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        value: Any,
+        option: str | None = None,
+    ) -> None:
+        if option is not None and option.startswith("--no-"):
+            if value is not None:
+                parser.error(f"{option} takes no value (it turns the setting off)")
+            value = "false"
+        setattr(namespace, self.dest, "true" if value is None else value)
+
+
+class _Formatter(argparse.HelpFormatter):
+    """``--x, --no-x`` for a switch (argparse would print each with a value)."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, Switch):
+            return ", ".join(action.option_strings)
+        return super()._format_action_invocation(action)
+
+
+def choices_of(annotation: Any) -> tuple[str, ...] | None:
+    """The values a ``Literal`` setting (or an optional one) may take, as the command line spells them."""
+    if get_origin(annotation) is Literal:
+        return tuple(str(v) for v in get_args(annotation))
+    for arg in get_args(annotation):  # X | None
+        if get_origin(arg) is Literal:
+            return tuple(str(v) for v in get_args(arg))
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """One flag per settings field (``max_queue`` -> ``--max-queue``), help from its description."""
-    p = argparse.ArgumentParser(prog="python -m server", description="Serve an XLNet QA model over HTTP.")
+    """One flag per settings field (``max_queue`` -> ``--max-queue``), help from its description; the
+    choices of a ``Literal`` field listed; a boolean field a switch (``--x``, ``--no-x``)."""
+    p = argparse.ArgumentParser(
+        prog="python -m server", description="Serve an XLNet QA model over HTTP.", formatter_class=_Formatter
+    )
     for name, info in ServerSettings.model_fields.items():
-        default = "" if info.default is None else f" (default {info.default})"
+        default = (
+            ""
+            if info.default is None
+            else f" (default {str(info.default).lower() if info.annotation is bool else info.default})"
+        )
         text = (info.description or name.replace("_", " ")) + default
         # Every value is parsed by the settings model (one set of rules and messages for flags and env).
-        # A bare boolean flag (``--allow-cpu-fallback``) means true; ``--playground false`` still works.
         flag, help_text = "--" + name.replace("_", "-"), text.replace("%", "%%")
         if info.annotation is bool:
-            p.add_argument(flag, dest=name, default=None, help=help_text, nargs="?", const="true")
+            p.add_argument(flag, dest=name, default=None, help=help_text, action=Switch)
         else:
-            p.add_argument(flag, dest=name, default=None, help=help_text)
+            p.add_argument(flag, dest=name, default=None, help=help_text, choices=choices_of(info.annotation))
     return p
 
 

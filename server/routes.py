@@ -69,13 +69,15 @@ def check_sizes(items: list[AnswerRequest], settings: ServerSettings) -> None:
             raise ApiError(
                 413,
                 "context_too_large",
-                f"{where}context has {len(item.context)} characters; the limit is {settings.max_context_chars}",
+                f"{where}context has {len(item.context)} characters; the limit is {settings.max_context_chars} "
+                "(max_context_chars)",
             )
         if len(item.question) > settings.max_question_chars:
             raise ApiError(
                 413,
                 "question_too_large",
-                f"{where}question has {len(item.question)} characters; the limit is {settings.max_question_chars}",
+                f"{where}question has {len(item.question)} characters; the limit is {settings.max_question_chars} "
+                "(max_question_chars)",
             )
 
 

@@ -9,6 +9,7 @@ fixtures (the model, its export, the servers): ``conftest.py``.
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import signal
 import subprocess
@@ -198,8 +199,8 @@ def test_bad_input_gets_a_clear_json_error(
         assert err["details"] and all({"loc", "msg", "type"} <= set(d) for d in err["details"])
     if case == "whitespace question":
         assert "question must not be empty" in err["message"]
-    if status == 413 and kind != "body_too_large":
-        assert "limit" in err["message"]
+    if status == 413:  # the limit and the setting that sets it
+        assert re.search(r"\((max_\w+)\)", err["message"]), err["message"]
 
 
 def test_chunked_body_over_the_limit_is_413(onnx_server: ServerProcess) -> None:
@@ -462,6 +463,23 @@ def test_onnx_server_never_imports_torch(onnx_export: Path) -> None:
 
 
 # ---- settings -----------------------------------------------------------------------------------------
+
+
+def test_switches_and_choices_read_as_the_other_commands_do(capsys: pytest.CaptureFixture[str]) -> None:
+    """A boolean setting is a switch (``--x`` on, ``--no-x`` off; ``--x false`` as before) and a setting
+    with a fixed set of values lists them in --help and refuses others (vLLM's and HF's conventions)."""
+    from server.flags import build_parser, load_settings
+
+    assert load_settings(["--no-playground"]).playground is False
+    assert load_settings(["--playground"]).playground is True
+    assert load_settings(["--playground", "false"]).playground is False
+    text = build_parser().format_help()
+    assert "--playground, --no-playground" in text and "--backend {onnx,trt,torch,null}" in text
+    for bad in (["--no-playground", "true"], ["--backend", "bogus"], ["--batching", "sometimes"]):
+        with pytest.raises(SystemExit) as exit_:
+            build_parser().parse_args(bad)
+        assert exit_.value.code == 2
+    assert "takes no value" in capsys.readouterr().err
 
 
 def test_settings_from_env_overridden_by_flags(monkeypatch: pytest.MonkeyPatch) -> None:
