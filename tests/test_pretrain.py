@@ -129,11 +129,15 @@ def test_tiny_pretraining_beats_unigram_baseline(tmp_path):
     assert (out / "loss.png").stat().st_size > 5000
 
 
-def test_kill_and_resume_reaches_the_same_loss(spm_dir, tmp_path):
+def test_kill_and_resume_reaches_the_same_loss(spm_dir, tmp_path, capsys):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     common = [*RESUME_ARGS, "--spm", str(spm_dir)]
     assert pretrain_main([*common, "--out", str(straight)]) == 0
+    capsys.readouterr()
     assert pretrain_main([*common, "--out", str(resumed), "--stop-after", "3"]) == 0
+    said = capsys.readouterr().out  # a stopped run says where it stands and how to go on
+    assert f"Stopped at step 3 of 8; its checkpoint is in {resumed / 'checkpoints'}" in said, said[-2000:]
+    assert f"python -m train.pretrain ... --out {resumed} --resume" in said
     assert latest_checkpoint(resumed).name == "step-0000003"
     assert pretrain_main([*common, "--out", str(resumed), "--resume"]) == 0
     a = {r["step"]: r["loss"] for r in read_metrics(straight)}

@@ -215,3 +215,12 @@ class Session:
         if self.dist.enabled:
             dist.barrier()
             dist.destroy_process_group()
+
+
+def stopped_line(command: str, step: int, total: int, out: Path) -> str:
+    """What a run stopped before its last step says (Ctrl-C, SIGTERM, --stop-after): where it stands and
+    the one command that continues it."""
+    return (
+        f"Stopped at step {step} of {total}; its checkpoint is in {out / 'checkpoints'}. Continue with the same "
+        f"flags and --resume: python -m {command} ... --out {out} --resume"
+    )

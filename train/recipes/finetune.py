@@ -30,7 +30,7 @@ from train.engine.loop import LoopPlan, StepReport
 from train.engine.optim import make_optimizer, make_scheduler
 from train.engine.recipe import Recipe
 from train.engine.runlog import LogInterval, MetricsLog
-from train.engine.session import Resumed, Session
+from train.engine.session import Resumed, Session, stopped_line
 from train.evaluation.predict import (
     EvalResult,
     evaluate_predictions,
@@ -374,6 +374,8 @@ class FinetuneRecipe(Recipe):
         c, out = self.config, self.session.out
         self.bar.close()
         self.log.close()
+        if self.session.dist.is_main and self.step < self.total_steps:
+            print(stopped_line("train.finetune", self.step, self.total_steps, out), flush=True)
         if self.session.dist.is_main and self.final_metrics is not None:
             m = self.final_metrics
             best = f"; the best of the evaluations (selected on {c.dev_file}) is in {out / 'best'}"

@@ -29,7 +29,7 @@ from train.engine.loop import LoopPlan, StepReport
 from train.engine.optim import make_optimizer, make_scheduler
 from train.engine.recipe import Recipe
 from train.engine.runlog import LogInterval, MetricsLog
-from train.engine.session import Resumed, Session
+from train.engine.session import Resumed, Session, stopped_line
 from train.model import XLNetConfig, XLNetLMHeadModel, checkpoint
 from train.recipes.pretrain_config import PretrainConfig
 from train.recipes.pretrain_init import InitSource
@@ -330,6 +330,8 @@ class PretrainRecipe(Recipe):
                 f"model in {out}",
                 flush=True,
             )
+        elif self.session.dist.is_main:
+            print(stopped_line("train.pretrain", self.step, c.steps, out), flush=True)
         self.log.close()
         self.session.close()
         return {"step": self.step, "loss": self.last_loss, "baseline": self.baseline}
