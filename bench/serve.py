@@ -256,10 +256,13 @@ def check_server_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
     """``--server-args`` must be flags ``python -m server`` takes, with values its settings accept."""
     from pydantic import ValidationError
 
-    from server.flags import build_parser, load_settings
+    from server.flags import FlagError, build_parser, load_settings
 
     flags = shlex.split(args.server_args)
-    _, unknown = build_parser().parse_known_args(flags)
+    try:
+        _, unknown = build_parser().parse_known_args(flags)
+    except FlagError as exc:
+        p.error(f"--server-args: {exc}")
     if unknown:
         p.error(f"--server-args: not flags of python -m server: {' '.join(unknown)}")
     try:

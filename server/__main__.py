@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from server.flags import SecretInArgv, load_settings
+from server.flags import FlagError, SecretInArgv, load_settings
 from server.gil import prefer_latency
-from server.request_ids import configure_logging
+from server.log_format import configure_logging
 
 
 def _fail(message: str) -> int:
@@ -26,7 +26,7 @@ def _fail(message: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(argv)
-    except SecretInArgv as exc:
+    except (SecretInArgv, FlagError) as exc:
         return _fail(str(exc))
     except ValidationError as exc:
         problems = "; ".join(
@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(problems)
     if settings.model is None:
         return _fail("--model DIR (or XLNETQA_MODEL) is required")
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     prefer_latency()
 
     import uvicorn
@@ -73,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "host": settings.host,
         "port": settings.port,
         "log_level": settings.log_level,
+        "log_config": None,  # uvicorn's own lines go through ours (server.log_format): one format a log
         # uvicorn waits this long for open requests; the drain after it gets what is left of it.
         "timeout_graceful_shutdown": settings.graceful_timeout_s,
         "timeout_keep_alive": settings.timeout_keep_alive_s,

@@ -1,6 +1,8 @@
-"""The access log: one JSON line per HTTP request on the ``server.access`` logger.
+"""The access log: one line per HTTP request on the ``server.access`` logger, its fields structured
+(:mod:`server.log_format` writes them as ``key=value`` or as JSON fields). Probes that succeed are not
+logged (a kubelet asks every few seconds); a failing probe is.
 
-Fields: ``request_id``, ``key`` (the API key's name, never the key), ``client`` (address), ``method`` (GET, POST, HEAD, OPTIONS or ``other``),
+Fields: the request id (every line has it), ``key`` (the API key's name, never the key), ``client`` (address), ``method`` (GET, POST, HEAD, OPTIONS or ``other``),
 ``route`` (the route template, never the raw path: no query strings, nothing a caller typed),
 ``status``, ``windows`` (model inputs the request cost; 0 when it never reached the model) and
 ``latency_ms``. Questions and contexts are never logged, nor any header.
@@ -8,14 +10,13 @@ Fields: ``request_id``, ``key`` (the API key's name, never the key), ``client`` 
 
 from __future__ import annotations
 
-import json
 import logging
 
 from starlette.types import Scope
 
-from server.door import caller_name
+from server.door import PROBES, caller_name
+from server.log_format import FIELDS
 from server.observe import ObservingMiddleware, method_label, route_label
-from server.request_ids import request_id_var
 
 access_logger = logging.getLogger("server.access")
 
@@ -24,9 +25,10 @@ class AccessLogMiddleware(ObservingMiddleware):
     """Writes the line once the response has been sent (or the handler failed)."""
 
     def finished(self, scope: Scope, status: int, seconds: float) -> None:
+        if scope.get("path") in PROBES and status < 400:
+            return
         state = scope.get("state") or {}
         line = {
-            "request_id": request_id_var.get(),
             "key": caller_name(scope),
             "client": (scope.get("client") or ("-", 0))[0],
             "method": method_label(scope),
@@ -35,4 +37,4 @@ class AccessLogMiddleware(ObservingMiddleware):
             "windows": int(state.get("windows", 0)),
             "latency_ms": round(seconds * 1000, 3),
         }
-        access_logger.info(json.dumps(line, separators=(",", ":")))
+        access_logger.info("request", extra={FIELDS: line})

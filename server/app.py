@@ -37,12 +37,13 @@ from server.front import FrontLifecycle
 from server.gil import prefer_latency
 from server.hosts import HostCheckMiddleware, allowed_hosts, is_loopback
 from server.lifecycle import BackendFactory, Lifecycle, ModelLifecycle
+from server.log_format import configure_logging
 from server.metrics import Metrics, MetricsMiddleware
 from server.model_spec import ModelSpec, resolve_spec
 from server.playground import playground_router
 from server.quotas import FailureLimiter
 from server.quotas_redis import quotas_for
-from server.request_ids import RequestIdMiddleware, configure_logging
+from server.request_ids import RequestIdMiddleware
 from server.routes import answer_router, batch_router, ops_router
 from server.settings import ENGINE_ADDRESS_ENV, ServerSettings
 from server.timing import TimingMiddleware
@@ -182,7 +183,7 @@ def create_app_from_env() -> FastAPI:
     """App factory for ``uvicorn --factory`` / multi-worker mode: settings from ``XLNETQA_*`` only. A worker
     takes connections only once its model is ready (a respawned one leaves them to its siblings)."""
     settings = ServerSettings()
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     prefer_latency()
     configure_connections(  # this worker's connections
         settings.header_timeout_s, settings.tls_context(), settings.max_headers, settings.max_header_bytes,

@@ -5,8 +5,9 @@ the benchmarks and tests that start a server's parts with the same flags."""
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, NoReturn, get_args, get_origin
 
 from server.settings import ServerSettings, url_password
 
@@ -27,7 +28,7 @@ class Switch(argparse.Action):
     ) -> None:
         if option is not None and option.startswith("--no-"):
             if value is not None:
-                parser.error(f"{option} takes no value (it turns the setting off)")
+                parser.error(f"{self.dest}: {option} takes no value (it turns the setting off)")
             value = "false"
         setattr(namespace, self.dest, "true" if value is None else value)
 
@@ -51,10 +52,24 @@ def choices_of(annotation: Any) -> tuple[str, ...] | None:
     return None
 
 
+class FlagError(ValueError):
+    """A flag the command line got wrong, as one line naming the setting (``torch_dtype: invalid choice
+    'fp8' ...``), as a settings value's error names it: the command says it in one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        named = re.sub(
+            r"^argument --([\w-]+)(?:/--no-[\w-]+)?: ", lambda m: m[1].replace("-", "_") + ": ", message
+        )
+        raise FlagError(named.replace("invalid choice: ", "invalid choice "))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """One flag per settings field (``max_queue`` -> ``--max-queue``), help from its description; the
-    choices of a ``Literal`` field listed; a boolean field a switch (``--x``, ``--no-x``)."""
-    p = argparse.ArgumentParser(
+    choices of a ``Literal`` field listed; a boolean field a switch (``--x``, ``--no-x``). A flag that
+    cannot be read raises :class:`FlagError` (``--help`` prints and exits as ever)."""
+    p = _Parser(
         prog="python -m server", description="Serve an XLNet QA model over HTTP.", formatter_class=_Formatter
     )
     for name, info in ServerSettings.model_fields.items():

@@ -47,13 +47,3 @@ class RequestIdMiddleware(HttpMiddleware):
             await send(message)
 
         await self.app(scope, receive, send_with_id)
-
-
-def configure_logging(level: str) -> None:
-    """Root logging for ``python -m server`` and its worker processes, each line with its request id."""
-    handler = logging.StreamHandler()
-    handler.addFilter(RequestIdFilter())
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())

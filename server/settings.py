@@ -322,6 +322,11 @@ class ServerSettings(BaseSettings):
         None, ge=1, description="Connections and requests at once before 503 (default: 2 x max_queue + 64)"
     )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="text: time, level, logger, request id and message (the access log's fields as key=value); "
+        "json: every line one JSON object (for a log pipeline)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:

@@ -170,3 +170,25 @@ def check_answer(body: dict, context: str, top_k: int = 1) -> None:
                 body["start"],
                 body["end"],
             )
+
+
+def access_lines(log: str) -> list[dict]:
+    """The access log's lines in a server's (text-format) log: each one's ``key=value`` fields, numbers
+    as numbers, and its request id."""
+    out = []
+    for line in log.splitlines():
+        if " server.access [" not in line:
+            continue
+        request_id, _, rest = line.split(" server.access [", 1)[1].partition("] ")
+        fields: dict = {"request_id": request_id}
+        for pair in rest.split()[1:]:  # after the message ("request")
+            name, _, value = pair.partition("=")
+            fields[name] = (
+                int(value)
+                if value.isdigit()
+                else float(value)
+                if value.replace(".", "", 1).isdigit()
+                else value
+            )
+        out.append(fields)
+    return out

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from auth_helpers import ALICE, BOB, CAROL, WRONG, bearer, keys_file, until
-from server_helpers import OK, WINDOWS, ServerProcess, long_context, post
+from server_helpers import OK, WINDOWS, ServerProcess, access_lines, long_context, post
 
 from clients import XLNetQAAuthenticationError, XLNetQAClient, XLNetQAConnectionError, XLNetQARateLimitError
 from harness.certificates import make_certificates
@@ -95,12 +95,30 @@ def test_metrics_count_per_key_name_and_the_log_holds_neither_keys_nor_text(keye
         assert secret not in text
     time.sleep(0.5)  # the access line is written after the response
     log = keyed_server.log()
-    lines = [json.loads(line.split(" ", 5)[-1]) for line in log.splitlines() if " server.access " in line]
+    lines = access_lines(log)
     answered = [x for x in lines if x["key"] == "bob" and x["route"] == "/answer" and x["status"] == 200]
     assert len(answered) >= 3 and all(x["windows"] >= 1 and x["latency_ms"] > 0 for x in answered)
     assert any(x["status"] == 401 and x["key"] == "-" for x in lines)
     for secret in (ALICE, BOB, WRONG, secret_question, OK["context"]):
         assert secret not in log
+
+
+def test_json_logs_are_json_on_every_line_and_probes_stay_quiet(onnx_export, tmp_path):
+    """--log-format json: every line the server writes is one JSON object (the access log's fields as
+    fields, never a JSON string inside a text line); a probe that succeeds writes no access line."""
+    with ServerProcess(onnx_export, tmp_path, "--log-format", "json", log_level="info") as s:
+        for _ in range(5):
+            assert httpx.get(s.url + "/readyz", timeout=10).status_code == 200
+        assert post(s.url + "/answer", OK, headers={"X-Request-ID": "json-log-check"}).status_code == 200
+        time.sleep(0.5)  # the access line is written after the response
+        log = s.log()
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert lines and len(lines) == len([line for line in log.splitlines() if line.strip()]), log[-2000:]
+    access = [x for x in lines if x["logger"] == "server.access"]
+    assert not [x for x in access if x["route"] == "/readyz" and x["status"] == 200]  # the five probes: none
+    (line,) = [x for x in access if x["route"] == "/answer"]
+    assert line["request_id"] == "json-log-check" and line["status"] == 200 and line["windows"] >= 1
+    assert {"time", "level", "message", "key", "client", "method", "latency_ms"} <= set(line)
 
 
 def test_rotation_by_sighup_and_by_file_change_never_drops_a_request(onnx_export, tmp_path):

@@ -32,6 +32,7 @@ import pytest
 from auth_helpers import ALICE, BOB, WRONG, bearer, keys_file, until
 from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import OK, ServerProcess, post, server_env
+from server_helpers import access_lines as parse_access_lines
 
 from bench.flood_scenarios import metrics_port_of
 from harness.certificates import make_certificates
@@ -62,9 +63,7 @@ def exchange(port: int, data: bytes, seconds: float = 10.0, tls: ssl.SSLContext 
 
 
 def access_lines(server: ServerProcess) -> list[dict]:
-    return [
-        json.loads(line.split(" ", 5)[-1]) for line in server.log().splitlines() if " server.access " in line
-    ]
+    return parse_access_lines(server.log())
 
 
 def series(text: str) -> set[tuple[str, tuple[tuple[str, str], ...]]]:

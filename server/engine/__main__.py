@@ -25,10 +25,10 @@ from server.engine import LOAD_FAILED
 from server.engine.service import EngineService
 from server.gil import prefer_latency
 from server.lifecycle import ModelLifecycle
+from server.log_format import configure_logging
 from server.metrics import Metrics
 from server.model_spec import resolve_spec
 from server.quotas_redis import quotas_for
-from server.request_ids import configure_logging
 from server.settings import ENGINE_ADDRESS_ENV, ServerSettings
 
 logger = logging.getLogger("server.engine")
@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"socket as {ENGINE_ADDRESS_ENV}; not meant to be run by hand.",
     ).parse_args(argv)
     settings = ServerSettings()
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     prefer_latency()
     address = os.environ.get(ENGINE_ADDRESS_ENV)
     if not address or settings.model is None:
