@@ -61,7 +61,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     500: {"model": ErrorResponse, "description": "The backend call holding this request failed"},
     503: {
         "model": ErrorResponse,
-        "description": "Not ready yet, queue full or shutting down (see Retry-After)",
+        "description": "Not ready yet, overloaded (queue full), shutting down, or the engine process restarting "
+        "(see Retry-After)",
     },
     504: {"model": ErrorResponse, "description": "No answer within request_timeout_s"},
 }

@@ -74,11 +74,12 @@ def test_the_documented_commands_hand_off_from_hf_weights_to_served_answers(tmp_
     assert unmoved(squad, pre) == ["transformer.mask_emb"]  # fine-tuning all but the query stream's input
     assert checkpoint.load(squad).kind == "qa:beam"  # the recipe's head: HF's XLNetForQuestionAnswering
 
-    assert re.fullmatch(r"python -m server --model \$RUN/onnx --port 8000 &", serve), serve
+    # its own port: a reader may still run the tour's server on 8000
+    assert re.fullmatch(r"python -m server --model \$RUN/onnx --port 8010 &.*", serve), serve
     server = ServerProcess(onnx, tmp_path)
     try:
         server.start()
-        sdk = ask.replace("http://127.0.0.1:8000", server.url)
+        sdk = ask.replace("http://127.0.0.1:8010", server.url)
         done = run_line(sdk, run_dir)
         assert done.returncode == 0 and "answerable_prob" in done.stdout, done.stderr[-2000:]
         served = ask_every_question(server.url)
