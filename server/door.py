@@ -38,7 +38,7 @@ from server.timing import stage_clock
 ANONYMOUS = "anonymous"
 PROBES = ("/healthz", "/readyz")
 PLAYGROUND_PATHS = ("/", "/playground/*")
-DOCS_PATHS = ("/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc")
+DOCS_PATHS = ("/docs", "/openapi.json")
 METRICS_PATHS = ("/metrics",)
 UNAUTHORIZED_MESSAGE = "a valid API key is required: Authorization: Bearer <key>, or X-API-Key: <key>"
 LINGER_BYTES = 1024 * 1024  # a refused body up to this size is read (briefly) so the client sees the 401

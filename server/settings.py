@@ -243,7 +243,9 @@ class ServerSettings(BaseSettings):
         "send a key; keep it off the Internet: the API's port keeps /metrics behind a key); 0: any free port, "
         "logged",
     )
-    docs: bool = Field(True, description="Serve /docs, /redoc and /openapi.json (false: 404)")
+    docs: bool = Field(
+        True, description="Serve /docs (the API reference, self-contained) and /openapi.json (false: 404)"
+    )
     auth_docs: bool = Field(True, description="With keys: the docs and the OpenAPI schema need one too")
     auth_failures_per_minute: float = Field(
         30.0, gt=0.0, description="Failed authentications one client address may make per minute; beyond: 429"

@@ -349,3 +349,19 @@ def test_a_server_with_keys_asks_for_one_after_a_401_and_the_page_keeps_it_out_o
         browser.get(s.url + "/")  # a fresh page: the 401 of /v1/model shows the field at once
         wait.until(ec.visibility_of_element_located((By.ID, "api-key")))
         assert "API key" in browser.find_element(By.ID, "model-line").text
+
+
+def test_the_api_reference_at_docs_renders_with_nothing_from_the_network(playground_server, browser) -> None:
+    """/docs is the HTTP API reference rendered by the server, one self-contained page: in the browser it
+    shows every route and body, and it loaded no resource at all (no script, style or font from a CDN,
+    so it renders with the network off); its policy forbids loading any."""
+    from selenium.webdriver.common.by import By
+
+    r = httpx.get(playground_server.url + "/docs", timeout=10)
+    assert "default-src 'none'" in r.headers["content-security-policy"]
+    assert "http://" not in r.text and "https://" not in r.text and "<script" not in r.text
+    browser.get(playground_server.url + "/docs")
+    headings = [h.text for h in browser.find_elements(By.TAG_NAME, "h2")]
+    assert {"POST /answer", "POST /answer/batch", "GET /v1/model", "AnswerRequest"} <= set(headings)
+    assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
+    assert browser.find_element(By.CSS_SELECTOR, "a[href='#answerrequest']").is_displayed()
