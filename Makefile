@@ -90,7 +90,7 @@ NVIDIA_INDEX ?= https://pypi.nvidia.com
 PYPI_INDEX ?= $(or $(PIP_INDEX_URL),https://pypi.org/simple/)
 GPU_TEST_FILES = $$(grep -l "mark.gpu" tests/test_*.py)
 
-$(GPU_VENV)/.installed: pyproject.toml export/serving/gpu_stacks.py
+$(GPU_VENV)/.installed: pyproject.toml qa_core/runtime/gpu_stacks.py
 	$(GPU_VERSIONS) --index $(PYPI_INDEX)
 	@extra=$$($(GPU_VERSIONS) --print extra) || exit 1; \
 	if [ "$$extra" != gpu ] && [ -z "$(TORCH_INDEX)" ]; then \
@@ -150,7 +150,7 @@ gpu-check:
 # the server must refuse (tests/test_provider_fallback.py runs servers in it). CPU machines and CI: the
 # default stack's onnxruntime-gpu (on a GPU machine, the one its driver runs), with no [cuda,cudnn] extra.
 ORT_GPU_VENV ?= .venv-ortgpu
-$(ORT_GPU_VENV)/.installed: pyproject.toml export/serving/gpu_stacks.py
+$(ORT_GPU_VENV)/.installed: pyproject.toml qa_core/runtime/gpu_stacks.py
 	$(PYTHON) -m venv $(ORT_GPU_VENV)
 	$(ORT_GPU_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(ORT_GPU_VENV)/bin/python -m pip install --quiet "onnxruntime-gpu==$$($(PYTHON) -m export.gpu_versions --print onnxruntime-gpu)" -e ".[serve-core]"

@@ -91,12 +91,13 @@ def main() -> int:
 
     from export.onnx.exporter import export_onnx
     from export.onnx.options import OnnxExportOptions
+    from qa_core.tokenizer import XLNetTokenizer
     from train.evaluation.options import EvaluationOptions
     from train.evaluation.predict import evaluate_checkpoint
     from train.experiments.synth import SynthConfig, write_synthetic
     from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
     from train.recipes.pretrain import PretrainConfig, PretrainRecipe
-    from train.tokenizer import XLNetTokenizer, summary_lines, train_spm
+    from train.tokenizer import summary_lines, train_spm
 
     corpus = [str(SAMPLE / "corpus.json"), str(SAMPLE / "train.json")]
     tok_dir = out / "tokenizer"
@@ -307,8 +308,9 @@ def said(res) -> str:
 def verdict(eval_dir: Path, model_dir: Path) -> str:
     """What the demo's model reached on the dev article (nothing was fitted or chosen on it), against
     answering none, with a paired bootstrap interval, and what the fitted decision rule expected."""
+    from qa_core.squad import read_squad
     from train.experiments.study import span_quality
-    from train.squad import paired_bootstrap, per_question_f1, read_squad
+    from train.squad import paired_bootstrap, per_question_f1
 
     examples = read_squad(SAMPLE / "dev.json")
     predictions = json.loads((eval_dir / "predictions.json").read_text())

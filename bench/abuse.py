@@ -38,8 +38,8 @@ import httpx
 from bench.common import cpu_summary, percentile
 from bench.flood_scenarios import FLOODS, flood_markdown, flood_row
 from bench.serve_load import Outcome, closed_loop, load_pairs
-from export.serving.backends import SERVER_BACKENDS
 from harness.server_process import ServerProcess
+from qa_core.runtime.backends import SERVER_BACKENDS
 
 
 @dataclass

@@ -31,12 +31,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--questions", type=int, default=100)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
+    from qa_core.tokenizer import XLNetTokenizer
     from server.backends import create_backend, dummy_batch
     from server.door import ANONYMOUS
     from server.host_path import HostPath, Question
     from server.model_spec import resolve_spec
     from server.settings import ServerSettings
-    from train.tokenizer import XLNetTokenizer
 
     s = ServerSettings(model=args.model, backend=args.backend, threads=args.threads)
     spec = resolve_spec(args.model, args.backend)

@@ -47,12 +47,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bench.common import machine_line
     from bench.gpu_paths import cast_model
     from export.onnx.agreement import agreement
-    from export.serving.sidecar import settings_from_metadata
+    from qa_core.contract import INPUT_NAMES
+    from qa_core.runtime.sidecar import settings_from_metadata
+    from qa_core.squad.answerability import from_metadata
     from server.backends.torch import torch_device_problem
-    from train.common.contract import INPUT_NAMES
     from train.model import checkpoint as ckpt_io
     from train.model.inference import QAInference
-    from train.squad.answerability import from_metadata
 
     if problem := torch_device_problem(args.device, flag="--device"):
         p.error(problem)

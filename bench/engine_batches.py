@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 
 from bench.common import cpu_summary, markdown_table
-from export.serving.backends import SERVER_BACKENDS
+from qa_core.runtime.backends import SERVER_BACKENDS
 
 
 def _ints(text: str) -> list[int]:

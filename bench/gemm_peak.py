@@ -64,7 +64,7 @@ def matmul_graph(m: int, k: int, n: int, integer: bool, rng: np.random.Generator
 
 
 def ort_runner(m: int, k: int, n: int, integer: bool, threads: int, tmp: Path) -> Callable[[], object]:
-    from export.serving.sessions import session
+    from qa_core.runtime.sessions import session
 
     rng = np.random.default_rng(0)
     path = tmp / f"{'int8' if integer else 'fp32'}-{m}x{k}x{n}.onnx"

@@ -53,9 +53,9 @@ def compare_captures(
     from bench.common import pct, time_runs
     from bench.gpu_paths import cast_model
     from bench.latency import make_inputs
+    from qa_core.contract import INPUT_NAMES
     from server.backends.buckets import Bucket, BucketGrid
     from server.backends.torch_graphs import BucketedRunner, CompiledCapture, CudaGraphCapture, fill
-    from train.common.contract import INPUT_NAMES
 
     device = torch.device("cuda")
     rows, length = shape
@@ -92,7 +92,7 @@ def kernel_profile(model: torch.nn.Module, shape: tuple[int, int], vocab: int, d
 
     from bench.gpu_paths import cast_model
     from bench.latency import make_inputs
-    from train.common.contract import INPUT_NAMES
+    from qa_core.contract import INPUT_NAMES
 
     device = torch.device("cuda")
     cast = cast_model(model, dtype).to(device)

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from qa_core.contract import INPUT_NAMES
 from server.backends.buckets import Bucket, BucketGrid
 from server.backends.torch_graphs import DTYPES, BucketedRunner, Capture, CudaGraphCapture, EagerReplay, fill
-from train.common.contract import INPUT_NAMES
 from train.model import triton_attention
 
 Feeds = dict[str, np.ndarray]
@@ -107,9 +107,9 @@ def ort_bound_runner(export_dir: Path, device: torch.device, cuda_graph: bool) -
     run). On a CPU, the IO-binding code path on the CPU provider (a dry run; no graph)."""
     import onnxruntime as ort
 
-    from export.serving.providers import CUDA
-    from export.serving.sessions import session
-    from export.serving.sidecar import Sidecar
+    from qa_core.runtime.providers import CUDA
+    from qa_core.runtime.sessions import session
+    from qa_core.runtime.sidecar import Sidecar
 
     side = Sidecar.load(export_dir)
     graph = export_dir / (side.portable_model_file or side.model_file)
@@ -155,7 +155,7 @@ def ort_bound_runner(export_dir: Path, device: torch.device, cuda_graph: bool) -
 
 def ort_cuda_runner(export_dir: Path, device_id: int = 0) -> Make:
     """Our export served by the server's ONNX backend on the CUDA provider; Skipped if it does not run."""
-    from export.serving.providers import CUDA
+    from qa_core.runtime.providers import CUDA
     from server.backends import BackendUnavailable
     from server.backends.onnx import OnnxBackend
     from server.model_spec import resolve_spec

@@ -230,7 +230,7 @@ def pack(
     packages) for its Python, tar them and split the tar into ``out_dir``; returns the manifest. With
     ``prune`` (tool, arch), onnxruntime-gpu's CUDA library keeps only that arch's machine code and the
     tar is xz-compressed: ~256 MB of wheels become two calls' worth."""
-    from export.serving.gpu_stacks import DEFAULT_STACK
+    from qa_core.runtime.gpu_stacks import DEFAULT_STACK
 
     wanted = [f"onnxruntime-gpu=={DEFAULT_STACK.onnxruntime_gpu}", *SERVER_WHEELS]
     with tempfile.TemporaryDirectory(prefix="gpu-wheels-") as tmp:

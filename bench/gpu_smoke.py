@@ -33,9 +33,9 @@ from typing import Any
 import httpx
 
 from bench.common import markdown_table, percentile
-from export.serving.gpu import installed_stack
 from export.stack_report import collect, problems
 from harness.server_process import ServerProcess
+from qa_core.runtime.gpu import installed_stack
 from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_DEV
 
 PROG = "python -m bench.gpu_smoke"

@@ -31,7 +31,7 @@ from bench.common import cpu_summary, markdown_table
 
 def window_feeds(batch: int, length: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
     """A SQuAD-shaped window batch: paragraph, a question of a fifth of the window, <sep>, <cls>."""
-    from train.common.contract import CLS_ID, SEG_ID_CLS, SEG_ID_QUESTION, SEP_ID
+    from qa_core.contract import CLS_ID, SEG_ID_CLS, SEG_ID_QUESTION, SEP_ID
 
     rng = np.random.default_rng(seed)
     ids = rng.integers(10, vocab, size=(batch, length)).astype(np.int64)
@@ -52,8 +52,8 @@ def node_counts(path: Path) -> dict[str, int]:
 
 def export_record(export_dir: Path, threads: int, work: Path) -> tuple[dict[str, Any], Any]:
     """Node counts of an export (file and as onnxruntime runs it) and its session, the server's settings."""
-    from export.serving.sessions import session
-    from export.serving.sidecar import Sidecar
+    from qa_core.runtime.sessions import session
+    from qa_core.runtime.sidecar import Sidecar
 
     side = Sidecar.load(export_dir)
     model = export_dir / side.model_file

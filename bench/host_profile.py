@@ -29,8 +29,8 @@ from bench.common import cpu_summary, markdown_table
 from bench.host_path import answer_bodies, encoded_requests
 from bench.http_load import Connection, run_async
 from bench.serve_load import DEV, load_pairs
-from export.serving.backends import SERVER_BACKENDS
 from harness.server_process import LOOPBACK, ServerProcess
+from qa_core.runtime.backends import SERVER_BACKENDS
 
 # (component, frame substrings that put a sample in it), checked innermost frame first.
 COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (

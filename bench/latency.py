@@ -41,9 +41,9 @@ from bench.gpu_paths import (
     served_graph_runner,
 )
 from export.onnx.exporter import OnnxExportOptions, VerificationFailed, export_onnx
-from export.serving.sessions import session
+from qa_core.contract import INPUT_NAMES
+from qa_core.runtime.sessions import session
 from train.common.cli import to_stderr
-from train.common.contract import INPUT_NAMES
 from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_DEV
 from train.model import XLNetConfig, XLNetForQuestionAnswering, checkpoint
 from train.model.inference import QAInference
@@ -180,7 +180,8 @@ def main(argv=None) -> int:
     ours = XLNetForQuestionAnswering(config, head="simple").eval()
     tmp = Path(tempfile.mkdtemp(prefix="bench-latency-"))
     # The exporter ships a tokenizer with the model; any spm will do for timing.
-    from train.tokenizer import XLNetTokenizer, train_spm
+    from qa_core.tokenizer import XLNetTokenizer
+    from train.tokenizer import train_spm
 
     sample = SAMPLE_CORPUS
     train_spm([sample], tmp / "tok", 2000)

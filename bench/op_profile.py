@@ -1,7 +1,7 @@
 """``python -m bench.op_profile``: where an ONNX export's time goes, by operator type, on the CPU.
 
 onnxruntime's own profiler (``enable_profiling``) records each node's kernel time; this tool runs our
-export with the server's session settings (``export.serving.sessions.session``, explicit threads),
+export with the server's session settings (``qa_core.runtime.sessions.session``, explicit threads),
 keeps the node times of the measured runs (warm-up runs are left out, by the ``model_run`` events that
 bound each run), and adds them up per operator type and per group: the int8 compute
 (``MatMulInteger`` / ``DynamicQuantizeLinear`` and the fused forms onnxruntime makes of them), float
@@ -115,8 +115,8 @@ def profile(
     export_dir: Path, batch: int, length: int, threads: int, runs: int, warmup: int, work: Path
 ) -> dict[str, Any]:
     """Profile ``runs`` runs (after ``warmup``) of the export's served graph on a ``batch`` x ``length`` window."""
-    from export.serving.sessions import session
-    from export.serving.sidecar import Sidecar
+    from qa_core.runtime.sessions import session
+    from qa_core.runtime.sidecar import Sidecar
     from server.backends.base import dummy_batch
 
     side = Sidecar.load(export_dir)

@@ -29,8 +29,8 @@ from bench.host_path import answer_bodies, encoded_requests, reply_stages
 from bench.http_load import Connection, Reply, run_async
 from bench.serve import bare_latencies
 from bench.serve_load import DEV, load_pairs
-from export.serving.backends import SERVER_BACKENDS
 from harness.server_process import LOOPBACK, ServerProcess
+from qa_core.runtime.backends import SERVER_BACKENDS
 
 MODES = {"batched": (), "unbatched": ("--max-batch-size", "1", "--max-batch-delay-ms", "0")}
 

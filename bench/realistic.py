@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import markdown_table
-from train.common.contract import INPUT_NAMES
+from qa_core.contract import INPUT_NAMES
+from qa_core.squad import featurize_one, pad_batch, read_squad
+from qa_core.tokenizer import XLNetTokenizer
 from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_DEV
-from train.squad import featurize_one, pad_batch, read_squad
-from train.tokenizer import XLNetTokenizer, train_spm
+from train.tokenizer import train_spm
 
 Runner = Callable[[Mapping[str, np.ndarray]], Callable[[], object]]
 

@@ -60,9 +60,9 @@ from server.model_spec import ModelSpecError
 if TYPE_CHECKING:
     import numpy as np
 
+    from qa_core.squad import Feature
     from server.backends.base import Backend
     from server.model_spec import ModelSpec
-    from train.squad import Feature
 
 
 @dataclass
@@ -93,7 +93,7 @@ def window_rows(
 ) -> tuple[list[dict[str, np.ndarray]], float]:
     """One question's windows run one per backend call, like the server with batching off (each padded
     to the engine's least length): each window's outputs, and the seconds the calls took."""
-    from train.squad import pad_batch
+    from qa_core.squad import pad_batch
 
     rows, spent = [], 0.0
     for feature in features:
@@ -112,12 +112,12 @@ def bare_latencies(
     built from the same settings, its context cache included), in process, one window per backend
     call (the backend as ``--server-args`` configure it, e.g. the torch backend on CUDA with graphs),
     and the seconds of its backend calls alone."""
+    from qa_core.tokenizer import XLNetTokenizer
     from server.backends import create_backend
     from server.door import ANONYMOUS
     from server.flags import load_settings
     from server.host_path import HostPath, Question
     from server.model_spec import resolve_spec
-    from train.tokenizer import XLNetTokenizer
 
     spec = resolve_spec(model, backend)
     flags = ["--model", model, "--backend", backend, "--threads", str(threads), *shlex.split(server_args)]

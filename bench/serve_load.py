@@ -33,8 +33,8 @@ from bench.host_path import answer_bodies
 from bench.http_load import closed_loop as lean_closed_loop
 from bench.http_load import encode_post, run_async
 from bench.process_cpu import cpu_seconds_by_role
-from export.serving.backends import SERVER_BACKENDS
 from harness.server_process import ServerProcess
+from qa_core.runtime.backends import SERVER_BACKENDS
 from server.metrics import sample_total
 from train.common.sample_data import SAMPLE_DEV
 

@@ -1,7 +1,7 @@
 """``python -m export.gpu_versions``: says in one line whether this interpreter can install the GPU extras
 (``make gpu-venv`` runs it first: pip itself only says "no matching distribution"), and ``--driver
 [VERSION]`` which extra a driver (this machine's by default) needs. The pins themselves live in
-:mod:`export.serving.gpu_stacks`.
+:mod:`qa_core.runtime.gpu_stacks`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from export.serving.gpu import nvidia_driver_version
-from export.serving.gpu_stacks import (
+from qa_core.runtime.gpu import nvidia_driver_version
+from qa_core.runtime.gpu_stacks import (
     DEFAULT_STACK,
     STACKS,
     TENSORRT_VERSION,

@@ -19,15 +19,15 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from export.serving.gpu import cuda_device_count, cuda_device_problem, nvidia_driver_version
-from export.serving.gpu_stacks import (
+from qa_core.runtime.gpu import cuda_device_count, cuda_device_problem, nvidia_driver_version
+from qa_core.runtime.gpu_stacks import (
     STACKS,
     TENSORRT_VERSION,
     driver_advice,
     stack_for_driver,
     tensorrt_version_problem,
 )
-from export.serving.providers import (
+from qa_core.runtime.providers import (
     CUDA,
     GPU_PROVIDERS,
     GPU_WHEEL,
@@ -67,15 +67,15 @@ def _onnxruntime_cuda() -> str | None:
 
 def _nvidia_wheels() -> list[str]:
     """The NVIDIA library directories of the onnxruntime build's CUDA version found on sys.path."""
-    from export.serving.probe import nvidia_library_dirs, onnxruntime_stack
+    from qa_core.runtime.probe import nvidia_library_dirs, onnxruntime_stack
 
     return [str(d) for d in nvidia_library_dirs(onnxruntime_stack().cuda_major)]
 
 
 def provider_runs(providers: list[str], quiet: bool = True) -> dict[str, str | None]:
     """For each compiled-in GPU provider: None when a real tiny session runs on it, else why not."""
-    from export.serving.probe import preload_gpu_libraries, probe, why_inactive
-    from export.serving.providers import CPU
+    from qa_core.runtime.probe import preload_gpu_libraries, probe, why_inactive
+    from qa_core.runtime.providers import CPU
 
     found: dict[str, str | None] = {}
     for provider in (p for p in providers if p in GPU_PROVIDERS):
@@ -106,7 +106,7 @@ def collect(quiet: bool = True) -> dict[str, Any]:
 
 
 def pinned() -> dict[str, Any]:
-    """This project's pins, per GPU extra (export/serving/gpu_stacks.py)."""
+    """This project's pins, per GPU extra (qa_core/runtime/gpu_stacks.py)."""
     stacks = {
         s.extra: {
             "cuda": s.cuda_major,

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
+from qa_core.tokenizer import XLNetTokenizer
 from train.model import XLNetConfig, XLNetForQuestionAnswering, checkpoint
 from train.model.heads import HEAD_MODULES
-from train.tokenizer import XLNetTokenizer
 
 TINY = dict(d_model=32, n_layer=2, n_head=4, d_inner=64, dropout=0.0, start_n_top=3, end_n_top=2)
 

@@ -13,12 +13,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from qa_core.squad import Prediction
 from server.batching import DeadlineUnreachable, JobResult, QueueFull
 from server.deadline import within
 from server.fair_executor import FairExecutor
 from server.host_path import Featurized, HostPath, Question, RejectedInput
 from server.window_queue import WindowQueue
-from train.squad import Prediction
 
 # Below this many normalised characters featurizing/decoding inline is cheaper than a thread hop;
 # above it, a thread keeps a long context from stalling the event loop.

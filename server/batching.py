@@ -37,9 +37,9 @@ from typing import cast
 
 import numpy as np
 
+from qa_core.squad import Feature, pad_batch
 from server.scheduling import DeadlineUnreachable, Request, Scheduler
 from server.scheduling import QueueFull as QueueFull  # raised by the policy; callers catch it from here
-from train.squad import Feature, pad_batch
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from train.squad.answerability_features import ContextIndex
+from qa_core.squad.answerability_features import ContextIndex
 
 # The sentence index's memory, an upper bound per word and per character of its context
 # (tests/test_context_cache.py measures it with tracemalloc on prose, one long word, many short sentences

@@ -18,6 +18,7 @@ import contextlib
 import logging
 from typing import Any
 
+from qa_core.tokenizer import XLNetTokenizer
 from server.answering import AnswerService
 from server.batching import BatcherClosed
 from server.engine.client import EngineClient
@@ -27,7 +28,6 @@ from server.metrics import Metrics
 from server.model_spec import ModelSpec
 from server.quotas import CallerLimits
 from server.settings import ServerSettings
-from train.tokenizer import XLNetTokenizer
 
 logger = logging.getLogger("server")
 

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from qa_core.squad import DecodeOptions, Feature, Prediction, decode_head_outputs, featurize_encoded
+from qa_core.squad.alignment import offsets_array
+from qa_core.squad.features import TokenizerLike
 from server.auth import keys_configured
 from server.context_cache import KEY_SHARE, ContextCache, EncodedContext, context_key
 from server.model_spec import ModelSpec, decision_rule
 from server.settings import ServerSettings
-from train.squad import DecodeOptions, Feature, Prediction, decode_head_outputs, featurize_encoded
-from train.squad.alignment import offsets_array
-from train.squad.features import TokenizerLike
 
 
 class RejectedInput(ValueError):

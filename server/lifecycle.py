@@ -24,6 +24,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from qa_core.tokenizer import XLNetTokenizer
 from server.answering import AnswerService
 from server.api_error import ApiError
 from server.backends import Backend, BackendUnavailable, batch_limit
@@ -36,7 +37,6 @@ from server.model_spec import ModelSpec
 from server.quotas import CallerLimits, CallerQuotas
 from server.settings import ServerSettings
 from server.window_queue import LocalQueue
-from train.tokenizer import XLNetTokenizer
 
 logger = logging.getLogger("server")
 LOAD_PROGRESS_S = 15.0  # how often a long load says it is still going

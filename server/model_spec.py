@@ -1,6 +1,6 @@
 """What the server needs to know about a model, read torch-free from an export or checkpoint directory.
 
-An export directory holds ``export.json`` (read and validated by :mod:`export.serving.sidecar`), the model file
+An export directory holds ``export.json`` (read and validated by :mod:`qa_core.runtime.sidecar`), the model file
 and the tokenizer; a checkpoint directory (``--backend torch``) holds ``config.json`` + ``metadata.json``,
 read here as plain JSON. Neither path imports torch (the ONNX/TensorRT server must not), and both fail
 at startup with one clear line when a directory is not what it claims to be.
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from export.serving.backends import EXPORT_BACKENDS
-from export.serving.sidecar import SIDECAR_FILE, ServingSettings, Sidecar, SidecarError
-from train.common.contract import INPUT_NAMES, ModelSettings, shortest_sequence
-from train.common.contract import OUTPUT_NAMES as OUTPUTS_BY_HEAD
-from train.squad.answerability import NONE_RULE, Answerability, AnswerabilityError
+from qa_core.contract import INPUT_NAMES, ModelSettings, shortest_sequence
+from qa_core.contract import OUTPUT_NAMES as OUTPUTS_BY_HEAD
+from qa_core.runtime.backends import EXPORT_BACKENDS
+from qa_core.runtime.sidecar import SIDECAR_FILE, ServingSettings, Sidecar, SidecarError
+from qa_core.squad.answerability import NONE_RULE, Answerability, AnswerabilityError
 
 logger = logging.getLogger("server")
 _DEFAULTS = ServingSettings()  # where a checkpoint's metadata does not say
@@ -148,7 +148,7 @@ def _need_tokenizer(directory: Path) -> None:
 def load_export_spec(
     directory: str | Path, backend: str = "onnx", *, allow_unhashed: bool = False
 ) -> ModelSpec:
-    """Read and validate an export directory through ``export.serving.sidecar`` (torch-free).
+    """Read and validate an export directory through ``qa_core.runtime.sidecar`` (torch-free).
 
     The sidecar's backend must fit the server's: an ONNX export for ``onnx``, an engine for ``trt``.
     Every served file must match its recorded sha256; an export that records none (an older exporter,

@@ -15,9 +15,9 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from export.serving.backends import ServerBackend
-from export.serving.providers import TENSORRT, parse_providers
-from train.common.contract import MAX_N_BEST
+from qa_core.contract import MAX_N_BEST
+from qa_core.runtime.backends import ServerBackend
+from qa_core.runtime.providers import TENSORRT, parse_providers
 
 ENV_PREFIX = "XLNETQA_"
 ENGINE_ADDRESS_ENV = (

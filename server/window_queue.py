@@ -10,9 +10,9 @@ import asyncio
 from collections.abc import Sequence
 from typing import Protocol
 
+from qa_core.squad import Feature
 from server.batching import MicroBatcher
 from server.quotas import CallerQuotas
-from train.squad import Feature
 
 
 class WindowQueue(Protocol):

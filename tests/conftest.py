@@ -17,7 +17,7 @@ from paths import SAMPLE, SHARED_SQUAD
 from server_helpers import ServerProcess, build_qa_checkpoint, export_onnx
 from trt_stand_in import StandInCudart, StandInEngine, install
 
-from train.tokenizer import XLNetTokenizer
+from qa_core.tokenizer import XLNetTokenizer
 
 # Keep the suite predictable on 2 cores.
 # One intra-op thread: subprocesses (servers, torchrun ranks) share 2 cores with the test process,

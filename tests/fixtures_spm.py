@@ -58,7 +58,7 @@ def pad_vocabulary(spm_file: Path, out_file: Path, vocab_size: int) -> Path:
     32,000-piece vocabulary, while encoding picks the same pieces (unused pieces never match)."""
     from sentencepiece import sentencepiece_model_pb2 as pb
 
-    from train.tokenizer.spm_tokenizer import SPECIAL_PIECES
+    from qa_core.tokenizer.spm_tokenizer import SPECIAL_PIECES
 
     model = pb.ModelProto()
     model.ParseFromString(Path(spm_file).read_bytes())

@@ -15,7 +15,7 @@ from typing import NoReturn
 
 import pytest
 
-from export.serving.gpu import cuda_device_problem, gpu_stack_problem, installed_stack
+from qa_core.runtime.gpu import cuda_device_problem, gpu_stack_problem, installed_stack
 
 REQUIRE_ENV = "XLNETQA_REQUIRE_GPU"
 MISSING = "missing package"
@@ -89,7 +89,7 @@ def require_provider(provider: str) -> None:
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         unavailable(f"{MISSING} onnxruntime-gpu (onnxruntime {ort.__version__} here is the CPU wheel)")
-    from export.serving.probe import preload_gpu_libraries
+    from qa_core.runtime.probe import preload_gpu_libraries
 
     preload_gpu_libraries([provider])  # as the server does: NVIDIA's pip wheels are not on the loader path
     if provider not in ort.get_available_providers():

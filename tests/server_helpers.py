@@ -20,15 +20,15 @@ from paths import SAMPLE_DEV
 
 import harness.server_process
 from harness.server_process import child_env
-from train.squad import featurize_one
-from train.tokenizer import XLNetTokenizer
+from qa_core.squad import featurize_one
+from qa_core.tokenizer import XLNetTokenizer
 
 WINDOWS = {"max_seq_len": 128, "doc_stride": 64, "max_query_len": 32}
 
 
 def stand_in_spec(directory: Path, name: str = "t", head: str = "shallow"):
     """A ModelSpec for a backend the test provides itself (no model files read): the test's windows."""
-    from export.serving.sidecar import ServingSettings
+    from qa_core.runtime.sidecar import ServingSettings
     from server.model_spec import ModelSpec
 
     serving = ServingSettings(**WINDOWS)

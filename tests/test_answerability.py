@@ -11,6 +11,25 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from qa_core.squad import read_squad
+from qa_core.squad.answerability import (
+    Answerability,
+    SpanF1,
+    decide,
+    from_metadata,
+    sigmoid,
+)
+from qa_core.squad.answerability_features import (
+    MODEL_FEATURES,
+    QUESTION_FEATURES,
+    SPAN_FEATURES,
+    VERIFIER_LOGIT,
+    ContextIndex,
+    SpanScores,
+    all_features,
+    question_features,
+)
+from qa_core.squad.answerability_params import AnswerabilityError, Linear
 from train.answerability.estimators import fit_span_f1
 from train.answerability.fit import (
     FEATURE_SETS,
@@ -30,25 +49,6 @@ from train.answerability.fit import (
     fit_table,
     group_folds,
 )
-from train.squad import read_squad
-from train.squad.answerability import (
-    Answerability,
-    SpanF1,
-    decide,
-    from_metadata,
-    sigmoid,
-)
-from train.squad.answerability_features import (
-    MODEL_FEATURES,
-    QUESTION_FEATURES,
-    SPAN_FEATURES,
-    VERIFIER_LOGIT,
-    ContextIndex,
-    SpanScores,
-    all_features,
-    question_features,
-)
-from train.squad.answerability_params import AnswerabilityError, Linear
 
 CONTEXT = (
     "The Normans were the people who gave their name to Normandy, a region in France. "
@@ -274,8 +274,8 @@ def test_best_threshold_is_the_official_sweep() -> None:
 def test_fitting_on_real_questions_and_the_report(sample_dir) -> None:
     """The sample's articles through the real pipeline pieces (the QA model's scores faked as cls =
     0: the verifier has to carry the decision): the report's claims are internally consistent."""
-    from train.squad import Prediction
-    from train.squad.prediction import NBestEntry
+    from qa_core.squad import Prediction
+    from qa_core.squad.prediction import NBestEntry
 
     fit = read_squad(sample_dir / "train.json")
     held = read_squad(sample_dir / "calibration.json")

@@ -17,11 +17,17 @@ from paths import REPO
 from server_helpers import ServerProcess, export_onnx, server_env
 
 from clients import XLNetQAClient
-from export.serving.sidecar import Sidecar, SidecarError
+from qa_core.runtime.sidecar import Sidecar, SidecarError
+from qa_core.squad import read_squad
+from qa_core.squad.answerability import (
+    QUESTION_FEATURES,
+    VERIFIER_LOGIT,
+    Answerability,
+    Linear,
+    from_metadata,
+)
 from train.evaluation.predict import redecide
 from train.experiments.heldout import predict_file
-from train.squad import read_squad
-from train.squad.answerability import QUESTION_FEATURES, VERIFIER_LOGIT, Answerability, Linear, from_metadata
 
 QUESTIONS = 40
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import get_args
 
-from export.serving.backends import EXPORT_BACKENDS, SERVER_BACKENDS, TRT, canonical_backend
+from qa_core.runtime.backends import EXPORT_BACKENDS, SERVER_BACKENDS, TRT, canonical_backend
 from server.settings import ServerSettings
 
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from server_helpers import WINDOWS, dev_contexts
 
-from train.squad import featurize_one
-from train.tokenizer import XLNetTokenizer
+from qa_core.squad import featurize_one
+from qa_core.tokenizer import XLNetTokenizer
 
 
 def _features(tok: XLNetTokenizer, lengths: list[int]) -> list[list]:

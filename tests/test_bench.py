@@ -14,7 +14,7 @@ import pytest
 from bench import serve
 from bench.realistic import realistic_windows
 from bench.serve_load import Result
-from train.common.contract import INPUT_NAMES
+from qa_core.contract import INPUT_NAMES
 
 
 def test_bench_serve_reports_overhead_load_and_targets(onnx_export: Path, tmp_path: Path, capsys) -> None:
@@ -145,7 +145,7 @@ def test_host_profile_sorts_stacks_into_components() -> None:
 
     frames = [
         "a (server/routes.py:1)",
-        "decode_head_outputs (train/squad/head_outputs.py:2)",
+        "decode_head_outputs (qa_core/squad/head_outputs.py:2)",
         "all_features (x.py:3)",
     ]
     assert component(frames) == "answerability rule (lexical features)"  # the innermost match wins

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from qa_core.squad.alignment import offsets_array
+from qa_core.tokenizer import XLNetTokenizer
 from server.context_cache import KEY_SHARE, ContextCache, EncodedContext, context_key
-from train.squad.alignment import offsets_array
-from train.tokenizer import XLNetTokenizer
 
 SHIPPED = Path(__file__).resolve().parents[1] / "models" / "squad2-small-int8"
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "dev.json"

@@ -236,7 +236,8 @@ def test_token_ids_outside_the_word_start_table() -> None:
 
 @pytest.fixture(scope="module")
 def sample_tokenizer(tmp_path_factory: pytest.TempPathFactory):
-    from train.tokenizer import XLNetTokenizer, train_spm
+    from qa_core.tokenizer import XLNetTokenizer
+    from train.tokenizer import train_spm
 
     out = Path(train_spm([SAMPLE_CORPUS], tmp_path_factory.mktemp("spm_data"), 1000))
     return XLNetTokenizer.from_dir(out if out.is_dir() else out.parent)

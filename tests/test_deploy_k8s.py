@@ -128,7 +128,7 @@ def test_k8s_server_objects_select_the_deployment() -> None:
 
 
 def test_k8s_triton_serves_the_exported_repository() -> None:
-    from export.serving.gpu_stacks import TENSORRT_VERSION, tensorrt_release
+    from qa_core.runtime.gpu_stacks import TENSORRT_VERSION, tensorrt_release
 
     docs = k8s_documents(K8S / "triton")
     pod = docs["Deployment"]["spec"]["template"]["spec"]

@@ -20,7 +20,18 @@ def site_copy(tmp_path: Path) -> Path:
     shutil.copytree(REPO / "docs", root / "docs")
     for name in ROOT_DOCUMENTS:
         shutil.copy2(REPO / name, root / name)
-    for folder in ("bench", "train", "export", "server", "clients", "deploy", "models", "data", "tests"):
+    for folder in (
+        "bench",
+        "qa_core",
+        "train",
+        "export",
+        "server",
+        "clients",
+        "deploy",
+        "models",
+        "data",
+        "tests",
+    ):
         (root / folder).symlink_to(REPO / folder)  # what the pages link to outside docs/
     for name in ("Makefile", "pyproject.toml", "CHANGELOG.md", "demo.py"):
         (root / name).symlink_to(REPO / name)

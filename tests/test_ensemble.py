@@ -9,9 +9,9 @@ import pytest
 from paths import SAMPLE_DEV
 from server_helpers import build_qa_checkpoint
 
+from qa_core.squad import featurize, read_squad
 from train.evaluation.predict import FeatureOutputs, average_outputs, predict_ensemble, predict_features
 from train.model import checkpoint
-from train.squad import featurize, read_squad
 
 
 @pytest.fixture(scope="module")

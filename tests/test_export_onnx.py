@@ -23,11 +23,11 @@ from export.onnx.exporter import OnnxExportOptions, export_onnx
 from export.onnx.graph import FORBIDDEN_OPS, matmul_weights, op_counts
 from export.onnx.torch_export import torch_runner
 from export.onnx.verify import compare, run_all, sample_batches
-from export.serving import sidecar as sc
-from export.serving.sessions import runner, session
 from harness.tiny_models import TINY, perturb, tiny_qa_checkpoint
-from train.common.contract import DEFAULTS, INPUT_NAMES
-from train.common.digests import sha256_file
+from qa_core.contract import DEFAULTS, INPUT_NAMES
+from qa_core.digests import sha256_file
+from qa_core.runtime import sidecar as sc
+from qa_core.runtime.sessions import runner, session
 from train.model import XLNetConfig, XLNetLMHeadModel, checkpoint
 from train.model.inference import QAInference, derive_p_mask, output_names
 
@@ -115,7 +115,7 @@ SKIP_LN = "com.microsoft.SkipLayerNormalization"
 
 def test_cpu_sessions_skip_the_slow_skiplayernorm_fusion(exports, tmp_path):
     """In the int8 graph onnxruntime would fuse the feed-forward output's residual Add + LayerNormalization
-    into SkipLayerNormalization (slow on CPU: export.serving.sidecar.CPU_DISABLED_OPTIMIZERS): the shipped file and a
+    into SkipLayerNormalization (slow on CPU: qa_core.runtime.sidecar.CPU_DISABLED_OPTIMIZERS): the shipped file and a
     CPU session's own online (ENABLE_ALL) graph keep them unfused; other providers keep the fusion."""
     ckpt, _ = exports["shallow"]
     shipped, plain = tmp_path / "int8", tmp_path / "int8-unoptimized"
@@ -165,7 +165,7 @@ def hf_directory(hf_cls, tmp_path: Path, spm: Path) -> tuple[torch.nn.Module, Pa
 
 
 def hf_shapes_batches(tokenizer_dir: Path):
-    from train.tokenizer import XLNetTokenizer
+    from qa_core.tokenizer import XLNetTokenizer
 
     return sample_batches(
         XLNetTokenizer.from_dir(tokenizer_dir), [(1, 16), (2, 64), (3, 200), (2, 37)], seed=3
@@ -293,7 +293,7 @@ def test_serving_settings_have_one_declaration(exports):
 
 
 def test_sidecar_is_torch_free():
-    code = "import sys, export.serving.sidecar; sys.exit('torch' in sys.modules)"
+    code = "import sys, qa_core.runtime.sidecar; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
 
 
@@ -331,7 +331,7 @@ def test_cli_errors(tmp_path, spm_dir, capsys, exports):
 
 
 def test_lm_checkpoint_with_head_warns_loudly(tmp_path, spm_dir, capsys):
-    from train.tokenizer import XLNetTokenizer
+    from qa_core.tokenizer import XLNetTokenizer
 
     torch.manual_seed(0)
     lm = XLNetLMHeadModel(XLNetConfig(vocab_size=2000, **TINY_ARGS))
@@ -375,7 +375,7 @@ def test_options_check_themselves_before_any_work(tmp_path):
 def test_pipeline_reports_through_callbacks_and_prints_nothing(tmp_path, spm_dir, capsys, caplog):
     """Progress lines reach `report`; warnings are Python warnings by default; stdout and stderr stay empty,
     and onnxruntime's shape inference logs none of its expected "Cannot determine if ..." lines."""
-    from train.tokenizer import XLNetTokenizer
+    from qa_core.tokenizer import XLNetTokenizer
 
     torch.manual_seed(0)
     lm = XLNetLMHeadModel(XLNetConfig(vocab_size=2000, **TINY_ARGS))

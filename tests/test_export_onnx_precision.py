@@ -12,9 +12,9 @@ import pytest
 from paths import SAMPLE_DEV, SHARED_DEV_NAME, shared_squad_file
 
 from export.onnx.cli import main
-from export.serving import sidecar as sc
-from export.serving.sessions import runner, session
 from harness.tiny_models import tiny_qa_checkpoint
+from qa_core.runtime import sidecar as sc
+from qa_core.runtime.sessions import runner, session
 from train.model.inference import output_names
 
 SHARED_DEV = shared_squad_file(SHARED_DEV_NAME)
@@ -103,7 +103,7 @@ LOGIT_SCALE = 10.0
 def _agreement_against_zeros(export_dir: Path, head: str, data: Path) -> dict:
     """export.onnx.agreement's report for the exported graph against a candidate whose outputs are all 0."""
     from export.onnx.agreement import agreement
-    from train.tokenizer import XLNetTokenizer
+    from qa_core.tokenizer import XLNetTokenizer
 
     side = sc.Sidecar.load(export_dir)
     names = output_names(head)
@@ -120,7 +120,7 @@ def _agreement_against_zeros(export_dir: Path, head: str, data: Path) -> dict:
 
 def test_best_span_margin_skips_candidates_with_the_same_text():
     from export.onnx.agreement import best_span_margin
-    from train.squad.decode import NBestEntry, Prediction
+    from qa_core.squad.decode import NBestEntry, Prediction
 
     def entry(text: str, score: float) -> NBestEntry:
         return NBestEntry(text, 0, len(text), score, 0.0, 0.0, 0.0, 0, 0, 0)

@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from export.serving.gpu_stacks import TENSORRT_VERSION, TRITON_GUIDANCE
-from export.serving.sessions import session
-from export.serving.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.triton import pbtxt
 from export.triton.cli import main
 from export.triton.repository import TritonOptions, write_repository
 from export.trt.profile import min_sequence
 from harness.tiny_models import tiny_onnx_export
-from train.common.contract import INDEX_OUTPUTS, INPUT_NAMES
+from qa_core.contract import INDEX_OUTPUTS, INPUT_NAMES
+from qa_core.runtime.gpu_stacks import TENSORRT_VERSION, TRITON_GUIDANCE
+from qa_core.runtime.sessions import session
+from qa_core.runtime.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 
 SHAPES = {"opt_shape": [8, 384], "max_shape": [16, 512]}
 

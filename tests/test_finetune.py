@@ -17,10 +17,10 @@ from paths import REPO, SAMPLE
 from sample_cuts import first_article_split
 
 from harness.server_process import free_port
+from qa_core.squad import Answerability, read_squad, split_by_article
 from train.evaluate import main as evaluate_main
 from train.finetune import main as finetune_main
 from train.model import XLNetConfig, XLNetForQuestionAnswering, checkpoint
-from train.squad import Answerability, read_squad, split_by_article
 
 METRIC_KEYS = {
     "exact",
@@ -167,7 +167,7 @@ def test_freezing_keeps_bottom_layers_and_embeddings_fixed(small_split, spm_dir,
     out = tmp_path / "frozen"
     torch.manual_seed(0)
     init = tmp_path / "init"
-    from train.tokenizer import XLNetTokenizer
+    from qa_core.tokenizer import XLNetTokenizer
 
     tok = XLNetTokenizer.from_dir(spm_dir)
     config = XLNetConfig.preset("tiny", vocab_size=tok.vocab_size, n_layer=3)
@@ -185,7 +185,7 @@ def test_freezing_keeps_bottom_layers_and_embeddings_fixed(small_split, spm_dir,
 
 def test_init_from_huggingface_directory(small_split, spm_dir, tmp_path):
     """A local HF XLNet checkpoint (here random weights + our spm) fine-tunes directly."""
-    from train.tokenizer import XLNetTokenizer
+    from qa_core.tokenizer import XLNetTokenizer
 
     tok = XLNetTokenizer.from_dir(spm_dir)
     hf_dir = tmp_path / "hf-xlnet"

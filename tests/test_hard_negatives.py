@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from paths import SAMPLE_CORPUS, SAMPLE_TRAIN
 
-from train.common.text import numbers
+from qa_core.squad import SquadExample, featurize, read_squad
+from qa_core.text import numbers
 from train.experiments.hard_negatives import antonym, hard_negative, negate, swap_entity, swap_number
 from train.experiments.synth import leaks
-from train.squad import SquadExample, featurize, read_squad
 from train.synth import main as synth_main
 
 CONTEXT = "Rollo swore fealty to King Charles III in 911. The duchy grew in the first half of the century."

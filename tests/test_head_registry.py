@@ -1,4 +1,4 @@
-"""The head registry (train/common/heads.py) is the only list of QA heads: every other part reads it,
+"""The head registry (qa_core/heads.py) is the only list of QA heads: every other part reads it,
 and every registered head builds, runs, exports and decodes through it."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import pytest
 import torch
 from paths import REPO
 
-from train.common.contract import OUTPUT_NAMES
-from train.common.heads import HEADS, REGISTRY, head_spec
+from qa_core.contract import OUTPUT_NAMES
+from qa_core.heads import HEADS, REGISTRY, head_spec
 from train.model import XLNetConfig, XLNetForQuestionAnswering
 from train.model.heads import HEAD_MODULES
 from train.model.inference import QAInference
 
 # Where heads are named one by one: the registry itself, and each head's modules.
-HOMES = {"train/common/heads.py", "train/model/heads.py"}
+HOMES = {"qa_core/heads.py", "train/model/heads.py"}
 
 
 def literals_naming_heads(path) -> list[int]:
@@ -40,12 +40,12 @@ def literals_naming_heads(path) -> list[int]:
 
 def test_no_other_module_lists_the_heads() -> None:
     found = {}
-    for room in ("train", "export", "server", "clients", "bench"):
+    for room in ("qa_core", "train", "export", "server", "clients", "bench"):
         for path in sorted((REPO / room).rglob("*.py")):
             rel = path.relative_to(REPO).as_posix()
             if rel not in HOMES and (lines := literals_naming_heads(path)):
                 found[rel] = lines
-    assert not found, f"heads listed outside the registry (read train.common.heads instead): {found}"
+    assert not found, f"heads listed outside the registry (read qa_core.heads instead): {found}"
 
 
 def test_every_registered_head_has_modules_and_the_contract_reads_the_registry() -> None:

@@ -14,6 +14,7 @@ import torch
 from fixtures_spm import TINY_PRETRAIN_ARGS
 from paths import SAMPLE
 
+from qa_core.squad import write_squad
 from train.engine.memory import LiveTensors, storage_bytes
 from train.finetune import parse_config as finetune_config
 from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel, checkpoint
@@ -21,7 +22,6 @@ from train.pretrain import parse_config as pretrain_config
 from train.recipes.finetune import FinetuneRecipe
 from train.recipes.finetune_setup import freeze, trained_through_frozen
 from train.recipes.pretrain import PretrainRecipe
-from train.squad import write_squad
 
 B, T = 2, 24
 

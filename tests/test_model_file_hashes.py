@@ -14,7 +14,7 @@ import pytest
 from onnx import numpy_helper
 from server_helpers import OK, ServerProcess, post
 
-from export.serving.sidecar import SIDECAR_FILE, Sidecar
+from qa_core.runtime.sidecar import SIDECAR_FILE, Sidecar
 
 # ---- model files: every file the server loads is hashed ---------------------------------------------
 

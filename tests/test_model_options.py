@@ -166,7 +166,7 @@ def test_position_scores_by_index_arithmetic_equal_the_reshape_shift(t):
 def test_fused_weights_are_buffers_built_once_and_cleared():
     """The inference layout is derived from the parameters (nothing new is saved or trained) and goes
     with the position cache."""
-    from train.common.contract import fused_head_width
+    from qa_core.contract import fused_head_width
     from train.model.fused import FusedAttentionWeights
     from train.model.inference import QAInference
 
@@ -189,7 +189,7 @@ def test_fused_graph_reads_shapes_once_per_forward(tmp_path):
     one more layer adds no Shape node and at most 60 nodes (measured 56.5 with 4 position chunks; the
     previous formulation 161, 7 of them Shape), counted in the graph onnxruntime runs (its extended
     level, the exporter's: merges the layers' identical shape values, fuses a transpose into its MatMul)."""
-    from export.serving.sessions import session
+    from qa_core.runtime.sessions import session
     from train.model.inference import QAInference
 
     def ops(n_layer: int) -> dict[str, int]:

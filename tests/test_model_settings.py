@@ -1,4 +1,4 @@
-"""One typed home for a model's settings (train.common.contract.ModelSettings): what fine-tuning records
+"""One typed home for a model's settings (qa_core.contract.ModelSettings): what fine-tuning records
 is what evaluation, the export's sidecar, the server's model spec and its decoding use, n_best included."""
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 
 from export.onnx.cli import main as export_main
-from export.serving.sidecar import Sidecar, SidecarError
 from harness.tiny_models import tiny_qa_checkpoint
+from qa_core.contract import DEFAULTS, MAX_N_BEST, WINDOW_OVERHEAD, ModelSettings
+from qa_core.runtime.sidecar import Sidecar, SidecarError
+from qa_core.tokenizer import XLNetTokenizer
 from server.host_path import HostPath
 from server.model_spec import ModelSpecError, resolve_spec
-from train.common.contract import DEFAULTS, MAX_N_BEST, WINDOW_OVERHEAD, ModelSettings
 from train.common.sample_data import SAMPLE_DEV
 from train.evaluation.options import EvaluationOptions
 from train.evaluation.predict import evaluate_checkpoint
 from train.recipes.finetune_config import FinetuneConfig
-from train.tokenizer import XLNetTokenizer
 
 RECIPE = {"max_seq_len": 128, "doc_stride": 64, "max_query_len": 32, "max_answer_len": 16, "n_best": 5}
 
@@ -107,7 +107,7 @@ def test_serving_settings_declare_every_model_setting_with_its_default() -> None
     same names and defaults, checked here, plus the beam's top-k."""
     import dataclasses
 
-    from export.serving.sidecar import ServingSettings
+    from qa_core.runtime.sidecar import ServingSettings
 
     served = {f.name: f.default for f in dataclasses.fields(ServingSettings)}
     assert {f.name: f.default for f in dataclasses.fields(ModelSettings)}.items() <= served.items()

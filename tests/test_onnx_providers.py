@@ -16,7 +16,7 @@ from gpu_mode import REQUIRE_ENV, gpu_required, require_provider
 from paths import REPO
 from server_helpers import ServerProcess, server_env
 
-from export.serving.providers import (
+from qa_core.runtime.providers import (
     CPU,
     CUDA,
     TENSORRT,
@@ -94,7 +94,7 @@ def _resolve(extra: str, extras: dict[str, list[str]]) -> set[str]:
 
 
 def test_no_extra_installs_both_onnxruntime_wheels_and_gpu_pins_agree() -> None:
-    from export.serving.gpu_stacks import CUDA12, CUDA13, STACKS, TENSORRT_VERSION
+    from qa_core.runtime.gpu_stacks import CUDA12, CUDA13, STACKS, TENSORRT_VERSION
 
     extras = _extras()
     for extra in extras:
@@ -106,7 +106,7 @@ def test_no_extra_installs_both_onnxruntime_wheels_and_gpu_pins_agree() -> None:
         # the onnxruntime-gpu part installs from PyPI alone; TensorRT (NVIDIA's index) is its own extra
         assert {"onnxruntime-gpu", "cuda-bindings"} <= gpu and not {"torch", stack.tensorrt_package} & gpu
         assert _resolve(stack.tensorrt_extra, extras) == {stack.tensorrt_package}
-        assert stack.onnxruntime_gpu_wheel in extras[stack.extra]  # one home: export/serving/gpu_stacks.py
+        assert stack.onnxruntime_gpu_wheel in extras[stack.extra]  # one home: qa_core/runtime/gpu_stacks.py
         assert stack.cuda_bindings in extras[stack.extra]
         assert extras[stack.tensorrt_extra] == [stack.tensorrt_wheel]
         assert stack.tensorrt_wheel_version.startswith(TENSORRT_VERSION)  # one engine format for both
@@ -129,7 +129,7 @@ def test_no_extra_installs_both_onnxruntime_wheels_and_gpu_pins_agree() -> None:
 )
 def test_a_driver_version_names_the_extra_it_runs(driver: str, extra: str | None) -> None:
     """Driver -> the newest CUDA major it runs -> the extra; one line from the command, exit 1 for none."""
-    from export.serving.gpu_stacks import stack_for_driver
+    from qa_core.runtime.gpu_stacks import stack_for_driver
 
     stack = stack_for_driver(driver)
     assert (stack.extra if stack else None) == extra
@@ -150,7 +150,7 @@ def test_a_driver_version_names_the_extra_it_runs(driver: str, extra: str | None
 
 
 def test_the_driver_question_without_a_driver_or_with_nonsense_is_one_line() -> None:
-    from export.serving.gpu import nvidia_driver_version
+    from qa_core.runtime.gpu import nvidia_driver_version
 
     if nvidia_driver_version() is not None:
         pytest.skip("this machine has an NVIDIA driver")
@@ -173,7 +173,7 @@ def test_the_driver_question_without_a_driver_or_with_nonsense_is_one_line() -> 
 
 def test_gpu_wheels_name_the_pythons_and_platforms_they_exist_for() -> None:
     """pip only says "no matching distribution"; `make gpu-venv` asks this first."""
-    from export.serving.gpu_stacks import CUDA12, python_problem
+    from qa_core.runtime.gpu_stacks import CUDA12, python_problem
 
     assert python_problem((3, 12), "Linux", "x86_64", tensorrt=True) is None
     assert python_problem((3, 14), "Linux", "x86_64") is None  # onnxruntime-gpu alone
@@ -394,9 +394,9 @@ def test_gpu_provider_runs_every_node_on_the_gpu_and_matches_the_cpu(
     import onnxruntime as ort
 
     from export.onnx.verify import compare, run_all, sample_batches
-    from export.serving.sessions import runner, session
-    from export.serving.sidecar import Sidecar
-    from train.tokenizer import XLNetTokenizer
+    from qa_core.runtime.sessions import runner, session
+    from qa_core.runtime.sidecar import Sidecar
+    from qa_core.tokenizer import XLNetTokenizer
 
     side = Sidecar.load(onnx_export)
     cache = tmp_path / "trt-cache"
@@ -464,7 +464,7 @@ def test_gpu_smoke_script_says_what_is_missing_in_one_line() -> None:
 def test_nvidia_library_directories_are_found_on_every_site_directory(tmp_path: Path) -> None:
     """onnxruntime.preload_dlls() looks only beside onnxruntime; the wheels a torch install brought may
     sit in another site directory (CUDA 13: nvidia/cu13/lib; CUDA 12: one directory per component)."""
-    from export.serving.probe import nvidia_library_dirs
+    from qa_core.runtime.probe import nvidia_library_dirs
 
     torch_site, ort_site = tmp_path / "torch-site", tmp_path / "ort-target"
     for lib in ("nvidia/cu13/lib", "nvidia/cudnn/lib", "nvidia/cublas/lib", "nvidia/cuda_runtime/lib"):

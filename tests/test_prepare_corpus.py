@@ -16,12 +16,12 @@ import pytest
 from module_runs import run_module
 from paths import REPO
 
+from qa_core.tokenizer import XLNetTokenizer
 from train.common.corpus import iter_documents, iter_texts
 from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_TRAIN
 from train.data import PretrainBatches, PretrainDataConfig, tokenize_documents
 from train.data.shards import MANIFEST, ShardedCorpus
 from train.prepare_corpus import main as prepare_main
-from train.tokenizer import XLNetTokenizer
 
 PROG = "python -m train.prepare_corpus"
 

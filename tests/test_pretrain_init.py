@@ -21,6 +21,7 @@ from fixtures_spm import pad_vocabulary
 from paths import SAMPLE_CORPUS
 from xlnet_oracle import hf_loss
 
+from qa_core.tokenizer import XLNetTokenizer
 from train.common.cli import run
 from train.common.corpus import iter_documents
 from train.data import PretrainBatches, tokenize_documents
@@ -31,7 +32,6 @@ from train.prepare_corpus import main as prepare_main
 from train.pretrain import main as pretrain_main
 from train.recipes.pretrain import PretrainConfig, data_config, pretrain_loss
 from train.recipes.pretrain_init import InitSource
-from train.tokenizer import XLNetTokenizer
 
 TOL = 1e-5
 SHAPE = dict(d_model=32, n_layer=2, n_head=4, d_inner=64)

@@ -18,7 +18,7 @@ import pytest
 from paths import REPO
 from server_helpers import ServerProcess, server_env
 
-from export.serving.providers import CPU, CUDA, TENSORRT, canonical_provider, parse_providers
+from qa_core.runtime.providers import CPU, CUDA, TENSORRT, canonical_provider, parse_providers
 
 ORT_GPU_ENV = "XLNETQA_ORT_GPU_PYTHON"  # set by `make test` to the venv `make ort-gpu-venv` builds
 
@@ -65,7 +65,7 @@ def test_a_session_that_falls_back_is_caught_by_reading_its_providers() -> None:
     reads get_providers() back and names the cause; a session on what was asked passes."""
     import onnxruntime
 
-    from export.serving.probe import Probe, fallback_problem, probe
+    from qa_core.runtime.probe import Probe, fallback_problem, probe
 
     if CUDA in onnxruntime.get_available_providers():
         pytest.skip("this wheel compiles CUDA in: see the onnxruntime-gpu venv test")
@@ -140,7 +140,9 @@ def ort_gpu_python() -> str:
         if named:
             pytest.fail(f"{ORT_GPU_ENV}={named} does not exist (make ort-gpu-venv)", pytrace=False)
         pytest.skip("no onnxruntime-gpu venv (make ort-gpu-venv)")
-    code = "from export.serving.probe import provider_library_problem as p; print(p('CUDAExecutionProvider'))"
+    code = (
+        "from qa_core.runtime.probe import provider_library_problem as p; print(p('CUDAExecutionProvider'))"
+    )
     check = _run_in(str(python), "-c", code)
     if check.returncode != 0 or check.stdout.strip() == "None":
         pytest.skip(

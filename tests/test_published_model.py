@@ -23,8 +23,8 @@ from paths import REPO, SAMPLE_DEV
 from server_helpers import ServerProcess
 
 from clients import XLNetQAClient
+from qa_core.tokenizer import XLNetTokenizer
 from train.model import checkpoint
-from train.tokenizer import XLNetTokenizer
 
 PAGE = REPO / "docs" / "published.md"
 TIE = 1e-4  # log-probability: the export is verified to this tolerance against torch

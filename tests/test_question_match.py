@@ -11,14 +11,14 @@ from safetensors.torch import save_file
 
 from export.onnx.cli import main as export_main
 from export.onnx.verify import sample_batches
-from export.serving import sidecar as sc
-from export.serving.sessions import session
 from harness.tiny_models import tiny_qa_checkpoint
-from train.common.contract import INPUT_NAMES
+from qa_core.contract import INPUT_NAMES
+from qa_core.runtime import sidecar as sc
+from qa_core.runtime.sessions import session
+from qa_core.tokenizer import XLNetTokenizer
 from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel, checkpoint
 from train.model.inference import QAInference
 from train.model.layout import question_match
-from train.tokenizer import XLNetTokenizer
 
 
 def test_marks_tokens_found_across_the_separator_only():

@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 from paths import SAMPLE_CORPUS
 
-from train.common.contract import CLS_ID, SEP_ID
+from qa_core.contract import CLS_ID, SEP_ID
+from qa_core.tokenizer import SPIECE_UNDERLINE, XLNetTokenizer
 from train.data.permutation import example_permutation, local_permutation_ranks, target_arrays
 from train.data.segments import SegmentPair, assemble_example, split_a_and_b
 from train.data.spans import sample_span_mask
-from train.tokenizer import SPIECE_UNDERLINE, XLNetTokenizer
 
 # =====================================================================================================
 # Pretraining data: data_utils.py create_tfrecords layout, _local_perm + parser, _sample_mask,

@@ -16,21 +16,20 @@ import pytest
 import torch
 from paths import SAMPLE_DEV
 
-from train.model import XLNetConfig, XLNetForQuestionAnswering
-from train.squad import (
+from qa_core.squad import (
     DecodeOptions,
     SquadExample,
     align_answer,
     decode_beam,
-    evaluate,
     featurize,
-    find_best_thresh,
     pad_batch,
     read_squad,
 )
-from train.squad.features import offsets_array
+from qa_core.squad.features import offsets_array
+from qa_core.tokenizer import XLNetTokenizer
+from train.model import XLNetConfig, XLNetForQuestionAnswering
+from train.squad import evaluate, find_best_thresh
 from train.squad.metrics import raw_scores
-from train.tokenizer import XLNetTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from paths import SAMPLE_DEV
 
-from train.common.contract import CLS_ID, PAD_ID, SEP_ID
-from train.squad import SquadExample, align_answer, featurize, pad_batch, read_squad
-from train.squad.features import offsets_array
-from train.tokenizer import XLNetTokenizer
+from qa_core.contract import CLS_ID, PAD_ID, SEP_ID
+from qa_core.squad import SquadExample, align_answer, featurize, pad_batch, read_squad
+from qa_core.squad.features import offsets_array
+from qa_core.tokenizer import XLNetTokenizer
 
 # segment ids of a SQuAD feature in the original (run_squad.py)
 SEG_PARAGRAPH, SEG_QUESTION, SEG_CLS, SEG_PAD = 0, 1, 2, 3

@@ -10,15 +10,15 @@ import re
 
 import pytest
 
+from qa_core.squad import Prediction, SquadExample, read_squad
+from qa_core.squad.answerability import Answerability
+from qa_core.squad.answerability_params import AnswerabilityError, Linear
+from qa_core.squad.prediction import Deciding, NBestEntry
+from qa_core.squad.rerank import CANDIDATE_FEATURES, SpanReranker, snap_to_words, snapped
 from train.answerability.fit import fit_for
 from train.answerability.rerank_fit import CandidateTable, fit_reranker, reranked
 from train.evaluation.predict import redecide
 from train.experiments.article_stats import sign_test, smallest_sign_test_p, summary, t_interval
-from train.squad import Prediction, SquadExample, read_squad
-from train.squad.answerability import Answerability
-from train.squad.answerability_params import AnswerabilityError, Linear
-from train.squad.prediction import Deciding, NBestEntry
-from train.squad.rerank import CANDIDATE_FEATURES, SpanReranker, snap_to_words, snapped
 
 CONTEXT = "The Normans came from Normandy in 911. Their leader Rollo swore fealty to Charles III of France."
 

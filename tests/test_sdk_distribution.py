@@ -19,7 +19,18 @@ from server_helpers import ServerProcess
 import clients
 from harness.server_process import REPO
 
-NOT_THERE = ("train", "export", "server", "bench", "harness", "numpy", "sentencepiece", "torch", "fastapi")
+NOT_THERE = (
+    "qa_core",
+    "train",
+    "export",
+    "server",
+    "bench",
+    "harness",
+    "numpy",
+    "sentencepiece",
+    "torch",
+    "fastapi",
+)
 
 
 def build_wheel(work: Path) -> Path:

@@ -33,9 +33,9 @@ from server_helpers import (
     server_env,
 )
 
+from qa_core.squad import DecodeOptions, decode, featurize_one
+from qa_core.tokenizer import XLNetTokenizer
 from server.metrics import sample_total
-from train.squad import DecodeOptions, decode, featurize_one
-from train.tokenizer import XLNetTokenizer
 
 # ---- answers -----------------------------------------------------------------------------------------
 
@@ -270,8 +270,8 @@ def test_each_answer_names_the_model_rule_that_decided_it() -> None:
     them: tests/test_playground.py asks real servers for those)."""
     from dataclasses import replace
 
+    from qa_core.squad.answerability import Answerability, Linear
     from server.model_spec import decision_rule
-    from train.squad.answerability import Answerability, Linear
 
     fitted = Answerability(
         Linear(("cls_logit",), (0.0,), (1.0,), (-1.0,), 0.0), threshold=0.3, report={"beats_no_answer": True}
@@ -420,7 +420,7 @@ def test_unusable_model_or_backend_exits_2_with_one_line(onnx_export: Path, tmp_
     (broken / "model.onnx").write_bytes(b"not an onnx model")
     r = _run_server_cli("--model", str(broken), "--port", "0", "--log-level", "critical")
     assert r.returncode == 2 and "model.onnx differs from the exported file" in r.stderr, r.stderr
-    from export.serving.sidecar import Sidecar
+    from qa_core.runtime.sidecar import Sidecar
 
     Sidecar.load(broken).save(broken)  # as if the exporter had written it: passes the checks, fails to load
     r = _run_server_cli("--model", str(broken), "--port", "0", "--log-level", "critical")  # any free port

@@ -16,10 +16,10 @@ from server_helpers import OK, WINDOWS, ServerProcess, access_lines, long_contex
 
 from clients import XLNetQAAuthenticationError, XLNetQAClient, XLNetQAConnectionError, XLNetQARateLimitError
 from harness.certificates import make_certificates
+from qa_core.squad import featurize_one
 from server.app import create_app, open_paths
 from server.metrics import sample_total
 from server.settings import ServerSettings
-from train.squad import featurize_one
 
 
 @pytest.fixture(scope="module")

@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 from server_helpers import OK, WINDOWS, ServerProcess, check_answer, dev_questions, stand_in_spec
 
+from qa_core.heads import HEADS
+from qa_core.squad import decode_head_outputs, featurize_one
 from server.backends.base import dummy_batch
-from train.common.heads import HEADS
-from train.squad import decode_head_outputs, featurize_one
 
 
 @pytest.mark.parametrize("head", HEADS)
 def test_null_backend_gives_every_head_its_outputs_and_they_decode(
     head: str, xlnet_tok, tmp_path: Path
 ) -> None:
+    from qa_core.heads import head_spec
     from server.backends.null import NullBackend
-    from train.common.heads import head_spec
 
     spec = stand_in_spec(tmp_path, head=head)
     spec = type(spec)(**{**spec.__dict__, "output_names": head_spec(head).outputs})

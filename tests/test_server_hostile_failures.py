@@ -20,7 +20,7 @@ from hostile_server import FAULTY, app_server, faulty_backend, post_many
 from paths import REPO
 from server_helpers import OK, ServerProcess, long_context, post, stand_in_spec
 
-from export.serving.sidecar import Sidecar
+from qa_core.runtime.sidecar import Sidecar
 from server.metrics import sample_total
 
 # ---- failures: hangs, NaN, crashes, load errors ---------------------------------------------------------
@@ -249,7 +249,7 @@ def test_model_files_that_differ_from_the_export_or_are_links_are_refused(
 
     from server_helpers import server_env
 
-    from export.serving.sidecar import Sidecar
+    from qa_core.runtime.sidecar import Sidecar
 
     recorded = Sidecar.load(onnx_export).files_sha256 or {}
     assert {"model.onnx", "spiece.model", "tokenizer_config.json"} <= set(recorded)

@@ -20,8 +20,8 @@ from hostile_server import app_server, slow_backend
 from paths import REPO
 from server_helpers import OK, WINDOWS, long_context, post, stand_in_spec
 
+from qa_core.squad import featurize_one
 from server.metrics import sample_total
-from train.squad import featurize_one
 
 # ---- queueing: fair, bounded, and forgetting the departed ----------------------------------------------
 

@@ -17,8 +17,8 @@ from paths import SAMPLE_DEV
 from server_helpers import OK, WINDOWS, ServerProcess, long_context, post
 
 from harness.server_process import LOOPBACK as HOST
+from qa_core.squad import featurize_one
 from server.metrics import sample_total
-from train.squad import featurize_one
 
 # ---- the three measured attacks ----------------------------------------------------------------------
 

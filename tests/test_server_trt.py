@@ -18,11 +18,11 @@ from paths import REPO
 from server_helpers import ServerProcess, check_answer, dev_questions, post, server_env
 from trt_stand_in import fake_nvidia_smi, fake_trt_export
 
-from export.serving.gpu_stacks import TENSORRT_VERSION
+from qa_core.runtime.gpu_stacks import TENSORRT_VERSION
+from qa_core.squad import DecodeOptions, decode, featurize_one
 from server.backends import BackendUnavailable, create_backend, dummy_batch
 from server.model_spec import load_export_spec
 from server.settings import ServerSettings
-from train.squad import DecodeOptions, decode, featurize_one
 
 
 def test_the_trt_backend_runs_on_the_device_id_it_is_given(tmp_path, stand_in_stack):

@@ -15,7 +15,7 @@ import pytest
 from paths import REPO
 
 import demo
-from train.squad import read_squad
+from qa_core.squad import read_squad
 
 SHIPPED = REPO / "models" / "squad2-small-int8"
 SHARED_LABELLED = REPO.parent / "shared" / "data" / "squad2" / "dev-v2.0.cs224n-13.json"

@@ -19,7 +19,7 @@ from paths import (
     shared_squad_file,
 )
 
-from train.squad import (
+from qa_core.squad import (
     SquadExample,
     article_titles,
     dataset_stats,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from paths import SAMPLE
 
-from train.squad import (
+from qa_core.squad import (
     DecodeOptions,
     Feature,
     SquadExample,
@@ -18,13 +18,14 @@ from train.squad import (
     decode_all,
     decode_all_beam,
     decode_beam,
-    evaluate,
     featurize,
     featurize_one,
     read_squad,
 )
-from train.squad.alignment import offsets_array
-from train.tokenizer import XLNetTokenizer, train_spm
+from qa_core.squad.alignment import offsets_array
+from qa_core.tokenizer import XLNetTokenizer
+from train.squad import evaluate
+from train.tokenizer import train_spm
 
 WINDOW = {"max_seq_len": 128, "doc_stride": 48, "max_query_len": 32}
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from paths import SAMPLE, SHARED_DEV_NAME, shared_squad_file
 
-from train.common import contract
-from train.squad import (
+from qa_core import contract
+from qa_core.squad import (
     SquadExample,
     align_answer,
     alignment_report,
@@ -21,8 +21,9 @@ from train.squad import (
     read_squad,
     subsample_out_of_window,
 )
-from train.squad.alignment import offsets_array
-from train.tokenizer import XLNetTokenizer, train_spm
+from qa_core.squad.alignment import offsets_array
+from qa_core.tokenizer import XLNetTokenizer
+from train.tokenizer import train_spm
 
 SHARED_DEV = shared_squad_file(SHARED_DEV_NAME)
 

@@ -12,15 +12,8 @@ from pathlib import Path
 import pytest
 from paths import SHARED_DEV_NAME, shared_squad_file
 
-from train.squad import (
-    SquadExample,
-    compute_exact,
-    compute_f1,
-    evaluate,
-    find_best_thresh,
-    normalize_answer,
-    read_squad,
-)
+from qa_core.squad import SquadExample, read_squad
+from train.squad import compute_exact, compute_f1, evaluate, find_best_thresh, normalize_answer
 from train.squad.metrics import gold_answers
 
 SHARED_DEV = shared_squad_file(SHARED_DEV_NAME)

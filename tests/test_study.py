@@ -7,9 +7,9 @@ import json
 import pytest
 from sample_cuts import small_calibration, small_dev
 
+from qa_core.squad import read_squad
 from train.common.cli import run
 from train.experiments.study import Run, parse_runs, parse_seeds
-from train.squad import read_squad
 from train.study import main
 
 TINY = ["--config", "tiny", "--vocab", "1000", "--pretrain-steps", "4", "--pretrain-batch", "2"]
@@ -87,8 +87,8 @@ def test_bad_study_arguments(tmp_path, capsys):
 
 
 def test_scored_articles_by_title_and_never_the_samples_calibration(tmp_path, sample_dir) -> None:
+    from qa_core.squad import load_dataset, write_squad
     from train.experiments.study import build_parser, prepare_data
-    from train.squad import load_dataset, write_squad
 
     labelled = {"version": "v2.0", "data": []}
     for name in ("train", "calibration", "dev"):

@@ -6,7 +6,7 @@ import json
 
 from paths import SAMPLE_TRAIN
 
-from train.squad import write_squad
+from qa_core.squad import write_squad
 from train.sweep import main as sweep_main
 
 

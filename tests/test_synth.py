@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from paths import SAMPLE
 
+from qa_core.squad import featurize, read_squad
+from qa_core.tokenizer import XLNetTokenizer
 from train.experiments.synth import (
     SynthConfig,
     draft_questions,
@@ -19,9 +21,7 @@ from train.experiments.synth import (
     read_articles,
     synthesize,
 )
-from train.squad import featurize, read_squad
 from train.synth import main
-from train.tokenizer import XLNetTokenizer
 
 INPUTS = [SAMPLE / "train.json", SAMPLE / "corpus.json"]
 

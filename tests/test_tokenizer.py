@@ -18,8 +18,9 @@ import pytest
 from paths import REPO, SAMPLE, SAMPLE_CORPUS, SAMPLE_DEV, SAMPLE_TRAIN
 from tokenizer_oracle import HARD_TEXTS, OFFSET_ONLY_TEXTS, hf_from_dir, original_encode_ids, squad_texts
 
-from train.common import contract
-from train.tokenizer import SPECIAL_PIECES, XLNetTokenizer, preprocess_text, train_spm
+from qa_core import contract
+from qa_core.tokenizer import SPECIAL_PIECES, XLNetTokenizer, preprocess_text
+from train.tokenizer import train_spm
 from train.tokenizer.cli import main
 
 # ---- conventions ----------------------------------------------------------------------------------

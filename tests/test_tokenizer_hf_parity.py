@@ -12,7 +12,7 @@ import pytest
 from paths import SAMPLE_CORPUS, SAMPLE_DEV, SAMPLE_TRAIN, SHARED_TEST_NAME, shared_squad_file
 from tokenizer_oracle import HARD_TEXTS, hf_from_dir, original_encode_ids, squad_texts
 
-from train.tokenizer import XLNetTokenizer
+from qa_core.tokenizer import XLNetTokenizer
 
 SHARED_TEST = shared_squad_file(SHARED_TEST_NAME)
 SAMPLE_FILES = (SAMPLE_CORPUS, SAMPLE_TRAIN, SAMPLE_DEV)

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from paths import SHARED_DEV_NAME, shared_squad_file
 from tokenizer_oracle import HARD_TEXTS, OFFSET_ONLY_TEXTS, check_spans, check_words_reconstructed
 
-from train.tokenizer import XLNetTokenizer, preprocess_text
-from train.tokenizer.normalize import _preprocess_aligned
+from qa_core.tokenizer import XLNetTokenizer, preprocess_text
+from qa_core.tokenizer.normalize import _preprocess_aligned
 
 SHARED_DEV = shared_squad_file(SHARED_DEV_NAME)
 

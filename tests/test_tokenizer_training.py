@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from paths import SAMPLE_CORPUS
 
-from train.common import contract
-from train.tokenizer import PUNCT_SYMBOLS, SPECIAL_PIECES, XLNetTokenizer, train_spm
+from qa_core import contract
+from qa_core.tokenizer import SPECIAL_PIECES, XLNetTokenizer
+from train.tokenizer import PUNCT_SYMBOLS, train_spm
 
 
 def test_train_spm_deterministic_and_ids(tmp_path: Path) -> None:

@@ -15,12 +15,12 @@ from gpu_mode import require_torch_cuda
 from module_runs import run_module
 from server_helpers import WINDOWS, dev_contexts, server_env
 
+from qa_core.contract import INPUT_NAMES
+from qa_core.squad import featurize_one, pad_batch
+from qa_core.tokenizer import XLNetTokenizer
 from server.backends.base import dummy_batch
 from server.backends.buckets import DEFAULT_LENGTH_STEP, MAX_LENGTHS, Bucket, BucketGrid
 from server.backends.torch_graphs import PAD_VALUES, ROW_PAD_FIRST, BucketedRunner, EagerReplay
-from train.common.contract import INPUT_NAMES
-from train.squad import featurize_one, pad_batch
-from train.tokenizer import XLNetTokenizer
 
 # ---- the buckets (plain Python) ---------------------------------------------------------------------------
 

@@ -20,9 +20,6 @@ from onnx import TensorProto, helper, numpy_helper
 from paths import REPO
 from trt_stand_in import STRONGLY_TYPED, StandInBuilderConfig
 
-from export.serving import gpu
-from export.serving.gpu_stacks import TENSORRT_VERSION, tensorrt_release
-from export.serving.sidecar import TOKENIZER_FILES, Sidecar
 from export.trt.build import (
     StackUnavailable,
     TrtBuildOptions,
@@ -35,6 +32,9 @@ from export.trt.build import (
 )
 from export.trt.cli import main, shape_flag
 from export.trt.profile import Profile, min_sequence, parse_shape, position_limit, source_graph
+from qa_core.runtime import gpu
+from qa_core.runtime.gpu_stacks import TENSORRT_VERSION, tensorrt_release
+from qa_core.runtime.sidecar import TOKENIZER_FILES, Sidecar
 
 
 def position_graph(

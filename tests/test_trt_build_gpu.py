@@ -11,10 +11,10 @@ import pytest
 from gpu_mode import require_tensorrt
 
 from export.onnx.verify import compare
-from export.serving.sidecar import Sidecar
 from export.trt.cli import main
 from export.trt.profile import min_sequence
-from train.common.contract import INPUT_NAMES
+from qa_core.contract import INPUT_NAMES
+from qa_core.runtime.sidecar import Sidecar
 
 # --- on an NVIDIA machine ------------------------------------------------------------------------------------
 FP16_INDEX_AGREEMENT = 0.9  # fraction of beam top-k indices an fp16 engine must share with PyTorch fp32
@@ -59,7 +59,7 @@ def pytorch_reference(onnx_dir: Path, batches: list[dict[str, np.ndarray]]) -> l
 def test_engine_matches_pytorch(gpu_exports, tmp_path, capsys, head, source, flag, tolerance):
     from export.onnx.verify import run_all, sample_batches
     from export.trt.runtime import TRTRunner
-    from train.tokenizer import XLNetTokenizer
+    from qa_core.tokenizer import XLNetTokenizer
 
     onnx_dir = gpu_exports[head][source]
     out, cache = tmp_path / "engine", tmp_path / "timing.cache"

@@ -16,17 +16,17 @@ from paths import REPO
 from trt_stand_in import StandInCudart, fake_nvidia_smi, fake_trt_export
 
 from export.onnx.verify import compare
-from export.serving import gpu
-from export.serving.gpu_stacks import (
+from export.trt import cuda as cuda_runtime
+from export.trt import runtime as trt_runtime
+from qa_core.runtime import gpu
+from qa_core.runtime.gpu_stacks import (
     CUDA13,
     TENSORRT_VERSION,
     TENSORRT_WHEEL,
     tensorrt_release,
     tensorrt_version_problem,
 )
-from export.serving.sidecar import Sidecar
-from export.trt import cuda as cuda_runtime
-from export.trt import runtime as trt_runtime
+from qa_core.runtime.sidecar import Sidecar
 
 
 # --- the GPU stack checks ------------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ def test_no_device_in_a_process_that_hides_them(tmp_path):
     """A real subprocess with CUDA_VISIBLE_DEVICES="" and no nvidia-smi on PATH sees no GPU, whatever this
     machine has (cuda-bindings honours the variable; the driver fallback checks it first)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PATH": str(tmp_path)}
-    code = "from export.serving.gpu import cuda_device_count; print(cuda_device_count())"
+    code = "from qa_core.runtime.gpu import cuda_device_count; print(cuda_device_count())"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == "0", proc.stderr
 
@@ -227,10 +227,10 @@ def test_padding_up_to_the_profile_minimum_changes_nothing(tmp_path, spm_dir, he
     """TRTRunner pads batches below the engine's minimum shape; padded rows and tokens must not change the
     real outputs (checked here with onnxruntime, which accepts any shape)."""
     from export.onnx.verify import sample_batches
-    from export.serving.sessions import session
     from export.trt.runtime import _cut, pad_to
     from harness.tiny_models import tiny_onnx_export
-    from train.tokenizer import XLNetTokenizer
+    from qa_core.runtime.sessions import session
+    from qa_core.tokenizer import XLNetTokenizer
 
     out = tiny_onnx_export(tmp_path / "onnx", spm_dir, head, export={"optimize": False, "verify": False})
     side = Sidecar.load(out)

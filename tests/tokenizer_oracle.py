@@ -9,8 +9,8 @@ import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 
-from train.common import contract
-from train.tokenizer import XLNetTokenizer
+from qa_core import contract
+from qa_core.tokenizer import XLNetTokenizer
 
 # Hand-written hard cases for offsets (and HF parity where HF follows the original XLNet rules).
 HARD_TEXTS = [

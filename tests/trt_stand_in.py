@@ -1,5 +1,5 @@
 """Stand-ins for TensorRT and NVIDIA's cuda-bindings, which need an NVIDIA GPU: enough of both for
-export.serving.gpu's stack checks, export.trt's build and `export.trt.runtime.TRTRunner` (and the server that
+qa_core.runtime.gpu's stack checks, export.trt's build and `export.trt.runtime.TRTRunner` (and the server that
 serves through it) to run for real on a CPU.
 
 Device memory is host memory (ctypes buffers), so the runner's copies really move bytes, and the engine
@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from export.serving.gpu_stacks import TENSORRT_VERSION
-from export.serving.sidecar import TOKENIZER_FILES, Sidecar
 from export.trt import runtime as trt_runtime
-from train.common.contract import INPUT_NAMES
+from qa_core.contract import INPUT_NAMES
+from qa_core.runtime.gpu_stacks import TENSORRT_VERSION
+from qa_core.runtime.sidecar import TOKENIZER_FILES, Sidecar
 
 
 class StandInStream:
@@ -34,7 +34,7 @@ class StandInStream:
 
 
 class StandInCudart:
-    """cuda-bindings' runtime as the runner and export.serving.gpu use it: every call returns (cudaError_t,
+    """cuda-bindings' runtime as the runner and qa_core.runtime.gpu use it: every call returns (cudaError_t,
     values...); ``devices`` GPUs named "Stand-in GPU <ordinal>", or cudaGetDeviceCount failing with
     ``count_error``; versions as CUDA encodes them (12090 = 12.9). Device memory is host memory here
     (ctypes buffers), so copies really move bytes; ``set_devices`` records every cudaSetDevice."""
@@ -359,7 +359,7 @@ def install(
     fail: str | None = None,
     **cudart_options: Any,
 ) -> tuple[StandInCudart, StandInEngine]:
-    """TensorRT, cuda-bindings and GPUs, as far as export.serving.gpu and TRTRunner can tell: the stand-ins are
+    """TensorRT, cuda-bindings and GPUs, as far as qa_core.runtime.gpu and TRTRunner can tell: the stand-ins are
     imported as ``tensorrt`` and ``cuda.bindings.runtime`` (``set_module(name, module)`` puts them in
     sys.modules), so the stack checks run for real against them."""
     cudart = StandInCudart(fail, **cudart_options)

@@ -17,13 +17,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from qa_core.squad import VERIFIER_LOGIT, read_squad
+from qa_core.squad.answerability import from_metadata
 from train.answerability.fit import ANSWERABILITY_CHOICES, CALIBRATION_METHODS, FEATURE_SETS, fit_for
 from train.common.atomic_dir import atomic_write_text
 from train.common.cli import Parser, run
 from train.evaluation.predict import predict_checkpoint
 from train.model import checkpoint
-from train.squad import VERIFIER_LOGIT, read_squad
-from train.squad.answerability import from_metadata
 
 CHOICES = tuple(c for c in ANSWERABILITY_CHOICES if c != "cls")
 

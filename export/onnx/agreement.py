@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from export.onnx.verify import compare
-from export.serving.runner import Runner
-from train.common.contract import INPUT_NAMES, ModelSettings
-from train.squad import (
+from qa_core.contract import INPUT_NAMES, ModelSettings
+from qa_core.runtime.runner import Runner
+from qa_core.squad import (
     Answerability,
     DecodeOptions,
     Feature,

@@ -8,9 +8,9 @@ from typing import Any
 from export.onnx.options import OnnxExportOptions, Report
 from export.onnx.torch_export import torch_runner
 from export.onnx.verify import DEFAULT_SHAPES, Comparison, run_all, sample_batches
-from export.serving.sessions import default_threads
+from qa_core.runtime.sessions import default_threads
+from qa_core.squad.answerability import Answerability
 from train.model.inference import QAInference
-from train.squad.answerability import Answerability
 
 
 class ExportContext:

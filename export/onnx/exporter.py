@@ -23,7 +23,7 @@ to callbacks, so a caller chooses where they land. Intermediate files live in a 
    `quantize_heads`): convert the verified fp32 graph and verify it with a tolerance relative to each
    output's magnitude; `agreement_data` decodes SQuAD questions with it and with
    PyTorch fp32 and reports how often the answers are identical.
-5. Write `model.onnx`, the tokenizer and `export.json` (`export.serving.sidecar`).
+5. Write `model.onnx`, the tokenizer and `export.json` (`qa_core.runtime.sidecar`).
 
 Error messages name the command-line flags (``--out``, ``--threads``): the command line is the main user.
 The options and results are in `export.onnx.options`, the steps in `export.onnx.steps`, the optional
@@ -53,12 +53,12 @@ from export.onnx.options import (
 )
 from export.onnx.steps import ExportSteps
 from export.onnx.torch_export import load_qa_checkpoint, weights_file
-from export.serving.sidecar import SIDECAR_FILE, Sidecar, settings_from_metadata
+from qa_core.digests import sha256_file
+from qa_core.runtime.sidecar import SIDECAR_FILE, Sidecar, settings_from_metadata
+from qa_core.squad.answerability import from_metadata as answerability_from_metadata
 from train.common.atomic_dir import atomic_directory
-from train.common.digests import sha256_file
 from train.model import XLNetForQuestionAnswering
 from train.model.inference import QAInference
-from train.squad.answerability import from_metadata as answerability_from_metadata
 
 __all__ = [
     "MODEL_FILE",
@@ -85,7 +85,7 @@ def export_onnx(
     loaded = load_qa_checkpoint(ckpt_path, options.head, warn)
     tokenizer = loaded.tokenizer
     if options.tokenizer:
-        from train.tokenizer import XLNetTokenizer
+        from qa_core.tokenizer import XLNetTokenizer
 
         tokenizer = XLNetTokenizer.from_dir(options.tokenizer)
     if tokenizer is None:

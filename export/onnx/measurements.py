@@ -17,8 +17,8 @@ from export.onnx.optimize import measure_latency
 from export.onnx.options import MODEL_FILE, PORTABLE_FILE, REFERENCE, VerificationFailed
 from export.onnx.torch_export import torch_runner
 from export.onnx.verify import DEFAULT_TOLERANCE, Comparison, compare, run_all, sample_batches
-from export.serving.providers import CPU, GPU_PROVIDERS
-from export.serving.sessions import runner, session
+from qa_core.runtime.providers import CPU, GPU_PROVIDERS
+from qa_core.runtime.sessions import runner, session
 
 
 def verification_record(result: Comparison, batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def verify_on_providers(steps: ExportContext, final: Path, portable: Path | None
     """Verify the graph each provider in ``verify_providers`` would serve (GPU ones: the portable
     graph) on that provider. A session that falls back to another provider is a failure naming the
     cause, not a pass on the CPU; GPU matmuls (TF32) get the fp32 tolerance x 10."""
-    from export.serving.probe import Probe, fallback_problem, preload_gpu_libraries
+    from qa_core.runtime.probe import Probe, fallback_problem, preload_gpu_libraries
 
     results: dict[str, Any] = {}
     for provider in steps.options.verify_providers:

@@ -27,8 +27,8 @@ import numpy as np
 import onnx
 
 from export.onnx.graph import op_counts
-from export.serving.runner import Feeds
-from export.serving.sessions import session
+from qa_core.runtime.runner import Feeds
+from qa_core.runtime.sessions import session
 
 
 def optimize_offline(

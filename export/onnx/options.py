@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from export.serving.providers import GPU_PROVIDERS, INT8_CPU_ONLY, canonical_provider
-from export.serving.sidecar import EXPORT_PRECISIONS, SIDECAR_FILE, Sidecar
+from qa_core.runtime.providers import GPU_PROVIDERS, INT8_CPU_ONLY, canonical_provider
+from qa_core.runtime.sidecar import EXPORT_PRECISIONS, SIDECAR_FILE, Sidecar
 from train.common.dataclass_flags import flag
 from train.model import HEADS
 

@@ -23,7 +23,7 @@ from export.onnx.options import MODEL_FILE, PORTABLE_FILE, VerificationFailed
 from export.onnx.precision import quantize_int8, to_fp16
 from export.onnx.torch_export import export_graph
 from export.onnx.verify import DEFAULT_TOLERANCE, Comparison, compare, run_all, sample_batches
-from export.serving.sessions import runner, session
+from qa_core.runtime.sessions import runner, session
 
 
 class ExportSteps(ExportContext):

@@ -12,8 +12,8 @@ import onnx
 import torch
 
 from export.onnx.graph import ensure_node_names, fold_static_ifs
-from export.serving.runner import Feeds, Runner
-from train.common.contract import INPUT_NAMES
+from qa_core.contract import INPUT_NAMES
+from qa_core.runtime.runner import Feeds, Runner
 from train.model import HEADS
 from train.model import checkpoint as ckpt_io
 from train.model.inference import QAInference

@@ -1,7 +1,7 @@
 """Check an exported model against a reference, output by output (torch-free: numpy + train.squad).
 
 Inputs are realistic: windows of a real paragraph and questions in the XLNet SQuAD layout
-``P <sep> Q <sep> <cls>`` built by :func:`train.squad.featurize_one` and padded with :func:`pad_batch`,
+``P <sep> Q <sep> <cls>`` built by :func:`qa_core.squad.featurize_one` and padded with :func:`pad_batch`,
 plus a random-ids row with the same layout and padding, so masks, segments and the beam head's in-graph
 p_mask all see what serving sends. Index outputs (beam top-k positions) are compared by equality; a
 mismatch is tolerated only where the two scores tie within the tolerance (a swap of equal values).
@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from export.serving.runner import Feeds, Runner
-from train.common import contract
-from train.common.contract import INDEX_OUTPUTS, INPUT_NAMES
-from train.squad import featurize_one, pad_batch
+from qa_core import contract
+from qa_core.contract import INDEX_OUTPUTS, INPUT_NAMES
+from qa_core.runtime.runner import Feeds, Runner
+from qa_core.squad import featurize_one, pad_batch
 
 DEFAULT_SHAPES: tuple[tuple[int, int], ...] = ((1, 16), (2, 64), (3, 200))
 DEFAULT_TOLERANCE = {"fp32": 1e-4, "fp16": 5e-2, "int8": 0.5}

@@ -15,7 +15,7 @@ sequence length: clients should pad to `max_seq_len` (or to a few fixed lengths)
 
 A TensorRT plan only loads on the TensorRT release that built it, so the plan's `trt.version` must match
 the TensorRT inside the Triton container (`--triton-tensorrt`, default the version this project pins,
-`export.serving.gpu_stacks`). Triton serves the plan's optimisation profile as it is: a request outside it is
+`qa_core.runtime.gpu_stacks`). Triton serves the plan's optimisation profile as it is: a request outside it is
 rejected, not padded, so a plan whose profile starts above batch 1 or above the shortest sequence the
 graph accepts is refused here.
 """
@@ -30,19 +30,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from export.serving.backends import ONNX, TRT
-from export.serving.gpu_stacks import (
+from export.triton import pbtxt
+from export.trt.profile import min_sequence
+from qa_core.contract import INDEX_OUTPUTS, INPUT_NAMES
+from qa_core.runtime.backends import ONNX, TRT
+from qa_core.runtime.gpu_stacks import (
     TENSORRT_VERSION,
     TRITON_GUIDANCE,
     release_problem,
     tensorrt_version_problem,
 )
-from export.serving.providers import gpu_graph
-from export.serving.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
-from export.triton import pbtxt
-from export.trt.profile import min_sequence
+from qa_core.runtime.providers import gpu_graph
+from qa_core.runtime.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from train.common.atomic_dir import atomic_directory
-from train.common.contract import INDEX_OUTPUTS, INPUT_NAMES
 from train.common.dataclass_flags import flag
 
 PLATFORMS = {ONNX: ("onnxruntime_onnx", "model.onnx"), TRT: ("tensorrt_plan", "model.plan")}

@@ -21,7 +21,7 @@ Precision paths (printed, and recorded as `trt.path` in export.json):
 - "fp16-flag":      TensorRT 10.0-10.11 only (an engine for an older Triton container) with --fp16 on an
                     fp32 graph: `BuilderFlag.FP16` (weak typing). Sinusoid nodes, where a graph computes
                     them, are constrained to fp32 (PREFER_PRECISION_CONSTRAINTS). The pinned TensorRT
-                    (export/serving/gpu_stacks.py) never takes this path.
+                    (qa_core/runtime/gpu_stacks.py) never takes this path.
 
 Exports of `QAInference` have no sinusoid nodes: their position tables were computed in fp32 at export
 and are constants (weights) like any other.
@@ -44,10 +44,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from export.serving.backends import TRT
-from export.serving.gpu import gpu_stack_problem
-from export.serving.gpu_stacks import tensorrt_release
-from export.serving.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from export.trt.profile import (
     Profile,
     Shape,
@@ -58,9 +54,13 @@ from export.trt.profile import (
     parse_shape,
     source_graph,
 )
+from qa_core.contract import INPUT_NAMES
+from qa_core.runtime.backends import TRT
+from qa_core.runtime.gpu import gpu_stack_problem
+from qa_core.runtime.gpu_stacks import tensorrt_release
+from qa_core.runtime.sidecar import SIDECAR_FILE, TOKENIZER_FILES, Sidecar
 from train.common.atomic_dir import atomic_write_bytes
 from train.common.cli import to_stderr
-from train.common.contract import INPUT_NAMES
 from train.common.dataclass_flags import flag
 
 PROG = "python -m export.trt"  # the command that runs this builder; its first progress line names it
@@ -328,8 +328,8 @@ def keep_fp32(
 def verify_engine(runner_: Any, plan: BuildPlan, report: Report = print) -> dict[str, Any]:
     """Engine (TRTRunner) vs onnxruntime CPU on the source graph at shapes spanning the profile."""
     from export.onnx.verify import compare, run_all, sample_batches
-    from export.serving.sessions import runner, session
-    from train.tokenizer import XLNetTokenizer
+    from qa_core.runtime.sessions import runner, session
+    from qa_core.tokenizer import XLNetTokenizer
 
     graph, precision = plan.graph, plan.precision
     lo, opt, hi = plan.profile

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from export.serving.gpu import INSTALL_HINT, error_string, import_cudart
-from export.serving.gpu_stacks import STACKS
+from qa_core.runtime.gpu import INSTALL_HINT, error_string, import_cudart
+from qa_core.runtime.gpu_stacks import STACKS
 
 
 class CudaError(RuntimeError):

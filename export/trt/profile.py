@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from export.serving.sidecar import Sidecar
-from train.common.contract import shortest_sequence
+from qa_core.contract import shortest_sequence
+from qa_core.runtime.sidecar import Sidecar
 
 Shape = tuple[int, int]  # batch x sequence
 

@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from export.serving.backends import TRT
-from export.serving.gpu import gpu_stack_problem
-from export.serving.gpu_stacks import tensorrt_version_problem
-from export.serving.runner import Feeds, Runner
-from export.serving.sidecar import Sidecar
-from train.common.contract import INDEX_OUTPUTS, INPUT_NAMES, PAD_ID, SEG_ID_PAD
+from qa_core.contract import INDEX_OUTPUTS, INPUT_NAMES, PAD_ID, SEG_ID_PAD
+from qa_core.runtime.backends import TRT
+from qa_core.runtime.gpu import gpu_stack_problem
+from qa_core.runtime.gpu_stacks import tensorrt_version_problem
+from qa_core.runtime.runner import Feeds, Runner
+from qa_core.runtime.sidecar import Sidecar
 
 PER_TOKEN_OUTPUTS = ("start_logits", "end_logits")
 PAD_VALUES = {"input_ids": PAD_ID, "attention_mask": 0, "token_type_ids": SEG_ID_PAD}
@@ -156,7 +156,7 @@ class TRTRunner:
         return {name: _to_numpy(name, host) for name, (_, host) in outputs.items()}
 
     def runner(self) -> Runner:
-        """As an `export.serving.runner.Runner` (feeds -> outputs in sidecar order)."""
+        """As an `qa_core.runtime.runner.Runner` (feeds -> outputs in sidecar order)."""
 
         def run_feeds(feeds: Feeds) -> list[np.ndarray]:
             out = self.run(*(feeds[n] for n in INPUT_NAMES))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from export.serving.backends import NULL, ONNX, SERVER_BACKENDS, TORCH, TRT
+from qa_core.runtime.backends import NULL, ONNX, SERVER_BACKENDS, TORCH, TRT
 from server.backends.base import Backend, BackendUnavailable, dummy_batch
 from server.model_spec import ModelSpec
 from server.settings import ServerSettings
@@ -92,7 +92,7 @@ def create_backend(spec: ModelSpec, settings: ServerSettings) -> Backend:
 
 def check_spec(spec: ModelSpec, settings: ServerSettings) -> None:
     """What the model itself rules out before listening: an int8 export on a GPU provider."""
-    from export.serving.providers import GPU_PROVIDERS, INT8_CPU_ONLY
+    from qa_core.runtime.providers import GPU_PROVIDERS, INT8_CPU_ONLY
 
     providers = settings.provider_list() or []
     if settings.backend == "onnx" and spec.precision == "int8" and any(p in GPU_PROVIDERS for p in providers):

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from qa_core.contract import CLS_ID, SEG_ID_CLS, SEG_ID_QUESTION, SEP_ID
 from server.model_spec import ModelSpec
-from train.common.contract import CLS_ID, SEG_ID_CLS, SEG_ID_QUESTION, SEP_ID
 
 
 class BackendUnavailable(RuntimeError):

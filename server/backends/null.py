@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from qa_core.heads import head_spec
 from server.backends.base import Backend
 from server.model_spec import ModelSpec
-from train.common.heads import head_spec
 
 logger = logging.getLogger("server")
 

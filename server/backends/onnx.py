@@ -2,7 +2,7 @@
 
 Thread counts are always set explicitly: onnxruntime's default (one thread per core) oversubscribes a
 machine that runs several workers or shares its cores. Provider choice, options and the graph file
-come from ``export.serving.providers`` (auto = CUDA if it really runs here; TensorRT with caches and a
+come from ``qa_core.runtime.providers`` (auto = CUDA if it really runs here; TensorRT with caches and a
 profile covering the server's batches; GPU providers load the portable graph).
 
 onnxruntime replaces a GPU provider that cannot start (missing CUDA/cuDNN/TensorRT libraries, no GPU,
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from export.serving.providers import CPU, TENSORRT, ProviderEntry
+from qa_core.runtime.providers import CPU, TENSORRT, ProviderEntry
 from server.backends.base import Backend, BackendUnavailable, check_outputs
 from server.model_spec import ModelSpec
 from server.settings import ServerSettings
@@ -50,8 +50,8 @@ def check_providers(providers: Sequence[str], settings: ServerSettings) -> None:
     BackendUnavailable with one line otherwise (with ``--allow-cpu-fallback`` the backend warns instead)."""
     import onnxruntime
 
-    from export.serving.probe import fallback_problem, preload_gpu_libraries, probe
-    from export.serving.providers import GPU_PROVIDERS, install_problem, installed_onnxruntime_wheels
+    from qa_core.runtime.probe import fallback_problem, preload_gpu_libraries, probe
+    from qa_core.runtime.providers import GPU_PROVIDERS, install_problem, installed_onnxruntime_wheels
 
     if settings.allow_cpu_fallback:
         return  # the backend probes, warns once and serves from the CPU
@@ -68,7 +68,7 @@ def check_providers(providers: Sequence[str], settings: ServerSettings) -> None:
 
 def probe_entries(providers: Sequence[str], device_id: int) -> list[ProviderEntry]:
     """``providers`` with the device option for the GPU ones (the probe runs where the model will)."""
-    from export.serving.providers import GPU_PROVIDERS
+    from qa_core.runtime.providers import GPU_PROVIDERS
 
     return [(p, {"device_id": str(device_id)}) if p in GPU_PROVIDERS else p for p in providers]
 
@@ -77,7 +77,7 @@ def first_that_runs(providers: Sequence[str], device_id: int) -> list[str]:
     """``providers`` from the first entry a probe session really runs on (the CPU at the latest): with
     ``--allow-cpu-fallback``, TensorRT that does not load falls back to CUDA where CUDA works, not
     straight to the CPU. Each skipped provider is logged as a warning with its cause."""
-    from export.serving.probe import fallback_problem, probe
+    from qa_core.runtime.probe import fallback_problem, probe
 
     for k, provider in enumerate(providers):
         rest = list(providers[k:])
@@ -93,8 +93,8 @@ def first_that_runs(providers: Sequence[str], device_id: int) -> list[str]:
 def auto_providers(available: Sequence[str], device_id: int) -> list[str]:
     """``auto``'s candidates: CUDA and the CPU if a probe session really runs on CUDA, else the CPU alone
     (logged). TensorRT is never probed: auto never picks it."""
-    from export.serving.probe import preload_gpu_libraries, probe, why_inactive
-    from export.serving.providers import CUDA
+    from qa_core.runtime.probe import preload_gpu_libraries, probe, why_inactive
+    from qa_core.runtime.providers import CUDA
 
     if CUDA not in available:
         return list(available)
@@ -131,9 +131,9 @@ class OnnxBackend(Backend):
             import onnxruntime as ort
         except ImportError as exc:
             raise BackendUnavailable(f"--backend onnx needs onnxruntime ({exc})") from None
-        from export.serving.probe import preload_gpu_libraries
-        from export.serving.providers import ProfileShapes, choose_providers, graph_for, provider_names
-        from train.common.contract import shortest_sequence
+        from qa_core.contract import shortest_sequence
+        from qa_core.runtime.probe import preload_gpu_libraries
+        from qa_core.runtime.providers import ProfileShapes, choose_providers, graph_for, provider_names
 
         prepare_trt_cache_dir(trt_cache_dir, providers)
         available = ort.get_available_providers()
@@ -206,8 +206,8 @@ class OnnxBackend(Backend):
         allow_fallback: bool,
     ) -> Any:
         """The model's session; a GPU provider that raises is a refusal, or a CPU session if allowed."""
-        from export.serving.probe import Probe, fallback_problem, first_line
-        from export.serving.sessions import session
+        from qa_core.runtime.probe import Probe, fallback_problem, first_line
+        from qa_core.runtime.sessions import session
 
         try:
             return session(path, threads=threads, inter_op_threads=inter_op_threads, providers=wanted)
@@ -223,7 +223,7 @@ class OnnxBackend(Backend):
 
     def _check_active(self, asked: list[str], allow_fallback: bool) -> None:
         """The model's own session runs on the first provider asked for (or the fallback was allowed)."""
-        from export.serving.probe import Probe, fallback_problem
+        from qa_core.runtime.probe import Probe, fallback_problem
 
         problem = fallback_problem(Probe(asked, active=self.providers))
         if problem is None:

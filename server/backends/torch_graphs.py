@@ -4,7 +4,7 @@ Eager torch launches every kernel of every layer from Python on each call; at ba
 launch cost, not the maths, is the latency. A CUDA graph records one call's kernels once and replays
 them with a single launch, but only on the tensors it was recorded with: so each bucket of
 :mod:`server.backends.buckets` owns static input buffers, a batch is copied into its bucket's buffers
-(padding the rest exactly as ``train.squad.pad_batch`` pads), the graph is replayed, and the outputs
+(padding the rest exactly as ``qa_core.squad.pad_batch`` pads), the graph is replayed, and the outputs
 are cut back to the batch's rows and tokens. Padding rows and columns cannot change the real ones
 (attention masks them; rows never mix), and the outputs of one call are read before the next replay.
 
@@ -35,8 +35,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from qa_core.contract import CLS_ID, PAD_ID, SEG_ID_CLS, SEG_ID_PAD, TOKEN_OUTPUTS
 from server.backends.buckets import Bucket, BucketGrid
-from train.common.contract import CLS_ID, PAD_ID, SEG_ID_CLS, SEG_ID_PAD, TOKEN_OUTPUTS
 
 logger = logging.getLogger(__name__)
 

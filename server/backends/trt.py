@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 def _check_available() -> None:
     """Fail fast with one clear reason: the tensorrt package, cuda-bindings, then a CUDA device."""
-    from export.serving.gpu import gpu_stack_problem
+    from qa_core.runtime.gpu import gpu_stack_problem
 
     problem = gpu_stack_problem()
     if problem:

@@ -25,11 +25,11 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from qa_core.squad import Feature
 from server.batching import JobResult, QueueFull
 from server.engine import wire
 from server.engine.failures import EngineUnavailable, exception_of
 from server.quotas import OverLimit
-from train.squad import Feature
 
 logger = logging.getLogger("server.engine")
 PING_S = 0.2

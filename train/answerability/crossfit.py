@@ -8,6 +8,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from qa_core.squad.answerability import Answerability
+from qa_core.squad.answerability_params import Linear
 from train.answerability.estimators import (
     FitOptions,
     answerable_probs,
@@ -17,8 +19,6 @@ from train.answerability.estimators import (
     out_of_fold_probs,
 )
 from train.answerability.table import Table, fittable, table_folds
-from train.squad.answerability import Answerability
-from train.squad.answerability_params import Linear
 
 
 def answers(a: Answerability, t: Table) -> np.ndarray:

@@ -1,5 +1,5 @@
 """scikit-learn estimators fitted for the answerability, turned into the plain numbers the torch- and
-scikit-learn-free decoder applies (:class:`train.squad.answerability_params.Linear`, :class:`Answerability`).
+scikit-learn-free decoder applies (:class:`qa_core.squad.answerability_params.Linear`, :class:`Answerability`).
 
 The question verifier (stage 1) and the combining model with its calibration (stage 2), plus the
 span-F1 model of the expected-gain rule; scikit-learn is imported only inside the functions that fit.
@@ -13,6 +13,15 @@ from typing import Any
 
 import numpy as np
 
+from qa_core.squad import SquadExample
+from qa_core.squad.answerability import FITTED_RULES, Answerability, SpanF1
+from qa_core.squad.answerability_features import (
+    MODEL_FEATURES,
+    QUESTION_FEATURES,
+    SPAN_FEATURES,
+    VERIFIER_LOGIT,
+)
+from qa_core.squad.answerability_params import Linear
 from train.answerability.table import (
     SPAN_F1_FEATURES,
     Table,
@@ -21,15 +30,6 @@ from train.answerability.table import (
     question_table,
     table_folds,
 )
-from train.squad import SquadExample
-from train.squad.answerability import FITTED_RULES, Answerability, SpanF1
-from train.squad.answerability_features import (
-    MODEL_FEATURES,
-    QUESTION_FEATURES,
-    SPAN_FEATURES,
-    VERIFIER_LOGIT,
-)
-from train.squad.answerability_params import Linear
 
 # The combining model's inputs, by name (`--answerability` in train.finetune).
 FEATURE_SETS: dict[str, tuple[str, ...]] = {

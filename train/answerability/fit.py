@@ -2,7 +2,7 @@
 
 Two stages, each fitted only on questions that nothing it scores was fitted on:
 
-1. **The question verifier** (:data:`~train.squad.answerability_features.QUESTION_FEATURES`): lexical evidence
+1. **The question verifier** (:data:`~qa_core.squad.answerability_features.QUESTION_FEATURES`): lexical evidence
    that needs no QA model, so it is fitted on the fine-tuning questions themselves (a logistic
    model); its logit is one input of the next stage.
 2. **The combining model** on held-out questions the QA model never trained on (a fine-tuning run's
@@ -30,6 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from qa_core.squad import Prediction, SquadExample
+from qa_core.squad.answerability import NONE_RULE, Answerability
+from qa_core.squad.answerability_features import VERIFIER_LOGIT
+from qa_core.squad.answerability_params import Linear
 from train.answerability.crossfit import (
     CrossFit,
     answers,
@@ -57,10 +61,6 @@ from train.answerability.table import (
     group_folds,
     table_folds,
 )
-from train.squad import Prediction, SquadExample
-from train.squad.answerability import NONE_RULE, Answerability
-from train.squad.answerability_features import VERIFIER_LOGIT
-from train.squad.answerability_params import Linear
 
 # The recipe's public names, also those defined beside it (imported from here by the commands,
 # the held-out comparison and the tests).

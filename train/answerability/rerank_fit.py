@@ -1,4 +1,4 @@
-"""Fit the span re-ranker (:mod:`train.squad.rerank`) on articles the reader never trained on.
+"""Fit the span re-ranker (:mod:`qa_core.squad.rerank`) on articles the reader never trained on.
 
 Each answerable question contributes its top ``top_k`` candidates (snapped to whole words), each
 labelled with its F1 against the gold answers. The model is a logistic regression on standardised
@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from qa_core.squad import Prediction, SquadExample
+from qa_core.squad.answerability_features import match_question
+from qa_core.squad.rerank import CANDIDATE_FEATURES, TOP_K, SpanReranker, candidate_features, snapped
 from train.answerability.estimators import as_linear, logistic
 from train.answerability.table import context_indexes, group_folds
-from train.squad import Prediction, SquadExample
-from train.squad.answerability_features import match_question
 from train.squad.metrics import best_exact_f1
-from train.squad.rerank import CANDIDATE_FEATURES, TOP_K, SpanReranker, candidate_features, snapped
 
 RERANK_C = 1.0  # inverse L2 strength (standardised features); not tuned
 

@@ -10,15 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from train.squad import Prediction, SquadExample
-from train.squad.answerability_features import (
+from qa_core.squad import Prediction, SquadExample
+from qa_core.squad.answerability_features import (
     QUESTION_FEATURES,
     SPAN_FEATURES,
     ContextIndex,
     all_features,
     question_features,
 )
-from train.squad.answerability_params import Linear
+from qa_core.squad.answerability_params import Linear
 from train.squad.metrics import compute_f1, gold_answers
 
 # What the span-F1 model (the expected-gain rule's E[F1 of the best span]) reads.

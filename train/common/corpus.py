@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from train.common.text import split_sentences
+from qa_core.text import split_sentences
 
 __all__ = [
     "iter_documents",

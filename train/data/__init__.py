@@ -7,7 +7,7 @@ permutation  -- local factorisation orders -> perm_mask, target_mapping
 pipeline     -- `PretrainBatches`: resumable, deterministic batches of numpy arrays
 """
 
-from train.common.contract import CLS_ID, EOD_ID, SEP_ID
+from qa_core.contract import CLS_ID, EOD_ID, SEP_ID
 from train.data.config import PretrainDataConfig
 from train.data.permutation import (
     content_stream_can_see,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from train.common.contract import CLS_ID, SEP_ID
+from qa_core.contract import CLS_ID, SEP_ID
 
 
 def local_permutation_ranks(length: int, perm_size: int, rng: np.random.Generator) -> np.ndarray:

@@ -31,13 +31,13 @@ from typing import Any
 
 import numpy as np
 
+from qa_core.text import split_sentences
+from qa_core.tokenizer import XLNetTokenizer
 from train.common.atomic_dir import atomic_directory, atomic_write_bytes, recover_interrupted
 from train.common.corpus import line_documents, read_squad_contexts
-from train.common.text import split_sentences
 from train.data.prepare_options import DEFAULT_MAX_LINE_CHARS, DEFAULT_SHARD_MB
 from train.data.shards import MANIFEST, TOKENIZER_DIR, build_manifest, id_dtype, read_record, write_shard
 from train.data.streams import encode_documents
-from train.tokenizer import XLNetTokenizer
 
 # The command whose work this is: its progress lines carry its name, wherever they are printed from.
 PROG = "python -m train.prepare_corpus"

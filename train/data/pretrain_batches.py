@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from train.common.contract import CLS_ID, SEP_ID
+from qa_core.contract import CLS_ID, SEP_ID
 from train.data.config import PretrainDataConfig
 from train.data.permutation import example_permutation, target_arrays
 from train.data.rows import Corpus

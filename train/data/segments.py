@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from train.common.contract import CLS_ID, SEP_ID
+from qa_core.contract import CLS_ID, SEP_ID
 from train.data.config import NUM_FUNCTIONAL
 from train.data.rows import ArrayBoundaries, Boundaries, Row
 

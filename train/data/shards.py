@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from qa_core.digests import sha256_bytes, sha256_file
 from train.common.atomic_dir import atomic_write_bytes
-from train.common.digests import sha256_bytes, sha256_file
 
 FORMAT = "xlnet-qa-corpus/1"
 MANIFEST = "manifest.json"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from train.common.contract import EOD_ID
+from qa_core.contract import EOD_ID
 from train.data.rows import ArrayCorpus, Corpus, Row, RowBoundaries
 
 

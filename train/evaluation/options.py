@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from train.common.contract import probability
+from qa_core.contract import probability
 from train.common.dataclass_flags import flag
 
 # The model settings a caller may override; None keeps what the checkpoint's metadata records.
@@ -18,7 +18,7 @@ SETTING_OVERRIDES = ("max_seq_len", "doc_stride", "max_query_len", "max_answer_l
 class EvaluationOptions:
     """A fine-tuned checkpoint, the SQuAD file it is scored on, where the prediction files go, and how
     it decides; checked on construction. Window sizes, lengths and the n-best left None are the
-    checkpoint's (:class:`train.common.contract.ModelSettings` from its metadata)."""
+    checkpoint's (:class:`qa_core.contract.ModelSettings` from its metadata)."""
 
     checkpoint: Path = flag(help="fine-tuned QA checkpoint directory")
     data: Path = flag(help="SQuAD 2.0 JSON with answers")

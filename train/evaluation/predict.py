@@ -19,11 +19,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from train.common.contract import TOKEN_OUTPUTS, ModelSettings
-from train.common.heads import head_spec
-from train.evaluation.options import EvaluationOptions
-from train.model import checkpoint
-from train.squad import (
+from qa_core.contract import TOKEN_OUTPUTS, ModelSettings
+from qa_core.heads import head_spec
+from qa_core.squad import (
     DEFAULT_DECODING,
     Answerability,
     Deciding,
@@ -34,12 +32,14 @@ from train.squad import (
     SquadExample,
     answers_and_na_probs,
     decode_all_head_outputs,
-    evaluate,
     featurize_with,
     pad_batch,
     read_squad,
 )
-from train.squad.answerability import from_metadata as answerability_from_metadata
+from qa_core.squad.answerability import from_metadata as answerability_from_metadata
+from train.evaluation.options import EvaluationOptions
+from train.model import checkpoint
+from train.squad import evaluate
 from train.squad.provenance import in_sample_warnings
 
 

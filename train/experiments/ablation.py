@@ -17,6 +17,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from qa_core.squad import load_dataset, read_squad, split_by_article, write_squad
+from qa_core.squad.answerability import from_metadata
 from train.common.cli import Parser
 from train.common.dataclass_flags import add_flags
 from train.common.sample_data import SAMPLE_CORPUS
@@ -27,8 +29,6 @@ from train.experiments.runs import given, short_pretraining
 from train.model import ACTIVATIONS, PRESETS
 from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
 from train.recipes.pretrain import PretrainConfig, PretrainRecipe
-from train.squad import load_dataset, read_squad, split_by_article, write_squad
-from train.squad.answerability import from_metadata
 from train.tokenizer import train_spm
 
 CONFIGS = ("relu", "gelu", "mish", "mish+aoa")

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from train.common.text import DATE, NUMBER, STOPWORDS, split_sentences
+from qa_core.text import DATE, NUMBER, STOPWORDS, split_sentences
 
 ANSWER_TYPES = ("date", "number", "capitalised", "recurring")
 # Capitalised words that start sentences or name no entity on their own.

@@ -11,7 +11,7 @@ Edits (tried in a seeded random order, the first that applies wins):
 - entity swap: a capitalised name in the question becomes a name that occurs nowhere in the context;
 - number swap: a number in the question becomes another number that occurs nowhere in the context;
 - negation: "not" after the question's first auxiliary verb ("was" -> "was not");
-- antonym: a word with an antonym in :data:`train.common.text.ANTONYMS` becomes that antonym, unless the
+- antonym: a word with an antonym in :data:`qa_core.text.ANTONYMS` becomes that antonym, unless the
   question's sentence holds the antonym (which could make it answerable again).
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from train.common.text import ANTONYMS, NUMBER, capitalised, numbers, words
+from qa_core.text import ANTONYMS, NUMBER, capitalised, numbers, words
 
 EDITS = ("entity swap", "number swap", "negation", "antonym")
 MAX_DRAWS = 20  # names drawn for an entity swap before giving up

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from qa_core.squad import Answerability, Prediction, SquadExample
+from qa_core.squad.answerability import from_metadata
 from train.answerability.fit import (
     FEATURE_SETS,
     FitOptions,
@@ -39,15 +41,7 @@ from train.answerability.fit import (
 )
 from train.evaluation.predict import predict_ensemble, redecide
 from train.model import checkpoint
-from train.squad import (
-    Answerability,
-    Prediction,
-    SquadExample,
-    paired_bootstrap,
-    per_group_means,
-    per_question_f1,
-)
-from train.squad.answerability import from_metadata
+from train.squad import paired_bootstrap, per_group_means, per_question_f1
 
 
 @dataclass

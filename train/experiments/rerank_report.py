@@ -18,15 +18,15 @@ from typing import Any
 
 import numpy as np
 
+from qa_core.squad import Prediction, SquadExample, read_squad
+from qa_core.squad.answerability import NONE_RULE, from_metadata
+from qa_core.squad.rerank import snap_to_words
 from train.answerability.estimators import roc_auc
 from train.common.cli import Parser
 from train.evaluation.predict import predict_checkpoint, redecide
 from train.experiments.article_stats import compare_by_article, describe, summary
 from train.model import checkpoint
-from train.squad import Prediction, SquadExample, read_squad
-from train.squad.answerability import NONE_RULE, from_metadata
 from train.squad.metrics import best_exact_f1
-from train.squad.rerank import snap_to_words
 
 ORACLE_DEPTHS = (1, 5, 10, 20)
 

@@ -31,6 +31,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from qa_core.squad import load_dataset, merge_datasets, read_squad, split_by_article, write_squad
+from qa_core.tokenizer import XLNetTokenizer
 from train.common.cli import Parser
 from train.common.sample_data import SAMPLE_DIR as SAMPLE
 from train.engine.runlog import read_series
@@ -50,8 +52,7 @@ from train.experiments.study_report import (
 from train.experiments.synth import SynthConfig, write_synthetic
 from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
 from train.recipes.pretrain import PretrainConfig, PretrainRecipe
-from train.squad import load_dataset, merge_datasets, read_squad, split_by_article, write_squad
-from train.tokenizer import XLNetTokenizer, summary_lines, train_spm
+from train.tokenizer import summary_lines, train_spm
 
 BASES = ("pretrained", "random")
 MODIFIERS = ("synth", "match", "plausible", "hard")

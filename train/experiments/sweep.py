@@ -13,9 +13,9 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from qa_core.heads import HEADS
 from train.common.cli import Parser
 from train.common.dataclass_flags import add_flags
-from train.common.heads import HEADS
 from train.experiments.runs import given
 from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
 

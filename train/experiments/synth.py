@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from qa_core.squad import write_squad
 from train.common.cli import Parser
 from train.common.corpus import read_articles
 from train.common.dataclass_flags import add_flags, flag, options_from
@@ -41,7 +42,6 @@ from train.experiments.cloze import (
     sentence_spans,
 )
 from train.experiments.hard_negatives import hard_negative
-from train.squad import write_squad
 
 STYLES = ("cloze", "wh", "mix")
 

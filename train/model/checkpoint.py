@@ -21,8 +21,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from qa_core.heads import REGISTRY
 from train.common.atomic_dir import atomic_directory, fsync_directory
-from train.common.heads import REGISTRY
 from train.model import XLNetConfig, XLNetForQuestionAnswering, XLNetLMHeadModel, XLNetModel
 
 # config.json's "architectures" name per model kind ("qa:<head>" from the head registry), and back.
@@ -218,7 +218,7 @@ def load(
         metadata = json.loads((path / "metadata.json").read_text())
     tokenizer = None
     if (path / "spiece.model").exists():
-        from train.tokenizer import XLNetTokenizer
+        from qa_core.tokenizer import XLNetTokenizer
 
         tokenizer = XLNetTokenizer.from_dir(path)
     model.eval()

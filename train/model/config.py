@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from train.common.contract import END_N_TOP, START_N_TOP
+from qa_core.contract import END_N_TOP, START_N_TOP
 
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "mish")
 # What the beam head's answerability classifier reads besides `<cls>` while training:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 import torch
 from torch import nn
 
-from train.common.contract import NUM_SEGMENT_IDS, fused_head_width
+from qa_core.contract import NUM_SEGMENT_IDS, fused_head_width
 from train.model import triton_attention
 
 if TYPE_CHECKING:

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from train.common.contract import SEG_ID_CLS
-from train.common.heads import HEADS, head_spec
+from qa_core.contract import SEG_ID_CLS
+from qa_core.heads import HEADS, head_spec
 from train.model.config import XLNetConfig
 from train.model.layers import activation
 from train.model.xlnet import XLNetModel, init_weights
@@ -165,7 +165,7 @@ def _build_beam(model: nn.Module, config: XLNetConfig) -> None:
 class HeadModules:
     """How one registered head is built on the QA model. Its modules are attributes of the model, so
     their names are the state-dict names (HF's for simple and beam) and checkpoints load unchanged; how
-    the outputs are computed follows the head's decoder in the registry (train/common/heads.py)."""
+    the outputs are computed follows the head's decoder in the registry (qa_core/heads.py)."""
 
     build: Callable[[nn.Module, XLNetConfig], None]
     span_scorers: tuple[str, ...]  # parameters of the last projections that produce start and end scores

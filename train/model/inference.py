@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from train.common.contract import SEG_ID_CLS, SEG_ID_PARAGRAPH, SEP_ID
-from train.common.heads import head_spec
+from qa_core.contract import SEG_ID_CLS, SEG_ID_PARAGRAPH, SEP_ID
+from qa_core.heads import head_spec
 from train.model.heads import XLNetForQuestionAnswering
 
 

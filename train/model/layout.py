@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from train.common.contract import SEG_ID_PARAGRAPH, SEG_ID_QUESTION, SEP_ID
+from qa_core.contract import SEG_ID_PARAGRAPH, SEG_ID_QUESTION, SEP_ID
 
 
 def question_match(

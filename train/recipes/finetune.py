@@ -23,8 +23,16 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from qa_core.contract import ModelSettings
+from qa_core.squad import (
+    Answerability,
+    DecodeOptions,
+    featurize,
+    pad_batch,
+    read_squad,
+    subsample_out_of_window,
+)
 from train.answerability.fit import fit_for
-from train.common.contract import ModelSettings
 from train.engine.execution import seed_everything, to_tensors
 from train.engine.loop import LoopPlan, StepReport
 from train.engine.optim import make_optimizer, make_scheduler
@@ -47,14 +55,6 @@ from train.recipes.finetune_setup import (
     micro_batch_size,
     resolve_grad_accum,
     trained_through_frozen,
-)
-from train.squad import (
-    Answerability,
-    DecodeOptions,
-    featurize,
-    pad_batch,
-    read_squad,
-    subsample_out_of_window,
 )
 from train.squad.provenance import FINE_TUNED_ON, THRESHOLD_SELECTED_ON, article_titles
 

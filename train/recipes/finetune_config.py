@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from qa_core.contract import DEFAULTS, MAX_N_BEST
 from train.answerability.fit import ANSWERABILITY_CHOICES, CALIBRATION_METHODS
-from train.common.contract import DEFAULTS, MAX_N_BEST
 from train.common.dataclass_flags import flag
 from train.engine.optim import LAYER_DECAY_MODES
 from train.engine.session import TrainingConfig

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
+from qa_core.tokenizer import XLNetTokenizer
 from train.model import XLNetConfig, XLNetForQuestionAnswering, checkpoint
 from train.recipes.finetune_config import FinetuneConfig
 from train.recipes.presets import RECIPES
-from train.tokenizer import XLNetTokenizer, train_spm
+from train.tokenizer import train_spm
 
 
 def load_tokenizer_and_model(config: FinetuneConfig, out: Path):

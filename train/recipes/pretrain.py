@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
+from qa_core.tokenizer import XLNetTokenizer
 from train.common.sample_data import SAMPLE_CORPUS, SAMPLE_TRAIN
 from train.data import PretrainBatches, PretrainDataConfig
 from train.data.prepare import prepare_directory
@@ -33,7 +34,7 @@ from train.engine.session import Resumed, Session, stopped_line
 from train.model import XLNetConfig, XLNetLMHeadModel, checkpoint
 from train.recipes.pretrain_config import PretrainConfig
 from train.recipes.pretrain_init import InitSource
-from train.tokenizer import XLNetTokenizer, train_spm
+from train.tokenizer import train_spm
 
 
 def pretrain_loss(model, batch: dict[str, torch.Tensor], mems=None, precision: str = "fp32", **forward):

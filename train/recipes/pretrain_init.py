@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qa_core.tokenizer import XLNetTokenizer
 from train.data.prepare import load_tokenizer
 from train.data.shards import ShardedCorpus
 from train.engine.state import latest_checkpoint
 from train.model import PRESETS, XLNetConfig, XLNetLMHeadModel, checkpoint
 from train.recipes.pretrain_config import PretrainConfig
-from train.tokenizer import XLNetTokenizer
 
 # The model's dimensions (a --config preset sets all four): DIR decides them, as its activation and AoA.
 SHAPE_FIELDS = ("n_layer", "d_model", "n_head", "d_inner")

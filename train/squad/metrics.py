@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .data import Dataset, SquadExample, examples_from_dataset, load_dataset
+from qa_core.squad.data import Dataset, SquadExample, examples_from_dataset, load_dataset
 
 _PUNCT = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)

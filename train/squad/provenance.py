@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .answerability import Answerability
-from .data import SquadExample
+from qa_core.squad.answerability import Answerability
+from qa_core.squad.data import SquadExample
 
 FINE_TUNED_ON = "fine_tuned_on_articles"
 THRESHOLD_SELECTED_ON = "threshold_selected_on_articles"

@@ -13,11 +13,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 
+from qa_core.tokenizer.spm_tokenizer import XLNetTokenizer
 from train.common.cli import Parser
 from train.common.dataclass_flags import add_flags, options_from
 
 from .spm_options import SpmOptions
-from .spm_tokenizer import XLNetTokenizer
 from .training import summary_lines, train_spm
 
 

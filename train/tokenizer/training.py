@@ -14,9 +14,16 @@ from typing import Any
 
 import sentencepiece as spm
 
-from .normalize import _clean, preprocess_text
+from qa_core.tokenizer.normalize import _clean, preprocess_text
+from qa_core.tokenizer.spm_tokenizer import (
+    CONTROL_SYMBOLS,
+    MODEL_FILE,
+    SPECIAL_PIECES,
+    USER_SYMBOLS,
+    XLNetTokenizer,
+)
+
 from .spm_options import SPM_DEFAULTS
-from .spm_tokenizer import CONTROL_SYMBOLS, MODEL_FILE, SPECIAL_PIECES, USER_SYMBOLS, XLNetTokenizer
 
 # The original ``--user_defined_symbols=<eop>,.,(,),",-,–,£,€`` less <eop> (USER_SYMBOLS). We keep
 # these characters whole pieces of their own, but as a training-time constraint on ordinary pieces, not

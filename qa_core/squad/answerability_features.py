@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from train.common.text import (
+from qa_core.text import (
     ANTONYMS,
     MONTHS,
     STOPWORDS,

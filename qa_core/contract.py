@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from train.common.heads import REGISTRY, head_spec
+from qa_core.heads import REGISTRY, head_spec
 
 # Special ids, exactly as the original XLNet sentencepiece models lay them out (and HF's xlnet-*-cased).
 UNK_ID = 0
@@ -50,7 +50,7 @@ def fused_head_width(d_head: int) -> int:
 START_N_TOP = 5
 END_N_TOP = 5
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-# Each head's outputs, read from the head registry (train/common/heads.py), the only list of heads.
+# Each head's outputs, read from the head registry (qa_core/heads.py), the only list of heads.
 OUTPUT_NAMES: dict[str, tuple[str, ...]] = {name: spec.outputs for name, spec in REGISTRY.items()}
 INDEX_OUTPUTS = ("start_top_index", "end_top_index")  # token positions: compared by equality, int64
 TOKEN_OUTPUTS = ("start_logits", "end_logits")  # one value per token, [B, T]; every other output is [B, ...]

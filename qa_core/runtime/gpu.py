@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from export.serving.gpu_stacks import (
+from qa_core.runtime.gpu_stacks import (
     DEFAULT_STACK,
     GpuStack,
     stack_for_cuda,

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from train.common.contract import DEFAULTS
+from qa_core.contract import DEFAULTS
 
 from .answerability import Answerability, decide
 from .answerability_features import ContextIndex, SpanScores

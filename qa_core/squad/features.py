@@ -27,7 +27,7 @@ from typing import Literal
 
 import numpy as np
 
-from train.common.contract import (
+from qa_core.contract import (
     CLS_ID,
     DEFAULTS,
     SEG_ID_A,

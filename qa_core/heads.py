@@ -2,7 +2,7 @@
 an answer, and what it asks of the inputs.
 
 The model's modules (`train/model/heads.py`, one builder per entry), the exporter's output names, the
-decoding switch (`train/squad/head_outputs.py`), evaluation, ensembles and the server all read this
+decoding switch (`qa_core/squad/head_outputs.py`), evaluation, ensembles and the server all read this
 table, so adding a head is an entry here plus its modules there.
 """
 

@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from train.common.contract import CLS_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEP_ID, UNK_ID
+from qa_core.contract import CLS_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEP_ID, UNK_ID
 
 from .normalize import _clean, _preprocess_aligned, preprocess_text
 
-# Special ids and segment ids: train.common.contract. The pieces, in id order:
+# Special ids and segment ids: qa_core.contract. The pieces, in id order:
 SPECIAL_PIECES: tuple[str, ...] = (
     "<unk>",
     "<s>",

@@ -12,7 +12,7 @@ max-context window is the current one (so each start is decoded once, in the win
 the most context), end at or after the start, stay within ``max_answer_len`` tokens and lie in the
 paragraph. Offsets are characters of the original context: ``context[start:end] == text``.
 
-Whether to answer is decided by :mod:`train.squad.answerability` from the model's scores (the
+Whether to answer is decided by :mod:`qa_core.squad.answerability` from the model's scores (the
 minimum over windows of ``cls_logit``, the logit that the question is unanswerable: a window that
 does not hold the answer *should* call the question unanswerable from what it sees, so only the most
 confident "answerable" window carries evidence; the null span's log-probability; the best span's)
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from train.common.contract import DEFAULTS, ModelSettings, positive_int, probability
+from qa_core.contract import DEFAULTS, ModelSettings, positive_int, probability
 
 from .alignment import span_text
 from .answerability import Answerability

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from export.serving.gpu import cuda_device_count, cuda_device_problem, installed_stack
-from export.serving.gpu_stacks import TENSORRT_VERSION, GpuStack, stack_for_cuda
-from export.serving.providers import (
+from qa_core.runtime.gpu import cuda_device_count, cuda_device_problem, installed_stack
+from qa_core.runtime.gpu_stacks import TENSORRT_VERSION, GpuStack, stack_for_cuda
+from qa_core.runtime.providers import (
     CUDA,
     GPU_PROVIDERS,
     TENSORRT,

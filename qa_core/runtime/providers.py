@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from train.common.contract import INPUT_NAMES
+from qa_core.contract import INPUT_NAMES
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -119,7 +119,7 @@ class ProfileShapes:
     max_batch: int
     max_seq_len: int
     opt_batch: int | None = None
-    min_seq_len: int = 1  # train.common.contract.shortest_sequence: k for the beam head's in-graph top-k
+    min_seq_len: int = 1  # qa_core.contract.shortest_sequence: k for the beam head's in-graph top-k
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_seq_len < 1:

@@ -1,6 +1,6 @@
 """Text normalisation before sentencepiece: the original XLNet ``preprocess_text``, and an aligned replay of it.
 
-Training (:func:`train.tokenizer.train_spm`) and encoding (:class:`train.tokenizer.XLNetTokenizer`) must
+Training (:func:`train.tokenizer.train_spm`) and encoding (:class:`qa_core.tokenizer.XLNetTokenizer`) must
 normalise text identically, so both take it from here. :func:`_preprocess_aligned` produces the same
 string plus, for every output character, the span of the original text it came from: what exact
 token offsets (SQuAD answer alignment, serving) are built on. Standard library only.

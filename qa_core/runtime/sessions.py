@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from export.serving.providers import ProviderEntry, provider_names
-from export.serving.runner import Feeds, Runner
-from export.serving.sidecar import ort_disabled_optimizers
+from qa_core.runtime.providers import ProviderEntry, provider_names
+from qa_core.runtime.runner import Feeds, Runner
+from qa_core.runtime.sidecar import ort_disabled_optimizers
 
 LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -40,7 +40,7 @@ def session(
     """A session on `path` as every part of the product runs one (exporter, verification, benchmarks,
     the server): explicit threads, sequential execution, the rewrites that hurt on CPU switched off;
     with `optimized_path`, onnxruntime also writes the graph it optimised there. `providers` are names or
-    (name, options) pairs (`export.serving.providers.choose_providers`). With `profile_prefix`,
+    (name, options) pairs (`qa_core.runtime.providers.choose_providers`). With `profile_prefix`,
     onnxruntime's profiler records every node's time (`end_profiling()` writes the JSON)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or default_threads()

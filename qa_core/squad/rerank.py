@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from train.common.text import STOPWORDS, stem, words
+from qa_core.text import STOPWORDS, stem, words
 
 from .answerability_features import ContextIndex, QuestionMatch, answer_type_match, match_question
 from .answerability_params import AnswerabilityError, Linear, check_format, parse_number, parse_object

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from export.serving.backends import EXPORT_BACKENDS, TRT, canonical_backend
-from train.common.contract import (
+from qa_core.contract import (
     DEFAULTS,
     END_N_TOP,
     INPUT_NAMES,
@@ -27,8 +26,9 @@ from train.common.contract import (
     ModelSettings,
     positive_int,
 )
-from train.common.digests import sha256_file
-from train.squad.answerability import Answerability, AnswerabilityError, from_metadata
+from qa_core.digests import sha256_file
+from qa_core.runtime.backends import EXPORT_BACKENDS, TRT, canonical_backend
+from qa_core.squad.answerability import Answerability, AnswerabilityError, from_metadata
 
 FORMAT_VERSION = 1
 SIDECAR_FILE = "export.json"
@@ -102,7 +102,7 @@ class Sidecar(ServingSettings):
     optimization: dict[str, Any] | None = None
     quantization: dict[str, Any] | None = None
     agreement: dict[str, Any] | None = None
-    # The fitted answerability model (train.squad.answerability), applied by every server backend and
+    # The fitted answerability model (qa_core.squad.answerability), applied by every server backend and
     # by Triton clients; None: sigmoid(cls_logit) against no_answer_threshold.
     answerability: dict[str, Any] | None = None
     # sha256 of every file a server reads (model, portable graph, tokenizer), written by save(): the

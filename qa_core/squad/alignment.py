@@ -18,7 +18,7 @@ from .data import SquadExample
 
 
 class TokenizerLike(Protocol):
-    """What featurisation needs from :class:`train.tokenizer.XLNetTokenizer`."""
+    """What featurisation needs from :class:`qa_core.tokenizer.XLNetTokenizer`."""
 
     def encode(self, text: str) -> list[int]: ...
 

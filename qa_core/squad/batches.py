@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from train.common.contract import PAD_ID, SEG_ID_PAD
+from qa_core.contract import PAD_ID, SEG_ID_PAD
 
 from .data import SquadExample
 from .features import Feature

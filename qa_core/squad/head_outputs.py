@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from train.common.heads import head_spec
+from qa_core.heads import head_spec
 
 from .answerability import Answerability
 from .answerability_features import ContextIndex
