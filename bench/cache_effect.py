@@ -32,10 +32,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     from qa_core.tokenizer import XLNetTokenizer
+    from server.answering.host_path import HostPath, Question
+    from server.answering.model_spec import resolve_spec
     from server.backends import create_backend, dummy_batch
-    from server.door import ANONYMOUS
-    from server.host_path import HostPath, Question
-    from server.model_spec import resolve_spec
+    from server.door.key_check import ANONYMOUS
     from server.settings import ServerSettings
 
     s = ServerSettings(model=args.model, backend=args.backend, threads=args.threads)
@@ -77,11 +77,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _hops(engine, spec, tokenizer, settings, pairs) -> tuple[float, float]:
-    from server.answering import AnswerService
-    from server.batching import MicroBatcher
-    from server.host_path import HostPath, Question
-    from server.quotas import CallerLimits, CallerQuotas
-    from server.window_queue import LocalQueue
+    from server.answering.batching import MicroBatcher
+    from server.answering.host_path import HostPath, Question
+    from server.answering.request_path import AnswerService
+    from server.answering.window_queue import LocalQueue
+    from server.limits.quotas import CallerLimits, CallerQuotas
 
     runs: list[float] = []
 

@@ -34,8 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--lengths", default="128,192")
     p.add_argument("--runs", type=int, default=30)
     args = p.parse_args(argv)
+    from server.answering.model_spec import resolve_spec
     from server.backends import create_backend, dummy_batch
-    from server.model_spec import resolve_spec
     from server.settings import ServerSettings
 
     spec = resolve_spec(args.model, args.backend)

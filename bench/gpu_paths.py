@@ -156,9 +156,9 @@ def ort_bound_runner(export_dir: Path, device: torch.device, cuda_graph: bool) -
 def ort_cuda_runner(export_dir: Path, device_id: int = 0) -> Make:
     """Our export served by the server's ONNX backend on the CUDA provider; Skipped if it does not run."""
     from qa_core.runtime.providers import CUDA
+    from server.answering.model_spec import resolve_spec
     from server.backends import BackendUnavailable
     from server.backends.onnx import OnnxBackend
-    from server.model_spec import resolve_spec
 
     spec = resolve_spec(export_dir, "onnx")
     try:

@@ -81,7 +81,7 @@ SERVER_WHEELS = (
     "annotated-types==0.8.0",
     "typing-inspection==0.4.5",
     "opentelemetry-api==1.45.2",  # fastapi imports it at start-up
-    "httptools==0.9.0",  # server.connection's parser
+    "httptools==0.9.0",  # server.door.connection's parser
     "uvloop==0.23.0",
     "orjson==3.13.0",
     "pyzmq==27.3.0",  # --workers N: fronts over one engine process

@@ -2,7 +2,7 @@
 floor FastAPI + uvicorn set on this machine.
 
 The server reports its stages in a ``Server-Timing`` header (``parse;dur=0.041, auth;dur=0.003, ...``,
-milliseconds; :mod:`server.timing`); a build that predates the header reports only the handler's
+milliseconds; :mod:`server.observability.timing`); a build that predates the header reports only the handler's
 stages in the body's ``timing_ms``, read here under the same names (``inference`` is ``engine``).
 One client sends requests one at a time; per stage the table gives the median, then the server's
 total, the rest of the round trip (HTTP parsing, the loopback and this client) and the end-to-end

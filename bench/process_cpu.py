@@ -1,7 +1,7 @@
 """CPU time of a server's processes by role, from /proc (Linux): what one request costs each kind of
 process, the numbers a model of more cores is built from.
 
-Roles: ``engine`` (``python -m server.engine``), ``front`` (uvicorn's worker processes), ``server``
+Roles: ``engine`` (``python -m server.topology.engine``), ``front`` (uvicorn's worker processes), ``server``
 (the ``python -m server`` process itself: the whole server when it runs in one process, else the
 supervisor, which does nearly nothing).
 """
@@ -26,7 +26,7 @@ def _stat(pid: int) -> tuple[int, float, bytes] | None:
 
 
 def role_of(cmdline: bytes) -> str:
-    if b"server.engine" in cmdline:
+    if b"server.topology.engine" in cmdline:
         return "engine"
     if b"spawn_main" in cmdline or b"multiprocessing" in cmdline:
         return "front"

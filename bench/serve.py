@@ -55,14 +55,14 @@ from bench.serve_load import (
     run_modes,
 )
 from harness.server_process import LOOPBACK, ServerProcess
-from server.model_spec import ModelSpecError
+from server.answering.model_spec import ModelSpecError
 
 if TYPE_CHECKING:
     import numpy as np
 
     from qa_core.squad import Feature
+    from server.answering.model_spec import ModelSpec
     from server.backends.base import Backend
-    from server.model_spec import ModelSpec
 
 
 @dataclass
@@ -108,16 +108,16 @@ def window_rows(
 def bare_latencies(
     model: str, backend: str, threads: int, pairs: Sequence[tuple[str, str]], server_args: str = ""
 ) -> tuple[list[float], list[float]]:
-    """Seconds per question through the server's own host path (:class:`server.host_path.HostPath`,
+    """Seconds per question through the server's own host path (:class:`server.answering.host_path.HostPath`,
     built from the same settings, its context cache included), in process, one window per backend
     call (the backend as ``--server-args`` configure it, e.g. the torch backend on CUDA with graphs),
     and the seconds of its backend calls alone."""
     from qa_core.tokenizer import XLNetTokenizer
+    from server.answering.host_path import HostPath, Question
+    from server.answering.model_spec import resolve_spec
     from server.backends import create_backend
-    from server.door import ANONYMOUS
+    from server.door.key_check import ANONYMOUS
     from server.flags import load_settings
-    from server.host_path import HostPath, Question
-    from server.model_spec import resolve_spec
 
     spec = resolve_spec(model, backend)
     flags = ["--model", model, "--backend", backend, "--threads", str(threads), *shlex.split(server_args)]

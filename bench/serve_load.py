@@ -35,7 +35,7 @@ from bench.http_load import encode_post, run_async
 from bench.process_cpu import cpu_seconds_by_role
 from harness.server_process import ServerProcess
 from qa_core.runtime.backends import SERVER_BACKENDS
-from server.metrics import sample_total
+from server.observability.metrics import sample_total
 from train.common.sample_data import SAMPLE_DEV
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
+from server.answering.gil import prefer_latency
 from server.flags import FlagError, SecretInArgv, load_settings
-from server.gil import prefer_latency
-from server.log_format import configure_logging
+from server.observability.log_format import configure_logging
 
 
 def _fail(message: str) -> int:
@@ -40,14 +40,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import uvicorn
 
-    from server.auth import KeyFileError, KeyRing
+    from server.answering.model_spec import ModelSpecError, resolve_spec
     from server.backends import BackendUnavailable, check_spec, preflight
-    from server.connection import configure_connections, connection_protocol
-    from server.hosts import is_loopback
-    from server.listen_socket import ListenSocketError, adopt
-    from server.model_spec import ModelSpecError, resolve_spec
-    from server.quotas_redis import LimitsStoreError, check_store
-    from server.tls import TlsSetupError
+    from server.door.auth import KeyFileError, KeyRing
+    from server.door.connection import configure_connections, connection_protocol
+    from server.door.hosts import is_loopback
+    from server.door.listen_socket import ListenSocketError, adopt
+    from server.door.tls import TlsSetupError
+    from server.limits.quotas_redis import LimitsStoreError, check_store
 
     try:
         preflight(settings)
@@ -73,15 +73,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "host": settings.host,
         "port": settings.port,
         "log_level": settings.log_level,
-        "log_config": None,  # uvicorn's own lines go through ours (server.log_format): one format a log
+        "log_config": None,  # uvicorn's own lines go through ours (server.observability.log_format): one format a log
         # uvicorn waits this long for open requests; the drain after it gets what is left of it.
         "timeout_graceful_shutdown": settings.graceful_timeout_s,
         "timeout_keep_alive": settings.timeout_keep_alive_s,
         "limit_concurrency": settings.connection_limit,
         "server_header": False,  # no "server: uvicorn" (nothing to fingerprint)
-        "access_log": False,  # ours (server.access_log) names routes and keys, never raw paths
+        "access_log": False,  # ours (server.observability.access_log) names routes and keys, never raw paths
         # httptools with a deadline on request headers (slowloris) and TLS handshakes, header caps and
-        # framing rules (server.connection); TLS is done there too
+        # framing rules (server.door.connection); TLS is done there too
         "http": connection_protocol,
         "ws": "none",  # no WebSocket: an upgrade request is a plain request for the door to answer
         # X-Forwarded-* only from the named proxies (uvicorn's default believes loopback)
@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.unauthenticated_per_address, settings.connections_per_key,
     )  # fmt: skip
     if settings.fronts_over_engine:
-        from server.supervisor import run_fronts_over_engine
+        from server.topology.supervisor import run_fronts_over_engine
 
         return run_fronts_over_engine(settings, common, sockets)
 
@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = create_app(settings, spec=spec, on_fatal=stop)
     listener = None
     if settings.metrics_port is not None:
-        from server.metrics_listener import start_metrics_listener
+        from server.observability.metrics_listener import start_metrics_listener
 
         try:
             listener = start_metrics_listener(

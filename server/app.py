@@ -1,5 +1,5 @@
 """The FastAPI app: middleware, error handlers, lifespan and routers put together (routes in
-:mod:`server.routes`, lifecycle in :mod:`server.lifecycle`, errors in :mod:`server.errors`).
+:mod:`server.api.routes`, lifecycle in :mod:`server.answering.lifecycle`, errors in :mod:`server.api.errors`).
 
 Routes: ``POST /answer``, ``POST /answer/batch``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics``,
 ``GET /v1/model``, and the OpenAPI docs at ``/docs``. On SIGTERM uvicorn stops accepting connections
@@ -18,13 +18,20 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
-from server.access_log import AccessLogMiddleware
-from server.api_reference import page_html
-from server.auth import KeyRing
+from server.answering.gil import prefer_latency
+from server.answering.lifecycle import BackendFactory, Lifecycle, ModelLifecycle
+from server.answering.model_spec import ModelSpec, resolve_spec
+from server.api.errors import install_error_handlers
+from server.api.playground import playground_router
+from server.api.reference import page_html
+from server.api.routes import answer_router, batch_router, ops_router
 from server.backends import create_backend
-from server.body_limit import BodyLimitMiddleware
-from server.connection import configure_connections, count_refusals_with
-from server.door import (
+from server.door.auth import KeyRing
+from server.door.body_limit import BodyLimitMiddleware
+from server.door.connection import configure_connections, count_refusals_with
+from server.door.framing import FramingMiddleware
+from server.door.hosts import HostCheckMiddleware, allowed_hosts, is_loopback
+from server.door.key_check import (
     DOCS_PATHS,
     METRICS_PATHS,
     PLAYGROUND_PATHS,
@@ -33,22 +40,15 @@ from server.door import (
     DoorMiddleware,
     OpenPaths,
 )
-from server.errors import install_error_handlers
-from server.framing import FramingMiddleware
-from server.front import FrontLifecycle
-from server.gil import prefer_latency
-from server.hosts import HostCheckMiddleware, allowed_hosts, is_loopback
-from server.lifecycle import BackendFactory, Lifecycle, ModelLifecycle
-from server.log_format import configure_logging
-from server.metrics import Metrics, MetricsMiddleware
-from server.model_spec import ModelSpec, resolve_spec
-from server.playground import playground_router
-from server.quotas import FailureLimiter
-from server.quotas_redis import quotas_for
-from server.request_ids import RequestIdMiddleware
-from server.routes import answer_router, batch_router, ops_router
+from server.limits.quotas import FailureLimiter
+from server.limits.quotas_redis import quotas_for
+from server.observability.access_log import AccessLogMiddleware
+from server.observability.log_format import configure_logging
+from server.observability.metrics import Metrics, MetricsMiddleware
+from server.observability.request_ids import RequestIdMiddleware
+from server.observability.timing import TimingMiddleware
 from server.settings import ENGINE_ADDRESS_ENV, ServerSettings
-from server.timing import TimingMiddleware
+from server.topology.front import FrontLifecycle
 
 # ---- the app ----------------------------------------------------------------------------------------
 

@@ -199,7 +199,7 @@ class ServerSettings(BaseSettings):
         30.0, gt=0.0, description="How long SIGTERM waits for in-flight requests"
     )
     playground: bool = Field(True, description="Serve the browser playground at GET / (false: 404)")
-    # ---- who may ask (server.auth, server.door, server.quotas) ----
+    # ---- who may ask (server.door.auth, server.door.key_check, server.limits.quotas) ----
     api_keys_file: Path | None = Field(
         None,
         description="File of API keys, one 'name: key' (or bare key) per line; reloaded on change and on SIGHUP. "
@@ -439,7 +439,7 @@ class ServerSettings(BaseSettings):
         they cannot be used: one line, checked before anything listens)."""
         if self.ssl_certfile is None or self.ssl_keyfile is None:
             return None
-        from server.tls import server_context
+        from server.door.tls import server_context
 
         return server_context(self.ssl_certfile, self.ssl_keyfile)
 

@@ -53,7 +53,7 @@ def check_settings(env: dict[str, str], where: str) -> Any:
 
 def app_paths() -> set[str]:
     """Every route path of the server's app (the same routers server.app.create_app includes)."""
-    from server.routes import answer_router, batch_router, ops_router
+    from server.api.routes import answer_router, batch_router, ops_router
 
     return {r.path for router in (answer_router, ops_router, batch_router(1)) for r in router.routes}
 

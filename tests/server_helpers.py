@@ -29,7 +29,7 @@ WINDOWS = {"max_seq_len": 128, "doc_stride": 64, "max_query_len": 32}
 def stand_in_spec(directory: Path, name: str = "t", head: str = "shallow"):
     """A ModelSpec for a backend the test provides itself (no model files read): the test's windows."""
     from qa_core.runtime.sidecar import ServingSettings
-    from server.model_spec import ModelSpec
+    from server.answering.model_spec import ModelSpec
 
     serving = ServingSettings(**WINDOWS)
     return ModelSpec(

@@ -1,5 +1,6 @@
-"""ARCHITECTURE.md and docs/layout.md are the map of the tree: every package appears in both, every
-path they name exists, and the top of ``train/`` and ``export/`` holds only the user's commands."""
+"""ARCHITECTURE.md is the map of the tree: every package is on its code tree, every path it names
+exists, every test an invariant cites is there, the top of ``train/`` and ``export/`` holds only the
+user's commands, and ``server/`` is grouped by concern."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ def packages() -> list[str]:
     return found
 
 
-def readme_layout() -> str:
-    """The tree block of the documentation's Layout page."""
-    return (REPO / "docs" / "layout.md").read_text().split("```", 2)[1]
+def code_tree() -> str:
+    """The tree block of ARCHITECTURE.md's code map."""
+    return (REPO / "ARCHITECTURE.md").read_text().split("## Code map", 1)[1].split("```", 2)[1]
 
 
 def layout_paths(block: str) -> list[str]:
@@ -48,20 +49,23 @@ def layout_paths(block: str) -> list[str]:
 
 
 @pytest.mark.parametrize("package", packages())
-def test_every_package_is_on_both_maps(package: str) -> None:
-    architecture = (REPO / "ARCHITECTURE.md").read_text()
-    name = package.split("/", 1)[1]  # the code map lists 'engine/' under its room's heading
-    assert f"`{name}`" in architecture or f"`{package}`" in architecture, (
-        f"{package} missing from ARCHITECTURE.md"
-    )
-    assert package in layout_paths(readme_layout()), f"{package} missing from docs/layout.md"
+def test_every_package_is_on_the_map(package: str) -> None:
+    assert package in layout_paths(code_tree()), f"{package} missing from ARCHITECTURE.md's code tree"
 
 
-def test_every_folder_the_layout_names_exists() -> None:
-    paths = layout_paths(readme_layout())
+def test_every_folder_the_code_tree_names_exists() -> None:
+    paths = layout_paths(code_tree())
     assert len(paths) >= len(packages()), paths
     missing = [p for p in paths if not (REPO / p).is_dir()]
-    assert not missing, f"docs/layout.md names folders that do not exist: {missing}"
+    assert not missing, f"ARCHITECTURE.md's code tree names folders that do not exist: {missing}"
+
+
+def test_the_server_is_grouped_by_concern() -> None:
+    """A newcomer's `ls server/` shows the concerns (at most 12 entries), and each is on the map."""
+    entries = sorted(p.name for p in (REPO / "server").iterdir() if p.name != "__pycache__")
+    assert len(entries) <= 12, entries
+    folders = [f"server/{name}/" for name in entries if (REPO / "server" / name).is_dir()]
+    assert set(folders) <= set(layout_paths(code_tree())), folders
 
 
 def is_command(path: Path) -> bool:
@@ -84,27 +88,6 @@ def test_the_top_of_train_and_export_holds_only_commands(room: str) -> None:
             continue
         assert is_command(module), f"{room}/{module.name} is not a command: move it into a package"
         assert f"`{module.name}`" in architecture, f"{room}/{module.name} missing from ARCHITECTURE.md"
-
-
-def modules() -> list[Path]:
-    """Every module of the code rooms and the harness (package markers and ``__main__`` aside)."""
-    found = []
-    for room in (*ROOMS, "harness"):
-        for path in sorted((REPO / room).rglob("*.py")):
-            if path.name not in ("__init__.py", "__main__.py") and "__pycache__" not in path.parts:
-                found.append(path)
-    return found
-
-
-def test_every_module_is_named_in_the_architecture() -> None:
-    """A newcomer finds every module on the map (by its file name, in its package's entry)."""
-    architecture = (REPO / "ARCHITECTURE.md").read_text()
-    missing = [
-        p.relative_to(REPO).as_posix()
-        for p in modules()
-        if p.name not in architecture and p.relative_to(REPO).as_posix() not in architecture
-    ]
-    assert not missing, f"modules ARCHITECTURE.md never names: {missing}"
 
 
 def test_every_path_the_architecture_names_exists() -> None:
@@ -151,8 +134,8 @@ def test_the_engine_process_loads_no_http_framework() -> None:
     """What the contract says statically, at run time: the engine's entry point, imported in a fresh
     interpreter, has loaded neither FastAPI nor the HTTP server and its parser."""
     code = (
-        "import sys, server.engine.__main__, server.engine.service\n"
-        "print(sorted(m for m in ('fastapi', 'uvicorn', 'httptools', 'server.app', 'server.routes') if m in sys.modules))"
+        "import sys, server.topology.engine.__main__, server.topology.engine.service\n"
+        "print(sorted(m for m in ('fastapi', 'uvicorn', 'httptools', 'server.app', 'server.api.routes') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

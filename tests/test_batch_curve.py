@@ -1,4 +1,4 @@
-"""Whether grouping windows pays, measured at load (server/batch_curve.py): the arithmetic on its own,
+"""Whether grouping windows pays, measured at load (server/answering/batch_curve.py): the arithmetic on its own,
 then a real server (uvicorn in this process) over backends whose cost is known: one all arithmetic (a
 window of 128 tokens costs what it costs alone in any batch: windows run one per call), one mostly a
 call's overhead (a GPU's shape: windows are grouped), and ``--batching always`` grouping regardless."""
@@ -15,8 +15,8 @@ import pytest
 from hostile_server import app_server
 from server_helpers import dev_questions
 
-from server.batch_curve import BatchCurve
-from server.metrics import sample_total
+from server.answering.batch_curve import BatchCurve
+from server.observability.metrics import sample_total
 
 
 def test_the_saving_of_grouping_decides_which_windows_run_alone() -> None:

@@ -24,7 +24,7 @@ def _features(tok: XLNetTokenizer, lengths: list[int]) -> list[list]:
 
 
 def test_batcher_pads_to_longest_groups_windows_and_bounds_the_queue(xlnet_tok) -> None:
-    from server.batching import MicroBatcher, QueueFull
+    from server.answering.batching import MicroBatcher, QueueFull
 
     seen: list[tuple[int, int]] = []
 
@@ -64,7 +64,7 @@ def test_batcher_pads_to_longest_groups_windows_and_bounds_the_queue(xlnet_tok) 
 
 
 def test_batcher_buckets_by_length_and_drains_admitted_work(xlnet_tok) -> None:
-    from server.batching import BatcherClosed, MicroBatcher
+    from server.answering.batching import BatcherClosed, MicroBatcher
 
     shapes: list[tuple[int, int]] = []
     gate = threading.Event()
@@ -102,7 +102,7 @@ def test_batcher_caps_padding(xlnet_tok) -> None:
     """A window joins a batch only while padding stays within max_padding of the real tokens; the one
     left out runs in the next call. (That it does not wait max_delay again, its wait counting from its
     arrival, is pinned with a fake clock in test_scheduling.py.)"""
-    from server.batching import MicroBatcher
+    from server.answering.batching import MicroBatcher
 
     def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         shapes.append(batch["input_ids"].shape)
@@ -128,7 +128,7 @@ def test_batcher_caps_padding(xlnet_tok) -> None:
 def test_pad_multiple_never_rounds_past_the_models_longest_input(xlnet_tok) -> None:
     """pad_multiple_of rounds a batch up, but never beyond max_length (a TensorRT profile's or the position
     tables' end): 100 tokens with multiple 96 and max 128 pad to 128, not 192; the minimum still applies."""
-    from server.batching import MicroBatcher
+    from server.answering.batching import MicroBatcher
 
     shapes: list[tuple[int, int]] = []
 
@@ -155,7 +155,7 @@ def test_an_idle_engine_runs_a_lone_request_at_once_and_a_busy_one_groups(xlnet_
     """max_batch_delay is an upper bound, never a floor: with the engine idle a lone request runs at once
     (a 60 s delay would time this test out); while another call is in flight (two inference slots),
     windows wait for company up to the delay, and the end of that call does not hold them further."""
-    from server.batching import MicroBatcher
+    from server.answering.batching import MicroBatcher
 
     gate = threading.Event()
     shapes: list[tuple[int, int]] = []

@@ -129,7 +129,7 @@ def test_process_cpu_is_counted_by_role_for_a_process_tree() -> None:
     from bench.process_cpu import cpu_seconds_by_role
 
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ninput()"
-    child = subprocess.Popen([sys.executable, "-c", burn, "server.engine"], stdin=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", burn, "server.topology.engine"], stdin=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 20
         while cpu_seconds_by_role(os.getpid()).get("engine", 0.0) < 0.25:
@@ -144,7 +144,7 @@ def test_host_profile_sorts_stacks_into_components() -> None:
     from bench.host_profile import component
 
     frames = [
-        "a (server/routes.py:1)",
+        "a (server/api/routes.py:1)",
         "decode_head_outputs (qa_core/squad/head_outputs.py:2)",
         "all_features (x.py:3)",
     ]

@@ -1,4 +1,4 @@
-"""The circuit breaker the per-key limits' store goes through (server/breaker.py), on a fake clock:
+"""The circuit breaker the per-key limits' store goes through (server/limits/breaker.py), on a fake clock:
 closed until failures in a row, open for the cooldown (no call at all), one trial call then, closed by
 its success, open again by its failure; a trial abandoned (its request cancelled) gives way to another,
 and calls let in before the breaker opened never decide the trial."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.breaker import Breaker, Call
+from server.limits.breaker import Breaker, Call
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""Per-key limits in this process (server/quotas.py) on their own: a key refused at its in-flight bound
+"""Per-key limits in this process (server/limits/quotas.py) on their own: a key refused at its in-flight bound
 is refused at the door (before its body is read and tokenized again) until that much of its work is
 answered, never longer, and a request larger than the bound never locks its key out."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.quotas import CallerLimits, CallerQuotas, OverLimit
+from server.limits.quotas import CallerLimits, CallerQuotas, OverLimit
 
 
 def test_a_key_at_its_in_flight_bound_is_refused_at_the_door_until_room_frees() -> None:

@@ -39,7 +39,7 @@ from clients import (
 )
 from clients.client import _Policy
 from harness.server_process import refusing_port
-from server.metrics import sample_total
+from server.observability.metrics import sample_total
 
 
 @pytest.fixture(scope="module")
@@ -435,7 +435,7 @@ def test_the_sdk_and_the_server_share_one_schema(server) -> None:
     models with the same fields and types (only ``n_best`` is a list where the server omits it); and the
     live server documents exactly those fields in its OpenAPI schema."""
     from clients import schema
-    from server import schemas
+    from server.api import schemas
 
     assert QARequest is schemas.AnswerRequest is schema.AnswerRequest
     for sdk, wire in (

@@ -1,4 +1,4 @@
-"""The context cache (server/context_cache.py) on its own, with the real tokenizer and sentence index:
+"""The context cache (server/answering/context_cache.py) on its own, with the real tokenizer and sentence index:
 its bound counts what an entry really holds (measured with tracemalloc: the count is an upper bound),
 and one key's share keeps a tenant's flood of new contexts from evicting more than that of the others'."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from qa_core.squad.alignment import offsets_array
 from qa_core.tokenizer import XLNetTokenizer
-from server.context_cache import KEY_SHARE, ContextCache, EncodedContext, context_key
+from server.answering.context_cache import KEY_SHARE, ContextCache, EncodedContext, context_key
 
 SHIPPED = Path(__file__).resolve().parents[1] / "models" / "squad2-small-int8"
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "dev.json"

@@ -6,7 +6,7 @@ deploys, so that a renamed setting, route or metric breaks here rather than in a
 - docker-compose.yml: the compose-spec JSON schema vendored in `check-jsonschema`.
 - Kubernetes manifests: in ``test_deploy_k8s.py``; what they share with the rest of the kit below.
 - Prometheus and Grafana: PromQL parsed by `promql-parser`, metric and label names taken from
-  server.metrics.Metrics itself.
+  server.observability.metrics.Metrics itself.
 No container engine is needed (none runs on the CI machines) and nothing here uses the network.
 """
 
@@ -183,11 +183,11 @@ def test_prometheus_scrapes_the_servers_metrics_route() -> None:
 
 
 def metric_catalogue() -> dict[str, set[str]]:
-    """Sample names the server exports -> their label names, from a fresh server.metrics.Metrics."""
+    """Sample names the server exports -> their label names, from a fresh server.observability.metrics.Metrics."""
     from prometheus_client.metrics import MetricWrapperBase
     from prometheus_client.parser import text_string_to_metric_families
 
-    from server.metrics import Metrics
+    from server.observability.metrics import Metrics
 
     metrics = Metrics()
     labels = {m._name: set(m._labelnames) for m in vars(metrics).values() if isinstance(m, MetricWrapperBase)}

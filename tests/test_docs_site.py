@@ -69,11 +69,11 @@ def test_a_link_to_nothing_fails_the_build(tmp_path: Path, page: str, link: str)
 
 
 def test_the_http_api_reference_is_the_schema_as_generated_now() -> None:
-    """docs/api.md is exactly what ``python -m server.api_reference`` writes from today's routes and
+    """docs/api.md is exactly what ``python -m server.api.reference`` writes from today's routes and
     bodies: a route, a field or an error status that changed without the page fails here."""
-    from server.api_reference import markdown
+    from server.api.reference import markdown
 
     page = (REPO / "docs" / "api.md").read_text()
-    assert page == markdown(), "docs/api.md is stale: python -m server.api_reference > docs/api.md"
+    assert page == markdown(), "docs/api.md is stale: python -m server.api.reference > docs/api.md"
     for route in ("## POST /answer", "## POST /answer/batch", "## GET /v1/model", "## GET /healthz"):
         assert route in page

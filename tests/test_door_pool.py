@@ -1,4 +1,4 @@
-"""Who holds the connections (server/door_pool.py) on its own: plain bookkeeping with stand-in
+"""Who holds the connections (server/door/pool.py) on its own: plain bookkeeping with stand-in
 connections that are idle or busy. Unvouched connections per address, vouched ones per key, and which
 ones make room when the pool is full: never a busy one, never the newcomer, the keyless first, then
 the key holding the most. (The same rules against real floods: tests/test_server_key_floods.py.)"""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from server.door_pool import DoorPool
+from server.door.pool import DoorPool
 
 
 @dataclass(eq=False)

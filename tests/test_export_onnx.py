@@ -279,7 +279,7 @@ def test_sidecar_round_trip_and_errors(exports, tmp_path):
 
 def test_serving_settings_have_one_declaration(exports):
     """export.json keeps its keys in their order, and the server's spec carries the sidecar's settings."""
-    from server.model_spec import load_export_spec
+    from server.answering.model_spec import load_export_spec
 
     _, out = exports["beam"]
     side = sc.Sidecar.load(out)

@@ -19,8 +19,8 @@ from server_helpers import OK, ServerProcess
 
 from bench.limits_store import scenario
 from harness.redis_store import REDIS, SKIP_REASON, RedisStore
-from server.metrics import sample_total
-from server.quotas_redis import BREAKER_COOLDOWN_S
+from server.limits.quotas_redis import BREAKER_COOLDOWN_S
+from server.observability.metrics import sample_total
 
 pytestmark = pytest.mark.skipif(REDIS is None, reason=SKIP_REASON)
 MODES = {"one process": (), "engine process": ("--engine-process",)}

@@ -1,4 +1,4 @@
-"""``--metrics-port``: served by a process of its own (server/metrics_port.py) that nothing a client does
+"""``--metrics-port``: served by a process of its own (server/observability/metrics_port.py) that nothing a client does
 there can turn against the API. Against a real server on 127.0.0.1: a scrape gets the server's
 metrics, rendered at most once a second; half-sent requests and HTTP/0.9 get nothing and are closed by
 the deadline; only /metrics is served; hundreds of held connections leave the API answering; the
@@ -21,8 +21,8 @@ from module_runs import run_module
 from server_helpers import OK, ServerProcess, server_env
 
 from bench.flood_scenarios import metrics_port_of
-from server.metrics import sample_total
-from server.metrics_port import CACHE_S, HEAD_TIMEOUT_S, MAX_CONNECTIONS
+from server.observability.metrics import sample_total
+from server.observability.metrics_port import CACHE_S, HEAD_TIMEOUT_S, MAX_CONNECTIONS
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,10 @@ def metrics_processes(parent: int) -> set[int]:
     found = set()
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if b"server.metrics_port" in cmdline.read_bytes() and _parent(int(cmdline.parent.name)) == parent:
+            if (
+                b"server.observability.metrics_port" in cmdline.read_bytes()
+                and _parent(int(cmdline.parent.name)) == parent
+            ):
                 found.add(int(cmdline.parent.name))
         except (OSError, IndexError, ValueError):
             continue

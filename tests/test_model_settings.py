@@ -12,8 +12,8 @@ from harness.tiny_models import tiny_qa_checkpoint
 from qa_core.contract import DEFAULTS, MAX_N_BEST, WINDOW_OVERHEAD, ModelSettings
 from qa_core.runtime.sidecar import Sidecar, SidecarError
 from qa_core.tokenizer import XLNetTokenizer
-from server.host_path import HostPath
-from server.model_spec import ModelSpecError, resolve_spec
+from server.answering.host_path import HostPath
+from server.answering.model_spec import ModelSpecError, resolve_spec
 from train.common.sample_data import SAMPLE_DEV
 from train.evaluation.options import EvaluationOptions
 from train.evaluation.predict import evaluate_checkpoint

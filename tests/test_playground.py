@@ -15,7 +15,7 @@ import pytest
 from server_helpers import ServerProcess
 
 from bench.browser import CHROMIUM, headless_chromium
-from server.playground import CONTENT_SECURITY_POLICY, FILES
+from server.api.playground import CONTENT_SECURITY_POLICY, FILES
 
 
 @pytest.fixture(scope="module")

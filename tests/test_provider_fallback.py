@@ -83,9 +83,9 @@ def test_the_backend_refuses_a_fallback_unless_allowed(onnx_export: Path) -> Non
     """In-process: the model's own session is checked too, not only the probe before listening."""
     import onnxruntime
 
+    from server.answering.model_spec import resolve_spec
     from server.backends import BackendUnavailable
     from server.backends.onnx import OnnxBackend
-    from server.model_spec import resolve_spec
 
     if CUDA in onnxruntime.get_available_providers():
         pytest.skip("this wheel compiles CUDA in: see the onnxruntime-gpu venv test")
@@ -257,8 +257,8 @@ def test_fallback_walks_down_the_list_and_int8_is_refused_before_listening(onnx_
     then the CPU), each with its cause; an int8 export is refused for GPU providers before listening."""
     import dataclasses
 
+    from server.answering.model_spec import resolve_spec
     from server.backends import BackendUnavailable, check_spec
-    from server.model_spec import resolve_spec
     from server.settings import ServerSettings
 
     python = ort_gpu_python()

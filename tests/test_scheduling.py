@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from server.scheduling import URGENCY_MARGIN, QueueFull, Request, Scheduler
+from server.answering.scheduling import URGENCY_MARGIN, QueueFull, Request, Scheduler
 
 
 @dataclass(eq=False)

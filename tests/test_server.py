@@ -35,7 +35,7 @@ from server_helpers import (
 
 from qa_core.squad import DecodeOptions, decode, featurize_one
 from qa_core.tokenizer import XLNetTokenizer
-from server.metrics import sample_total
+from server.observability.metrics import sample_total
 
 # ---- answers -----------------------------------------------------------------------------------------
 
@@ -271,7 +271,7 @@ def test_each_answer_names_the_model_rule_that_decided_it() -> None:
     from dataclasses import replace
 
     from qa_core.squad.answerability import Answerability, Linear
-    from server.model_spec import decision_rule
+    from server.answering.model_spec import decision_rule
 
     fitted = Answerability(
         Linear(("cls_logit",), (0.0,), (1.0,), (-1.0,), 0.0), threshold=0.3, report={"beats_no_answer": True}

@@ -18,9 +18,9 @@ from server_helpers import ServerProcess, dev_questions
 from harness.server_process import LOOPBACK
 from qa_core.squad import DecodeOptions, decode_head_outputs, featurize_one, pad_batch
 from qa_core.tokenizer import XLNetTokenizer
+from server.answering.model_spec import resolve_spec
 from server.backends import create_backend
 from server.flags import load_settings
-from server.model_spec import resolve_spec
 
 SHIPPED = REPO / "models" / "squad2-small-int8"
 TOP_K = 5

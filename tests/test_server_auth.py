@@ -18,7 +18,7 @@ from clients import XLNetQAAuthenticationError, XLNetQAClient, XLNetQAConnection
 from harness.certificates import make_certificates
 from qa_core.squad import featurize_one
 from server.app import create_app, open_paths
-from server.metrics import sample_total
+from server.observability.metrics import sample_total
 from server.settings import ServerSettings
 
 

@@ -274,7 +274,7 @@ def test_a_tls_connection_that_never_handshakes_is_closed_and_counted(onnx_expor
         silent = [socket.create_connection(("127.0.0.1", s.port), timeout=30) for _ in range(2)]
         time.sleep(0.3)
         # two connections in their handshake hold two of the three places; a client's new connection
-        # is still served: the oldest idle one that no request has used gives way (server.door_pool)
+        # is still served: the oldest idle one that no request has used gives way (server.door.pool)
         start = time.monotonic()
         assert httpx.get(s.url + "/v1/model", verify=str(ca), timeout=10).status_code == 200
         assert silent[0].recv(1) == b"" and time.monotonic() - start < 1.0  # evicted at once
@@ -423,7 +423,7 @@ def test_websocket_upgrades_are_plain_requests_and_refused(keyed, onnx_export):
 def test_the_metrics_port_serves_a_scraper_without_a_key_and_the_api_port_keeps_its_door(
     onnx_export, tmp_path, workers
 ):
-    from server.metrics import sample_total
+    from server.observability.metrics import sample_total
 
     keys = keys_file(tmp_path / "keys.txt", f"alice: {ALICE}")
     flags = ["--api-keys-file", str(keys), "--metrics-port", "0", "--workers", workers]  # any free port
@@ -442,7 +442,7 @@ def test_a_pipelined_flood_is_cut_at_the_cap_before_it_queues_up(keyed):
     """A keyless client pipelining 200 tiny requests in one write: the parser stops queueing at 16
     waiting behind the first (400 too_many_pipelined, then the connection closes); the server answers
     at most that many and stays fine."""
-    from server.connection import MAX_PIPELINED
+    from server.door.connection import MAX_PIPELINED
 
     one = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     reply = exchange(keyed.port, one * 200, seconds=10)

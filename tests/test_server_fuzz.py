@@ -40,8 +40,8 @@ def _openapi() -> dict:
     server) fails under pytest 9.2 (it sets the removed ``Function._nodeid``); the test below checks
     that the live server publishes exactly this document.
     """
+    from server.answering.model_spec import ModelSpec
     from server.app import create_app
-    from server.model_spec import ModelSpec
     from server.settings import ServerSettings
 
     spec = ModelSpec(name="fuzz", directory=Path("."), tokenizer_dir=Path("."), head="shallow", kind="export")

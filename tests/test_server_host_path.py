@@ -67,7 +67,7 @@ def _stages(reply: httpx.Response) -> dict[str, float]:
 
 
 def test_answers_report_their_stages_and_other_replies_do_not(onnx_export: Path, tmp_path: Path) -> None:
-    from server.timing import STAGES
+    from server.observability.timing import STAGES
 
     with ServerProcess(onnx_export, tmp_path, backend="null") as server:
         one = httpx.post(server.url + "/answer", json=OK, timeout=20)

@@ -21,7 +21,7 @@ from paths import REPO
 from server_helpers import OK, ServerProcess, long_context, post, stand_in_spec
 
 from qa_core.runtime.sidecar import Sidecar
-from server.metrics import sample_total
+from server.observability.metrics import sample_total
 
 # ---- failures: hangs, NaN, crashes, load errors ---------------------------------------------------------
 
@@ -86,7 +86,7 @@ def test_backend_failure_fails_only_its_batch_and_logs_it_under_the_request_ids(
         failed = [r.json() for r in shared]
         assert all(b["error"] == "inference_failed" for b in failed)
         assert all("poisoned" not in r.text and "/secret" not in r.text for r in shared)
-        logged = [r for r in caplog.records if r.name == "server.batching" and r.exc_info]
+        logged = [r for r in caplog.records if r.name == "server.answering.batching" and r.exc_info]
         assert len(logged) == 1 and "poisoned batch" in str(logged[0].exc_info[1])
         assert all(b["request_id"] in logged[0].getMessage() for b in failed)
         assert post(url + "/answer", OK).status_code == 200  # later batches are unaffected
@@ -187,8 +187,8 @@ def test_shutdown_takes_one_graceful_timeout_in_total(onnx_export: Path, tmp_pat
 def test_draining_gets_what_is_left_of_the_one_graceful_timeout(onnx_export: Path) -> None:
     """Waiting for open requests and draining the batcher share one --graceful-timeout-s (they used to take
     one each): when open requests took 1 s of 1.5 s, the batcher is drained within the 0.5 s left."""
-    from server.lifecycle import ModelLifecycle
-    from server.metrics import Metrics
+    from server.answering.lifecycle import ModelLifecycle
+    from server.observability.metrics import Metrics
     from server.settings import ServerSettings
 
     drained: list[float | None] = []

@@ -21,7 +21,7 @@ from paths import REPO
 from server_helpers import OK, WINDOWS, long_context, post, stand_in_spec
 
 from qa_core.squad import featurize_one
-from server.metrics import sample_total
+from server.observability.metrics import sample_total
 
 # ---- queueing: fair, bounded, and forgetting the departed ----------------------------------------------
 
@@ -54,7 +54,7 @@ def test_a_large_request_meets_its_deadline_under_saturation(xlnet_tok) -> None:
     clients asking about full windows (~3.5 s here); deadline-aware scheduling answers it (that it does
     so in time is pinned with a fake clock in test_scheduling.py) while the clients keep getting answers.
     Work that cannot meet its deadline is refused at admission, or failed before it runs."""
-    from server.batching import DeadlineUnreachable, MicroBatcher, QueueFull
+    from server.answering.batching import DeadlineUnreachable, MicroBatcher, QueueFull
 
     gate = threading.Event()
     gate.set()
@@ -152,11 +152,11 @@ def test_windows_of_a_departed_client_are_dropped(onnx_export: Path, xlnet_tok) 
 def test_the_deadline_covers_featurizing_queueing_and_inference(xlnet_tok) -> None:
     """request_timeout_s bounds the whole path (the route answers 504): a timeout while tokenizing queues
     nothing; one during inference drops the question's windows still queued."""
-    from server.answering import AnswerService, RequestTimeout
-    from server.batching import MicroBatcher
-    from server.host_path import HostPath, Question
-    from server.quotas import CallerLimits, CallerQuotas
-    from server.window_queue import LocalQueue
+    from server.answering.batching import MicroBatcher
+    from server.answering.host_path import HostPath, Question
+    from server.answering.request_path import AnswerService, RequestTimeout
+    from server.answering.window_queue import LocalQueue
+    from server.limits.quotas import CallerLimits, CallerQuotas
 
     calls: list[int] = []
 
@@ -199,11 +199,11 @@ def test_the_deadline_covers_featurizing_queueing_and_inference(xlnet_tok) -> No
 def test_the_tokenizing_backlog_is_bounded(xlnet_tok) -> None:
     """Long inputs wait for one featurizing thread; beyond 32 maximal requests' worth of characters a
     request is refused at once (QueueFull: 503 + Retry-After) instead of queueing more tokenizing."""
-    from server.answering import AnswerService
-    from server.batching import MicroBatcher, QueueFull
-    from server.host_path import HostPath, Question, WorkLimits
-    from server.quotas import CallerLimits, CallerQuotas
-    from server.window_queue import LocalQueue
+    from server.answering.batching import MicroBatcher, QueueFull
+    from server.answering.host_path import HostPath, Question, WorkLimits
+    from server.answering.request_path import AnswerService
+    from server.answering.window_queue import LocalQueue
+    from server.limits.quotas import CallerLimits, CallerQuotas
 
     def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         b, t = batch["input_ids"].shape

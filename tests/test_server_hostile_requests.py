@@ -18,7 +18,7 @@ from server_helpers import OK, WINDOWS, ServerProcess, long_context, post
 
 from harness.server_process import LOOPBACK as HOST
 from qa_core.squad import featurize_one
-from server.metrics import sample_total
+from server.observability.metrics import sample_total
 
 # ---- the three measured attacks ----------------------------------------------------------------------
 

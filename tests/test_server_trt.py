@@ -20,8 +20,8 @@ from trt_stand_in import fake_nvidia_smi, fake_trt_export
 
 from qa_core.runtime.gpu_stacks import TENSORRT_VERSION
 from qa_core.squad import DecodeOptions, decode, featurize_one
+from server.answering.model_spec import load_export_spec
 from server.backends import BackendUnavailable, create_backend, dummy_batch
-from server.model_spec import load_export_spec
 from server.settings import ServerSettings
 
 

@@ -21,14 +21,14 @@ from auth_helpers import ALICE, bearer, keys_file
 from server_helpers import OK, ServerProcess
 
 from bench.common import BackgroundThreads
-from server.metrics import sample_total
+from server.observability.metrics import sample_total
 
 WARMUP_DELAY_S = 4.0  # the engine's load takes at least this long: long enough to be seen
 
 
 def children(supervisor: int, marker: bytes) -> set[int]:
     """The supervisor's child processes whose command line holds ``marker``: ``spawn_main`` for the
-    fronts (uvicorn's multiprocessing children), ``server.engine`` for the engine."""
+    fronts (uvicorn's multiprocessing children), ``server.topology.engine`` for the engine."""
     pids = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -46,7 +46,7 @@ def fronts(supervisor: int) -> set[int]:
 
 
 def engines(supervisor: int) -> set[int]:
-    return children(supervisor, b"server.engine")
+    return children(supervisor, b"server.topology.engine")
 
 
 def until(condition: Callable[[], object], what: str, seconds: float, log: Callable[[], str]) -> None:
@@ -227,10 +227,10 @@ def test_a_front_waiting_for_an_engine_stops_when_the_engine_marks_its_load_fail
     load-failed mark and fails too, instead of waiting for an engine that will never come."""
     import asyncio
 
-    from server.front import FrontLifecycle
-    from server.metrics import MULTIPROC_ENV, Metrics
-    from server.model_spec import resolve_spec
+    from server.answering.model_spec import resolve_spec
+    from server.observability.metrics import MULTIPROC_ENV, Metrics
     from server.settings import ServerSettings
+    from server.topology.front import FrontLifecycle
 
     shared = tmp_path / "metrics"
     shared.mkdir()

@@ -15,9 +15,9 @@ from gpu_mode import SERVING_PACKAGES, require_package, require_torch_cuda
 from paths import REPO
 from server_helpers import ServerProcess, dev_questions, server_env
 
+from server.answering.model_spec import resolve_spec
 from server.backends.base import dummy_batch
 from server.backends.torch import TorchBackend, torch_device_problem
-from server.model_spec import resolve_spec
 
 
 def _server(model: Path, *flags: str) -> subprocess.CompletedProcess:

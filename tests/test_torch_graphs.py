@@ -176,8 +176,8 @@ def test_prepare_captures_every_bucket_largest_first(qa_model) -> None:
 
 def test_the_backend_casts_its_weights_to_the_dtype_asked(onnx_export: Path) -> None:
     """--torch-dtype bf16 (eager, here on the CPU): float32 outputs close to fp32's, the dtype reported."""
+    from server.answering.model_spec import resolve_spec
     from server.backends.torch import TorchBackend
-    from server.model_spec import resolve_spec
 
     spec = resolve_spec(onnx_export, "torch")
     fp32, bf16 = TorchBackend(spec), TorchBackend(spec, dtype="bf16")
@@ -224,8 +224,8 @@ def test_recorded_graphs_on_cuda_match_fp32_eager(onnx_export: Path, graphs: str
     shapes in one bucket and across buckets: the answers of fp32 eager on the same GPU, within half
     precision; every bucket captured at warm-up, nothing run eagerly."""
     require_torch_cuda()
+    from server.answering.model_spec import resolve_spec
     from server.backends.torch import TorchBackend
-    from server.model_spec import resolve_spec
 
     spec = resolve_spec(onnx_export, "torch")
     grid = BucketGrid((1, 2, 4), (32, 64))

@@ -78,7 +78,9 @@ class ContextIndex:
         self.context = context
         self.sentences = sentence_bounds(context) or [(0, len(context))]
         tokens = [words(context[a:b]) for a, b in self.sentences]  # one pass of the word pattern each
-        self.word_count = sum(len(t) for t in tokens)  # what its memory grows with (server.context_cache)
+        self.word_count = sum(
+            len(t) for t in tokens
+        )  # what its memory grows with (server.answering.context_cache)
         self.sentence_stems = [set(content_stems("", t)) for t in tokens]
         self.sentence_words = [set(t) for t in tokens]
         self.stems: set[str] = set().union(*self.sentence_stems)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from qa_core.runtime.backends import NULL, ONNX, SERVER_BACKENDS, TORCH, TRT
+from server.answering.model_spec import ModelSpec
 from server.backends.base import Backend, BackendUnavailable, dummy_batch
-from server.model_spec import ModelSpec
 from server.settings import ServerSettings
 
 __all__ = [

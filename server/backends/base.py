@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from qa_core.contract import CLS_ID, SEG_ID_CLS, SEG_ID_QUESTION, SEP_ID
-from server.model_spec import ModelSpec
+from server.answering.model_spec import ModelSpec
 
 
 class BackendUnavailable(RuntimeError):

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from qa_core.heads import head_spec
+from server.answering.model_spec import ModelSpec
 from server.backends.base import Backend
-from server.model_spec import ModelSpec
 
 logger = logging.getLogger("server")
 

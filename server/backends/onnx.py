@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from qa_core.runtime.providers import CPU, TENSORRT, ProviderEntry
+from server.answering.model_spec import ModelSpec
 from server.backends.base import Backend, BackendUnavailable, check_outputs
-from server.model_spec import ModelSpec
 from server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from server.answering.model_spec import ModelSpec
 from server.backends.base import Backend, BackendUnavailable, check_outputs
 from server.backends.buckets import BucketGrid
-from server.model_spec import ModelSpec
 
 if TYPE_CHECKING:
     from train.model.inference import XLNetForQuestionAnswering

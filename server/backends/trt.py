@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from server.answering.model_spec import ModelSpec
 from server.backends.base import Backend, BackendUnavailable, check_outputs
-from server.model_spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 
