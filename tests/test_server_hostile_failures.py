@@ -61,23 +61,30 @@ def test_a_hung_backend_call_makes_the_server_unhealthy_until_it_returns(onnx_ex
 def test_backend_failure_fails_only_its_batch_and_logs_it_under_the_request_ids(
     onnx_export: Path, caplog
 ) -> None:
-    busy = threading.Event()
+    busy, release = threading.Event(), threading.Event()
 
     def fail(run, batch):
-        if busy.is_set():  # the first call: it holds the engine while the others queue up behind it
+        if busy.is_set():  # the first call: it holds the engine until the others have queued up behind it
             busy.clear()
-            time.sleep(0.5)
+            assert release.wait(60)
             return run(batch)
         raise RuntimeError("poisoned batch at /secret/path")
 
     async def behind_a_busy_engine() -> list[httpx.Response]:
         first = asyncio.ensure_future(post_many(url, [FAULTY]))
-        await asyncio.sleep(0.2)
-        shared = await post_many(url, [FAULTY, OK, OK, OK])
+        while busy.is_set():  # the engine holds the first call
+            await asyncio.sleep(0.01)
+        shared = asyncio.ensure_future(post_many(url, [FAULTY, OK, OK, OK]))
+        async with httpx.AsyncClient(base_url=url) as client:
+            while sample_total((await client.get("/metrics")).text, "xlnetqa_queue_depth") < 4:
+                await asyncio.sleep(0.01)  # no clock decides it: all four wait before the engine frees
+        release.set()
         assert [r.status_code for r in await first] == [200]
-        return shared
+        return await shared
 
-    with app_server(onnx_export, faulty_backend(fail), max_batch_size=8, max_batch_delay_ms=300) as (url, _):
+    # batching "always": the windows share a call whatever the load-time measurement would say
+    settings = {"max_batch_size": 8, "max_batch_delay_ms": 300, "batching": "always"}
+    with app_server(onnx_export, faulty_backend(fail), **settings) as (url, _):
         # The faulty question shares its backend call (room for 8) with three others: they queued up
         # together while the engine was busy.
         busy.set()
