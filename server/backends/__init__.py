@@ -1,99 +1,78 @@
-"""Inference backends behind one interface; each is imported only when chosen (torch only for ``torch``)."""
+"""Inference backends behind one interface, found through one registry: each is imported only when
+chosen (torch only for ``torch``), and the server asks it, not an if-chain, what it checks before
+listening, what it rules out in a model and how it is built.
+
+A new backend is a module here with a :class:`~server.backends.base.Backend` subclass, its name in
+:mod:`qa_core.runtime.backends` and its line in :data:`REGISTRY`.
+"""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from dataclasses import dataclass
+
 from qa_core.runtime.backends import NULL, ONNX, SERVER_BACKENDS, TORCH, TRT
 from server.answering.model_spec import ModelSpec
-from server.backends.base import Backend, BackendUnavailable, dummy_batch
+from server.backends.base import Backend, BackendUnavailable, batch_limit, dummy_batch
 from server.settings import ServerSettings
 
-__all__ = [
-    "Backend",
-    "BackendUnavailable",
-    "batch_limit",
-    "check_spec",
-    "create_backend",
-    "dummy_batch",
-    "preflight",
-]
+
+@dataclass(frozen=True)
+class Registered:
+    """Where a backend lives, and a package it cannot be imported without (checked first, so that a
+    missing install is one line, not an ImportError)."""
+
+    module: str
+    class_name: str
+    needs: str | None = None
+    install: str = ""
+
+
+REGISTRY: dict[str, Registered] = {
+    ONNX: Registered("server.backends.onnx", "OnnxBackend", "onnxruntime", "pip install 'xlnet-qa[serve]'"),
+    TRT: Registered("server.backends.trt", "TrtBackend"),
+    TORCH: Registered("server.backends.torch", "TorchBackend", "torch", "pip install 'xlnet-qa[train]'"),
+    NULL: Registered("server.backends.null", "NullBackend"),
+}
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The class registered under ``name``, imported now (its package checked first)."""
+    entry = REGISTRY.get(name)
+    if entry is None:
+        raise BackendUnavailable(f"unknown backend {name!r}; choose one of {', '.join(SERVER_BACKENDS)}")
+    if entry.needs and importlib.util.find_spec(entry.needs) is None:
+        raise BackendUnavailable(f"--backend {name} needs {entry.needs} ({entry.install})")
+    found: type[Backend] = getattr(importlib.import_module(entry.module), entry.class_name)
+    return found
 
 
 def preflight(settings: ServerSettings) -> None:
     """Checks before the server starts listening (missing packages, a GPU provider that does not run a
     probe session, no GPU, an unusable cache directory -> BackendUnavailable with one line saying what
     to do). Fast: the probe session is a tiny model."""
-    import importlib.util
-
-    backend, providers = settings.backend, settings.provider_list()
-    if backend == "onnx" and importlib.util.find_spec("onnxruntime") is None:
-        raise BackendUnavailable("--backend onnx needs onnxruntime (pip install 'xlnet-qa[serve]')")
-    if backend == "onnx":  # settings before installs
-        from server.backends.onnx import prepare_trt_cache_dir
-
-        prepare_trt_cache_dir(settings.trt_cache_dir, providers)
-    if backend == "onnx" and providers:
-        from server.backends.onnx import check_providers
-
-        check_providers(providers, settings)
-    if backend == "torch" and importlib.util.find_spec("torch") is None:
-        raise BackendUnavailable("--backend torch needs torch (pip install 'xlnet-qa[train]')")
-    if backend == "torch" and settings.torch_device != "cpu":
-        from server.backends.torch import torch_device_problem
-
-        problem = torch_device_problem(settings.torch_device)
-        if problem:
-            raise BackendUnavailable(problem)
-    if backend == TRT:
-        from server.backends.trt import _check_available
-
-        _check_available()
+    backend_class(settings.backend).preflight(settings)
 
 
-def batch_limit(spec: ModelSpec, settings: ServerSettings) -> int:
-    """The most windows in one backend call: the setting, within what the model (an engine) accepts."""
-    return min(settings.max_batch_size, spec.max_batch_size or settings.max_batch_size)
+def check_spec(spec: ModelSpec, settings: ServerSettings) -> None:
+    """What the model itself rules out before listening (an int8 export on a GPU provider)."""
+    backend_class(settings.backend).check_spec(spec, settings)
 
 
 def create_backend(spec: ModelSpec, settings: ServerSettings) -> Backend:
     """Build the backend named by ``settings.backend`` for ``spec`` (slow: loads the model)."""
-    if settings.backend == ONNX:
-        from server.backends.onnx import OnnxBackend
-
-        return OnnxBackend.from_settings(spec, settings)
-    if settings.backend == TRT:
-        from server.backends.trt import TrtBackend
-
-        return TrtBackend(spec, settings.device_id)
-    if settings.backend == TORCH:
-        from server.backends.buckets import BucketGrid
-        from server.backends.torch import TorchBackend
-
-        grid = BucketGrid.for_server(
-            batch_limit(spec, settings),
-            spec.serving.max_seq_len,
-            settings.pad_multiple_of,
-            spec.min_engine_seq_len or 1,
-        )
-        return TorchBackend(
-            spec,
-            settings.threads,
-            settings.inter_op_threads,
-            settings.torch_device,
-            dtype=settings.torch_dtype,
-            graphs=settings.torch_graphs,
-            grid=grid,
-        )
-    if settings.backend == NULL:
-        from server.backends.null import NullBackend
-
-        return NullBackend(spec)
-    raise BackendUnavailable(f"unknown backend {settings.backend!r}; choose one of {SERVER_BACKENDS}")
+    return backend_class(settings.backend).from_settings(spec, settings)
 
 
-def check_spec(spec: ModelSpec, settings: ServerSettings) -> None:
-    """What the model itself rules out before listening: an int8 export on a GPU provider."""
-    from qa_core.runtime.providers import GPU_PROVIDERS, INT8_CPU_ONLY
-
-    providers = settings.provider_list() or []
-    if settings.backend == "onnx" and spec.precision == "int8" and any(p in GPU_PROVIDERS for p in providers):
-        raise BackendUnavailable(f"--providers {','.join(providers)}: {INT8_CPU_ONLY}")
+__all__ = [
+    "REGISTRY",
+    "Backend",
+    "BackendUnavailable",
+    "batch_limit",
+    "check_spec",
+    "backend_class",
+    "create_backend",
+    "dummy_batch",
+    "preflight",
+]

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from qa_core.contract import CLS_ID, SEG_ID_CLS, SEG_ID_QUESTION, SEP_ID
 from server.answering.model_spec import ModelSpec
+
+if TYPE_CHECKING:
+    from server.settings import ServerSettings
 
 
 class BackendUnavailable(RuntimeError):
@@ -24,6 +27,23 @@ class Backend(abc.ABC):
     """Runs the QA model: ``run({input_ids, attention_mask, token_type_ids} [B, T]) -> {output: [B, ...]}``."""
 
     name: str = "base"
+
+    @classmethod
+    def preflight(cls, settings: ServerSettings) -> None:
+        """Checks before the server listens, fast (no model loaded): raise :class:`BackendUnavailable`
+        with one line saying what to do when this backend cannot run here with these settings."""
+        return None  # nothing to check unless a backend says otherwise
+
+    @classmethod
+    def check_spec(cls, spec: ModelSpec, settings: ServerSettings) -> None:
+        """What the model itself rules out on this backend before listening (raise
+        :class:`BackendUnavailable`)."""
+        return None  # nothing is ruled out unless a backend says otherwise
+
+    @classmethod
+    @abc.abstractmethod
+    def from_settings(cls, spec: ModelSpec, settings: ServerSettings) -> Backend:
+        """The backend for ``spec`` as the server's settings ask (slow: loads the model)."""
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
@@ -52,6 +72,11 @@ class Backend(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release sessions/engines (called once at shutdown)."""
+
+
+def batch_limit(spec: ModelSpec, settings: ServerSettings) -> int:
+    """The most windows in one backend call: the setting, within what the model (an engine) accepts."""
+    return min(settings.max_batch_size, spec.max_batch_size or settings.max_batch_size)
 
 
 def dummy_batch(batch_size: int, length: int) -> dict[str, np.ndarray]:

@@ -19,6 +19,7 @@ import numpy as np
 from qa_core.heads import head_spec
 from server.answering.model_spec import ModelSpec
 from server.backends.base import Backend
+from server.settings import ServerSettings
 
 logger = logging.getLogger("server")
 
@@ -37,6 +38,10 @@ class NullBackend(Backend):
     """Returns fixed outputs of the right names, dtypes and shapes for the spec's head."""
 
     name = "null"
+
+    @classmethod
+    def from_settings(cls, spec: ModelSpec, settings: ServerSettings) -> NullBackend:
+        return cls(spec)
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__(spec)

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from qa_core.runtime.providers import CPU, TENSORRT, ProviderEntry
+from qa_core.runtime.providers import CPU, GPU_PROVIDERS, INT8_CPU_ONLY, TENSORRT, ProviderEntry
 from server.answering.model_spec import ModelSpec
-from server.backends.base import Backend, BackendUnavailable, check_outputs
+from server.backends.base import Backend, BackendUnavailable, batch_limit, check_outputs
 from server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -233,13 +233,26 @@ class OnnxBackend(Backend):
         logger.warning("--allow-cpu-fallback: serving on %s: %s", self.providers, problem)
 
     @classmethod
+    def preflight(cls, settings: ServerSettings) -> None:
+        providers = settings.provider_list()
+        prepare_trt_cache_dir(settings.trt_cache_dir, providers)  # settings before installs
+        if providers:
+            check_providers(providers, settings)
+
+    @classmethod
+    def check_spec(cls, spec: ModelSpec, settings: ServerSettings) -> None:
+        providers = settings.provider_list() or []
+        if spec.precision == "int8" and any(p in GPU_PROVIDERS for p in providers):
+            raise BackendUnavailable(f"--providers {','.join(providers)}: {INT8_CPU_ONLY}")
+
+    @classmethod
     def from_settings(cls, spec: ModelSpec, settings: ServerSettings) -> OnnxBackend:
         return cls(
             spec,
             settings.threads,
             settings.inter_op_threads,
             settings.provider_list(),
-            max_batch_size=min(settings.max_batch_size, spec.max_batch_size or settings.max_batch_size),
+            max_batch_size=batch_limit(spec, settings),
             trt_cache_dir=settings.trt_cache_dir,
             trt_fp16=settings.trt_fp16,
             device_id=settings.device_id,

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from server.answering.model_spec import ModelSpec
-from server.backends.base import Backend, BackendUnavailable, check_outputs
+from server.backends.base import Backend, BackendUnavailable, batch_limit, check_outputs
 from server.backends.buckets import BucketGrid
+from server.settings import ServerSettings
 
 if TYPE_CHECKING:
     from train.model.inference import XLNetForQuestionAnswering
@@ -30,6 +31,30 @@ class TorchBackend(Backend):
     """A checkpoint loaded with ``train.model.checkpoint.load`` and wrapped in ``QAInference``."""
 
     name = "torch"
+
+    @classmethod
+    def preflight(cls, settings: ServerSettings) -> None:
+        problem = torch_device_problem(settings.torch_device) if settings.torch_device != "cpu" else None
+        if problem:
+            raise BackendUnavailable(problem)
+
+    @classmethod
+    def from_settings(cls, spec: ModelSpec, settings: ServerSettings) -> TorchBackend:
+        grid = BucketGrid.for_server(
+            batch_limit(spec, settings),
+            spec.serving.max_seq_len,
+            settings.pad_multiple_of,
+            spec.min_engine_seq_len or 1,
+        )
+        return cls(
+            spec,
+            settings.threads,
+            settings.inter_op_threads,
+            settings.torch_device,
+            dtype=settings.torch_dtype,
+            graphs=settings.torch_graphs,
+            grid=grid,
+        )
 
     def __init__(
         self,

@@ -18,6 +18,7 @@ import numpy as np
 
 from server.answering.model_spec import ModelSpec
 from server.backends.base import Backend, BackendUnavailable, check_outputs
+from server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,14 @@ class TrtBackend(Backend):
     """One engine and execution context (``TRTRunner`` serialises calls: a context is not thread-safe)."""
 
     name = "trt"
+
+    @classmethod
+    def preflight(cls, settings: ServerSettings) -> None:
+        _check_available()
+
+    @classmethod
+    def from_settings(cls, spec: ModelSpec, settings: ServerSettings) -> TrtBackend:
+        return cls(spec, settings.device_id)
 
     def __init__(self, spec: ModelSpec, device_id: int = 0) -> None:
         super().__init__(spec)
