@@ -14,23 +14,8 @@ from qa_core.contract import DEFAULTS
 
 from .answerability import Answerability, decide
 from .answerability_features import ContextIndex, SpanScores
+from .candidates import NBestEntry
 from .rerank import SpanReranker
-
-
-@dataclass
-class NBestEntry:
-    """One candidate span: text and character offsets in the context, plus where it came from."""
-
-    text: str
-    start: int
-    end: int
-    score: float
-    probability: float
-    start_log_prob: float
-    end_log_prob: float
-    window_index: int
-    start_token: int
-    end_token: int
 
 
 @dataclass

@@ -19,15 +19,13 @@ import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from qa_core.text import STOPWORDS, stem, words
 
 from .answerability_features import ContextIndex, QuestionMatch, answer_type_match, match_question
 from .answerability_params import AnswerabilityError, Linear, check_format, parse_number, parse_object
-
-if TYPE_CHECKING:  # a prediction's module decides with the answerability, which holds a re-ranker
-    from .prediction import NBestEntry
+from .candidates import NBestEntry
 
 FORMAT = 1
 TOP_K = 10  # candidates rescored: the best of the top 10 holds most of what the top 20 does

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from train.model.config import XLNetConfig
-from train.model.fused import FusedAttentionWeights
 from train.model.position import relative_shift
 
 
@@ -76,7 +75,10 @@ class RelativeAttention(nn.Module):
         self.aoa = AttentionOnAttention(d) if config.use_aoa else None
         # Inference cache of the projected relative positions [1, N, 2L, Dh] (see XLNetModel.cache_positions).
         self.register_buffer("k_r_table", None, persistent=False)
-        self.fused: FusedAttentionWeights | None = None  # the inference layout (train.model.fused)
+        # The inference layout: a train.model.fused.FusedAttentionWeights that XLNetModel.cache_positions sets
+        # and fused_attention reads. Typed as the module it is, so that this file does not import the fused
+        # formulation that imports it (no import circle).
+        self.fused: nn.Module | None = None
 
     def _heads(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """[B, L, D] -> [B, N, L, Dh]."""
