@@ -33,6 +33,7 @@ from server_helpers import (
     server_env,
 )
 
+from qa_core.runtime.backends import SERVER_BACKENDS
 from qa_core.squad import DecodeOptions, decode, featurize_one
 from qa_core.tokenizer import XLNetTokenizer
 from server.observability.metrics import sample_total
@@ -474,7 +475,7 @@ def test_switches_and_choices_read_as_the_other_commands_do() -> None:
     assert load_settings(["--playground"]).playground is True
     assert load_settings(["--playground", "false"]).playground is False
     text = build_parser().format_help()
-    assert "--playground, --no-playground" in text and "--backend {onnx,trt,torch,null}" in text
+    assert "--playground, --no-playground" in text and f"--backend {{{','.join(SERVER_BACKENDS)}}}" in text
     bad = {
         ("--no-playground", "true"): "playground: --no-playground takes no value",
         ("--backend", "bogus"): "backend: invalid choice 'bogus'",
