@@ -486,7 +486,7 @@ def test_switches_and_choices_read_as_the_other_commands_do() -> None:
             build_parser().parse_args(list(flags))
     r = _run_server_cli("--model", "x", "--backend", "bogus")  # the command: one line, exit 2
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "error: backend: invalid choice 'bogus' (choose from 'onnx', 'trt', 'torch', 'null')"
+        f"error: backend: invalid choice 'bogus' (choose from {', '.join(map(repr, SERVER_BACKENDS))})"
     ], r.stderr
 
 
