@@ -48,7 +48,7 @@ INTRO = (
     "this page equal to a fresh generation; a running server shows the same page at `GET /docs`). Every route "
     "needs an API key when the server has keys (`Authorization: Bearer <key>` or `X-API-Key: <key>`), except "
     "the probes `/healthz` and `/readyz`; every error is JSON `{error, message, request_id}` with the kinds "
-    "listed in [Serving](serving.md). Limits that depend on the server's settings (characters, windows, batch "
+    "listed in [Observability](observability.md). Limits that depend on the server's settings (characters, windows, batch "
     "items) are answered with 413 naming the setting; `GET /v1/model` reports them."
 )
 
