@@ -13,6 +13,7 @@ import statistics
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from auth_helpers import ALICE, BOB, keys_file
 from server_helpers import OTHER_SERVER_REPO, ServerProcess
@@ -20,6 +21,7 @@ from server_helpers import OTHER_SERVER_REPO, ServerProcess
 from bench.flood_scenarios import flood_setup, key_holder, metrics_port_of
 from bench.floods import flood_process
 from harness.server_process import free_port
+from server.observability.metrics import sample_total
 
 SHIPPED = Path(__file__).resolve().parents[1] / "models" / "squad2-small-int8"
 
@@ -147,6 +149,12 @@ def test_a_flood_of_the_metrics_port_leaves_the_api_its_speed(onnx_export: Path,
     assert p99(ok) <= 2 * p99(base) + 0.005, (p99(ok), p99(base))
 
 
+def answered_for(url: str, key: str) -> float:
+    """The requests of ``key`` the server has answered 200, from its metrics (read with another key)."""
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {BOB}"}, timeout=30).text
+    return sample_total(text, "xlnetqa_key_requests_total", key=key, status="200")
+
+
 def test_one_keys_batches_leave_another_key_its_speed(tmp_path: Path) -> None:
     """One key keeps 16 batches of 2 x 20,000 characters in flight (new texts each time), against the
     shipped model with the default limits: another key's questions (the sample's, about their paragraph:
@@ -159,7 +167,11 @@ def test_one_keys_batches_leave_another_key_its_speed(tmp_path: Path) -> None:
     with ServerProcess(SHIPPED, tmp_path, "--api-keys-file", str(keys), *setup.flags) as s:
         unloaded = key_holder(s.url, BOB, 40, body=question)
         with flood_process(*setup.flood(s.url, s.port, ALICE)) as flood:
-            time.sleep(3.0)
+            # measured once the flood is in full swing: its first batch answered (no clock decides it)
+            deadline = time.monotonic() + 120  # only a guard against a hang
+            while answered_for(s.url, "alice") < 1:
+                assert time.monotonic() < deadline and flood.running(), "the flooding key was never served"
+                time.sleep(0.2)
             flooded = key_holder(s.url, BOB, 40, body=question)
             assert flood.running()
     base_rate, base = served(unloaded)
