@@ -144,7 +144,7 @@ async def keyless_neighbour(url: str, loops: int, seconds: float, tally: Tally) 
         while time.perf_counter() < deadline:
             headers = {"Authorization": f"Bearer {secrets.token_urlsafe(24)}"}
             try:
-                r = await client.post("/answer", json={"question": "?", "context": "?"}, headers=headers)
+                r = await client.post("/v1/answer", json={"question": "?", "context": "?"}, headers=headers)
             except httpx.HTTPError as exc:
                 tally.keyless[type(exc).__name__] += 1
                 continue
@@ -168,7 +168,7 @@ def attacks(
     fields = ("{" + ",".join(f'"f{i}":1' for i in range(60_000)) + "}").encode()
     json_headers = {"content-type": "application/json"}
 
-    def post(body: dict | None = None, raw: bytes | None = None, path: str = "/answer", timeout=None):
+    def post(body: dict | None = None, raw: bytes | None = None, path: str = "/v1/answer", timeout=None):
         async def send(c: httpx.AsyncClient) -> httpx.Response:
             kw = {"timeout": timeout} if timeout is not None else {}
             if raw is not None:
@@ -183,7 +183,7 @@ def attacks(
         ("expanding-unicode", post({"question": "What?", "context": expanding})),
         ("oversized-body", post(raw=over)),
         ("invalid-json", post(raw=b'{"question": "a", "context": ')),
-        ("400k-items", post(raw=many_items, path="/answer/batch")),
+        ("400k-items", post(raw=many_items, path="/v1/answer/batch")),
         ("60k-unknown-fields", post(raw=fields)),
         ("disconnect", post({"question": "What happened?", "context": largest}, timeout=0.05)),
     ]

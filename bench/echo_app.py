@@ -1,4 +1,4 @@
-"""The floor a Python HTTP server cannot go below: FastAPI on uvicorn answering ``POST /answer`` with
+"""The floor a Python HTTP server cannot go below: FastAPI on uvicorn answering ``POST /v1/answer`` with
 the JSON body it was sent, nothing else (no middleware, no model, no validation beyond JSON).
 
     python -m bench.echo_app --port 8001 [--http h11|httptools] [--loop asyncio|uvloop]
@@ -18,7 +18,7 @@ from fastapi import FastAPI
 app = FastAPI()
 
 
-@app.post("/answer")
+@app.post("/v1/answer")
 async def echo(body: dict[str, Any]) -> dict[str, Any]:
     return body
 

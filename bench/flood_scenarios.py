@@ -35,7 +35,7 @@ def key_holder(
         start = time.perf_counter()
         try:
             with httpx.Client(base_url=url, timeout=timeout, verify=verify) as client:
-                outcome = str(client.post("/answer", json=body, headers=headers).status_code)
+                outcome = str(client.post("/v1/answer", json=body, headers=headers).status_code)
         except httpx.HTTPError as exc:
             outcome = type(exc).__name__
         out.append((outcome, time.perf_counter() - start))

@@ -6,7 +6,7 @@ tests assert (the scenarios, and the key holder measured beside them, are :mod:`
 - :class:`HeaderFlood`: keyless requests whose header block is ``block_bytes`` long, each sent whole in
   one write on a connection of its own, at ``bytes_per_second`` (open loop: it does not wait for answers).
 - :class:`TokenizerFlood`: a tenant with a valid key sending ``chars`` characters of context per
-  request (``/answer/batch`` items of 20,000, each within the per-context limit) that the server
+  request (``/v1/answer/batch`` items of 20,000, each within the per-context limit) that the server
   tokenizes and then refuses (413: too many tokens or windows), at ``per_second`` requests.
 - :class:`KeyConnectionFlood`: a valid key holding ``connections`` keep-alive connections, each sending a
   keyed request (a probe by default) every ``interval_s``, reconnecting when the server closes one.
@@ -15,7 +15,7 @@ tests assert (the scenarios, and the key holder measured beside them, are :mod:`
   ``per_second`` (the refusal would wait for the body).
 - :class:`MetricsFlood`: on the metrics port, ``half_open`` connections that send half a request
   (``GET /metr``) and nothing more, and ``per_second`` whole scrapes.
-- :class:`BatchFlood`: a tenant with a valid key keeping ``concurrency`` ``/answer/batch`` requests in
+- :class:`BatchFlood`: a tenant with a valid key keeping ``concurrency`` ``/v1/answer/batch`` requests in
   flight, each of ``items`` contexts of ``chars`` characters (a new text each time).
 
 Each runs in a thread of its own with its own event loop, started and stopped as a context manager;
@@ -127,7 +127,7 @@ class HeaderFlood(_Flood):
     def request(self) -> bytes:
         line = b"X-Padding: " + b"a" * 200 + b"\r\n"
         lines = line * max(1, self.block_bytes // len(line))
-        return b"POST /answer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n" + lines + b"\r\n{}"
+        return b"POST /v1/answer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n" + lines + b"\r\n{}"
 
     async def flood(self) -> None:
         """Open loop: a request every ``len(request) / bytes_per_second`` seconds whatever the server does
@@ -171,7 +171,7 @@ class TokenizerFlood(_Flood):
 
             async def one() -> None:
                 try:
-                    r = await client.post("/answer/batch", json={"items": items}, headers=headers)
+                    r = await client.post("/v1/answer/batch", json={"items": items}, headers=headers)
                     self.tally[str(r.status_code)] += 1
                 except httpx.HTTPError as exc:
                     self.tally[type(exc).__name__] += 1
@@ -258,7 +258,7 @@ class LingerFlood(_Flood):
         """Open loop: a request every ``1 / per_second`` seconds whatever the server does (at most 4,000
         unanswered at once), from the addresses in turn."""
         head = (
-            "POST /answer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            "POST /v1/answer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {self.body_bytes}\r\n\r\n"
         ).encode()
         sources = itertools.cycle(f"127.0.0.{2 + k}" for k in range(self.addresses))
@@ -349,7 +349,7 @@ class BatchFlood(_Flood):
                     items = [{"question": "What was approved?", "context": f"Report {next(serial) % int(__import__('os').environ.get('XQ_TEXTS', '1000000')):06d}. {base}"[: self.chars]}
                              for _ in range(self.items)]  # fmt: skip
                     try:
-                        r = await client.post("/answer/batch", json={"items": items}, headers=headers)
+                        r = await client.post("/v1/answer/batch", json={"items": items}, headers=headers)
                         self.tally[str(r.status_code)] += 1
                         if r.status_code != 200:
                             await asyncio.sleep(float(r.headers.get("retry-after", "1")))

@@ -176,7 +176,7 @@ def ask(model: Path, run: ServerRun, work: Path, requests: int) -> dict[str, Any
         with httpx.Client(base_url=server.url, timeout=60) as client:
             for _ in range(requests):
                 t = time.perf_counter()
-                r = client.post("/answer", json={"question": question, "context": context})
+                r = client.post("/v1/answer", json={"question": question, "context": context})
                 latencies.append(time.perf_counter() - t)
                 r.raise_for_status()
                 answer = r.json()["answer"]

@@ -103,7 +103,7 @@ def answer_bodies(pairs: Sequence[tuple[str, str]]) -> list[bytes]:
 def encoded_requests(
     port: int, bodies: Sequence[bytes], headers: dict[str, str] | None = None
 ) -> list[bytes]:
-    return [encode_post(LOOPBACK, port, "/answer", b, headers) for b in bodies]
+    return [encode_post(LOOPBACK, port, "/v1/answer", b, headers) for b in bodies]
 
 
 def measure_stages(port: int, bodies: Sequence[bytes], headers: dict[str, str] | None = None) -> StageTable:

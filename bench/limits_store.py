@@ -69,7 +69,7 @@ class Load(BackgroundThreads):
         headers = {"Authorization": f"Bearer {self.key}"}
         with httpx.Client(base_url=self.url, timeout=30, headers=headers) as c:
             while not self.stopping.is_set():
-                self._timed(c, self.answers, "POST", "/answer", json=OK)
+                self._timed(c, self.answers, "POST", "/v1/answer", json=OK)
 
     def _probe(self) -> None:
         with httpx.Client(base_url=self.url, timeout=30) as c:

@@ -10,7 +10,7 @@
    null`` (fixed outputs, no model) the engine costs nothing, so every millisecond is the host's.
 1. Overhead. The same questions, one at a time, (a) in this process through exactly the server's
    work minus HTTP (featurize -> pad -> ``Backend.run`` -> decode, the backend built by the server's
-   own factory with the same threads) and (b) through ``POST /answer`` of a server started here with
+   own factory with the same threads) and (b) through ``POST /v1/answer`` of a server started here with
    micro-batching off (one window per backend call, as in (a)). The overhead is the median of the
    per-question differences (b - a): HTTP, JSON, validation, asyncio and the batcher's queue.
 2. Load. Closed-loop clients (1/4/16/64 by default) against the server with micro-batching on and
@@ -142,7 +142,7 @@ def bare_latencies(
 
 
 def http_latencies(port: int, pairs: Sequence[tuple[str, str]]) -> list[float]:
-    """Seconds per question through ``POST /answer``, one request at a time on a kept-alive connection."""
+    """Seconds per question through ``POST /v1/answer``, one request at a time on a kept-alive connection."""
     requests = encoded_requests(port, answer_bodies(pairs))
     replies = run_async(one_at_a_time(LOOPBACK, port, requests))
     bad = [r.status for r, _ in replies if r.status != 200]

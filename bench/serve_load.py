@@ -4,7 +4,7 @@
     python -m bench.serve_load --url http://127.0.0.1:8000 --clients 8 --seconds 5
 
 N concurrent clients (asyncio + httpx, closed loop: each sends its next request when the previous one
-returns) post SQuAD dev questions to ``/answer`` for T seconds after a short warm-up. With ``--model``
+returns) post SQuAD dev questions to ``/v1/answer`` for T seconds after a short warm-up. With ``--model``
 the script starts ``python -m server`` itself once per mode: ``batched`` (max_batch_size/delay as
 given) and ``unbatched`` (max_batch_size 1, delay 0). Prints a Markdown table: throughput, p50/p99
 latency, errors and the mean number of windows per backend call (read from ``/metrics``).
@@ -76,7 +76,7 @@ async def closed_loop(
     timeout: float = 60,
     headers_of: Callable[[int], dict[str, str]] | None = None,
 ) -> None:
-    """``clients`` closed-loop clients post ``pairs`` to ``/answer`` for ``seconds``; every request's
+    """``clients`` closed-loop clients post ``pairs`` to ``/v1/answer`` for ``seconds``; every request's
     outcome (response or transport error) and latency go to ``record``. ``headers_of(i)``: client
     ``i``'s own headers (its API key)."""
     deadline = time.perf_counter() + seconds
@@ -91,7 +91,7 @@ async def closed_loop(
             outcome: Outcome
             try:
                 outcome = await client.post(
-                    "/answer",
+                    "/v1/answer",
                     json={"question": question, "context": context},
                     headers=headers_of(i) if headers_of else None,
                 )
@@ -113,7 +113,7 @@ def measure(
     if parsed.scheme != "http" or parsed.hostname is None or parsed.port is None:
         raise ValueError(f"the load client speaks plain HTTP to host:port, not {url!r}")
     host, port = parsed.hostname, parsed.port
-    requests = [encode_post(host, port, "/answer", body) for body in answer_bodies(pairs)]
+    requests = [encode_post(host, port, "/v1/answer", body) for body in answer_bodies(pairs)]
     if warmup > 0:
         run_async(lean_closed_loop(host, port, requests, clients, warmup))
     before = _metrics_text(url)

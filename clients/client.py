@@ -357,12 +357,12 @@ class XLNetQAClient(_Policy):
     ) -> Answer:
         """Answer one question about ``context`` (``context[a.start:a.end] == a.answer``)."""
         payload = self._answer_payload(question, context, top_k, max_answer_len, threshold)
-        return _parse(Answer, self._request("POST", "/answer", payload))
+        return _parse(Answer, self._request("POST", "/v1/answer", payload))
 
     def answer_batch(self, items: Iterable[BatchItem]) -> list[Answer]:
         """Answer several questions in one request; results in the same order."""
         return _parse(
-            Answer, self._request("POST", "/answer/batch", {"items": _batch_payload(items)}), "results"
+            Answer, self._request("POST", "/v1/answer/batch", {"items": _batch_payload(items)}), "results"
         )
 
     def health(self) -> bool:
@@ -432,10 +432,10 @@ class AsyncXLNetQAClient(_Policy):
         threshold: float | None = None,
     ) -> Answer:
         payload = self._answer_payload(question, context, top_k, max_answer_len, threshold)
-        return _parse(Answer, await self._request("POST", "/answer", payload))
+        return _parse(Answer, await self._request("POST", "/v1/answer", payload))
 
     async def answer_batch(self, items: Iterable[BatchItem]) -> list[Answer]:
-        response = await self._request("POST", "/answer/batch", {"items": _batch_payload(items)})
+        response = await self._request("POST", "/v1/answer/batch", {"items": _batch_payload(items)})
         return _parse(Answer, response, "results")
 
     async def health(self) -> bool:

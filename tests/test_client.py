@@ -104,7 +104,7 @@ def test_async_client_typed_results(server: ServerProcess) -> None:
 
 def _count(url: str, status: str) -> float:
     return sample_total(
-        httpx.get(url + "/metrics").text, "xlnetqa_requests_total", route="/answer", status=status
+        httpx.get(url + "/metrics").text, "xlnetqa_requests_total", route="/v1/answer", status=status
     )
 
 
@@ -284,7 +284,7 @@ GOOD = {
 
 def test_only_the_options_the_caller_set_are_sent() -> None:
     def respond(h, body) -> None:
-        _reply(h, 200, json.dumps({"results": [GOOD]} if h.path == "/answer/batch" else GOOD))
+        _reply(h, 200, json.dumps({"results": [GOOD]} if h.path == "/v1/answer/batch" else GOOD))
 
     with stub_server(respond) as (url, seen), XLNetQAClient(url) as qa:
         qa.answer("Why?", "Because.")

@@ -129,6 +129,33 @@ def test_batch_endpoint_matches_single_calls_in_order(onnx_server: ServerProcess
         assert got["no_answer_prob"] == pytest.approx(single["no_answer_prob"], abs=1e-5)
 
 
+def test_one_version_prefix_and_the_old_paths_name_their_successor(onnx_server: ServerProcess) -> None:
+    """Every route is under /v1; /answer and /answer/batch (before the prefix) answer the same, marked
+    deprecated in the schema, each response naming its successor."""
+    current = httpx.post(onnx_server.url + "/v1/answer", json=OK, timeout=30)
+    old = httpx.post(onnx_server.url + "/answer", json=OK, timeout=30)
+    assert current.status_code == old.status_code == 200
+    assert {k: current.json()[k] for k in ("answer", "start", "end")} == {
+        k: old.json()[k] for k in ("answer", "start", "end")
+    }
+    assert "deprecation" not in current.headers
+    assert (
+        old.headers["deprecation"] == "true"
+        and old.headers["link"] == '</v1/answer>; rel="successor-version"'
+    )
+    batch = httpx.post(onnx_server.url + "/answer/batch", json={"items": [OK]}, timeout=30)
+    assert batch.status_code == 200 and batch.headers["link"] == '</v1/answer/batch>; rel="successor-version"'
+    paths = httpx.get(onnx_server.url + "/openapi.json").json()["paths"]
+    assert {p for p in paths if not p.startswith("/v1/")} == {
+        "/answer",
+        "/answer/batch",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    }
+    assert paths["/answer"]["post"]["deprecated"] and not paths["/v1/answer"]["post"].get("deprecated")
+
+
 def test_concurrent_requests_are_micro_batched(onnx_server: ServerProcess) -> None:
     before = httpx.get(onnx_server.url + "/metrics").text
     pairs = [(q, c[:150]) for q, c in dev_questions()[:24]]  # one window each: grouping is across requests

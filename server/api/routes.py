@@ -214,19 +214,49 @@ answer_router = APIRouter(tags=["answers"])
 ops_router = APIRouter(tags=["operations"])
 
 
-@answer_router.post(
-    "/answer", response_model=AnswerResponse, response_model_exclude_unset=True, responses=ERROR_RESPONSES
-)
+API_VERSION = "/v1"
+"""Every route of the API under one version prefix (``/v1/answer``, ``/v1/answer/batch``, ``/v1/model``).
+The probes and ``/metrics`` are unversioned, as Kubernetes and Prometheus expect them."""
+LEGACY_ALIASES = {"/answer": f"{API_VERSION}/answer", "/answer/batch": f"{API_VERSION}/answer/batch"}
+"""Paths served before the prefix: still answered, marked deprecated in the schema, and each response
+names its successor (``Deprecation`` and ``Link`` headers, RFC 9745 and RFC 8288)."""
+
+
+def _with_successor(request: Request, response: Response) -> Response:
+    """On a legacy path, say so and where the route lives now."""
+    successor = LEGACY_ALIASES.get(request.url.path)
+    if successor is not None:
+        response.headers["Deprecation"] = "true"
+        response.headers["Link"] = f'<{successor}>; rel="successor-version"'
+    return response
+
+
+def _post_versioned(router: APIRouter, path: str, endpoint: Any, **options: Any) -> None:
+    """``POST /v1{path}``, and the same handler at the legacy ``{path}``, deprecated."""
+    router.post(f"{API_VERSION}{path}", **options)(endpoint)
+    router.post(path, deprecated=True, **options)(endpoint)
+
+
 async def answer(body: AnswerRequest, request: Request, runtime: RuntimeDep) -> Response:
     """Answer one question. ``context[start:end] == answer``; unanswerable: answer "" and start = end = -1."""
     clock = _parsed(request)
     check_sizes([body], runtime.settings)
     fields = (await answer_items(runtime, [body], request))[0]
-    return json_response(fields, clock)
+    return _with_successor(request, json_response(fields, clock))
+
+
+_post_versioned(
+    answer_router,
+    "/answer",
+    answer,
+    response_model=AnswerResponse,
+    response_model_exclude_unset=True,
+    responses=ERROR_RESPONSES,
+)
 
 
 def batch_router(max_items: int) -> APIRouter:
-    """``POST /answer/batch`` with a body model that states ``max_items`` in the schema."""
+    """``POST /v1/answer/batch`` with a body model that states ``max_items`` in the schema."""
     router = APIRouter(tags=["answers"])
 
     async def answer_batch(body: BaseBatchRequest, request: Request, runtime: RuntimeDep) -> Response:
@@ -234,16 +264,18 @@ def batch_router(max_items: int) -> APIRouter:
         clock = _parsed(request)
         check_sizes(body.items, runtime.settings)
         results = await answer_items(runtime, body.items, request)
-        return json_response({"results": results}, clock)
+        return _with_successor(request, json_response({"results": results}, clock))
 
     # The body model is built for this limit, so its annotation is the class itself, not a name.
     answer_batch.__annotations__["body"] = batch_request_model(max_items)
-    router.post(
+    _post_versioned(
+        router,
         "/answer/batch",
+        answer_batch,
         response_model=BatchResponse,
         response_model_exclude_unset=True,
         responses=ERROR_RESPONSES,
-    )(answer_batch)
+    )
     return router
 
 
@@ -282,7 +314,7 @@ async def prometheus_metrics(runtime: RuntimeDep, metrics: MetricsDep) -> Respon
     return Response(metrics.render(), media_type=metrics.content_type)
 
 
-@ops_router.get("/v1/model", response_model=ModelInfoResponse)
+@ops_router.get(f"{API_VERSION}/model", response_model=ModelInfoResponse)
 async def model_info(runtime: RuntimeDep, settings: SettingsDep) -> ModelInfoResponse:
     """The served model's metadata (sidecar/checkpoint) and the server's runtime configuration."""
     spec = runtime.spec

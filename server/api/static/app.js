@@ -1,4 +1,4 @@
-// The playground: asks POST /answer (or /answer/batch) and shows the answer in its context.
+// The playground: asks POST /v1/answer (or /v1/answer/batch) and shows the answer in its context.
 // Text from the user or the server is only ever put into the page as textContent (never HTML).
 "use strict";
 
@@ -249,12 +249,12 @@ async function ask(ev) {
     state.context = context;
     const used = threshold();
     if (batch) {
-      const data = await post("/answer/batch", { items: lines.map((q) => requestBody(q, context)) });
+      const data = await post("/v1/answer/batch", { items: lines.map((q) => requestBody(q, context)) });
       renderBatch(lines, data.results, used);
     } else {
       $("batch-results").hidden = true;
       state.results = [];
-      renderOne(await post("/answer", requestBody(lines.join(" "), context)), used);
+      renderOne(await post("/v1/answer", requestBody(lines.join(" "), context)), used);
     }
     $("result").hidden = false;
     $("result").dataset.done = String(Date.now());
