@@ -47,8 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bench.common import machine_line
     from bench.gpu_paths import cast_model
     from export.onnx.agreement import agreement
-    from qa_core.contract import INPUT_NAMES
-    from qa_core.runtime.sidecar import settings_from_metadata
+    from qa_core.contract import INPUT_NAMES, ModelSettings
     from qa_core.squad.answerability import from_metadata
     from server.backends.torch import torch_device_problem
     from train.model import checkpoint as ckpt_io
@@ -65,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not loaded.kind.startswith("qa:"):
         p.error(f"--checkpoint {args.checkpoint}: a {loaded.kind!r} model, not a fine-tuned QA model")
     reference = QAInference(loaded.model).to(device)
-    settings = settings_from_metadata(loaded.metadata)
+    settings = ModelSettings.from_metadata(loaded.metadata)
     decision = from_metadata(loaded.metadata)
 
     def runner(module: torch.nn.Module):

@@ -76,7 +76,7 @@ def test_every_head_exports_and_verifies(exports, head):
     assert side.exporter["torch"] == torch.__version__ and side.exporter["folded_ifs"] >= (head != "simple")
     cfg = checkpoint.load(ckpt).config
     assert (side.d_model, side.n_layer, side.vocab_size) == (cfg.d_model, cfg.n_layer, cfg.vocab_size)
-    assert (side.start_n_top, side.end_n_top) == (cfg.start_n_top, cfg.end_n_top)
+    assert (side.serving.start_n_top, side.serving.end_n_top) == (cfg.start_n_top, cfg.end_n_top)
     expected = {**DEFAULTS.as_dict(), **(METADATA if head == "shallow" else {})}
     assert side.settings == expected
     assert (out / "spiece.model").read_bytes() == (ckpt / "spiece.model").read_bytes()
@@ -193,7 +193,7 @@ def test_hf_beam_checkpoint_matches_transformers(tmp_path, spm_dir):
     hf, hf_dir = hf_directory(transformers.XLNetForQuestionAnswering, tmp_path, spm_dir)
     assert main(["--checkpoint", str(hf_dir), "--out", str(tmp_path / "onnx")]) == 0
     side = sc.Sidecar.load(tmp_path / "onnx")
-    assert side.head == "beam" and (side.start_n_top, side.end_n_top) == (3, 2)
+    assert side.head == "beam" and (side.serving.start_n_top, side.serving.end_n_top) == (3, 2)
     k1, k2 = 3, 2
     names = list(output_names("beam"))
     sess = session(tmp_path / "onnx" / "model.onnx", threads=1)
@@ -263,7 +263,6 @@ def test_sidecar_round_trip_and_errors(exports, tmp_path):
         sc.Sidecar.load(copy)
     with pytest.raises(sc.SidecarError, match="not an export directory"):
         sc.Sidecar.load(tmp_path / "absent")
-    assert sc.settings_from_metadata({"max_seq_len": 512, "other": 1})["max_seq_len"] == 512
     shapes = {"min_shape": [1, 16], "opt_shape": [8, 384], "max_shape": [32, 512]}
     engine = sc.Sidecar.from_dict(
         {**side.to_dict(), "backend": "tensorrt", "model_file": "model.engine", "trt": shapes}
@@ -289,7 +288,7 @@ def test_serving_settings_have_one_declaration(exports):
         and list(data).index("max_seq_len") == list(data).index("opset") + 1
     )
     spec = load_export_spec(out)
-    assert spec.serving == side.serving and spec.public()["max_seq_len"] == side.max_seq_len
+    assert spec.serving == side.serving and spec.public()["max_seq_len"] == side.serving.max_seq_len
 
 
 def test_sidecar_is_torch_free():

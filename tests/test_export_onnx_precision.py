@@ -112,8 +112,7 @@ def _agreement_against_zeros(export_dir: Path, head: str, data: Path) -> dict:
     def zeros(feeds):
         return [np.zeros_like(o) for o in reference(feeds)]
 
-    settings = {k: getattr(side, k) for k in ("max_seq_len", "doc_stride", "max_query_len", "max_answer_len")}
-    settings["no_answer_threshold"] = side.no_answer_threshold
+    settings = side.serving.model
     tok = XLNetTokenizer.from_dir(export_dir)
     return agreement(str(data), tok, head, names, reference, zeros, settings, max_questions=100)
 

@@ -110,7 +110,7 @@ def read_config(model_dir) -> dict:
 def check_tensors(config: dict, sidecar: Sidecar, types: dict[str, str]) -> None:
     assert [t["name"] for t in config["input"]] == list(INPUT_NAMES)
     assert [t["name"] for t in config["output"]] == sidecar.outputs
-    k1, k2 = sidecar.start_n_top, sidecar.end_n_top
+    k1, k2 = sidecar.serving.start_n_top, sidecar.serving.end_n_top
     dims = {n: [-1] for n in INPUT_NAMES} | {"start_logits": [-1], "end_logits": [-1], "cls_logits": [1]}
     dims |= {"start_top_log_probs": [k1], "start_top_index": [k1], "end_top_log_probs": [k1 * k2]}
     dims |= {"end_top_index": [k1 * k2]}

@@ -60,7 +60,7 @@ def test_a_recipe_model_is_evaluated_exported_and_served_with_its_n_best(
     # export: the sidecar records every setting, n_best included
     assert export_main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "onnx")]) == 0
     side = Sidecar.load(tmp_path / "onnx")
-    assert {k: getattr(side, k) for k in RECIPE} == RECIPE
+    assert {k: getattr(side.serving, k) for k in RECIPE} == RECIPE
     # the server: from the export and from the checkpoint alike, decoding with the model's n_best
     tokenizer = XLNetTokenizer.from_dir(spm_dir)
     for model_dir, backend in ((tmp_path / "onnx", "onnx"), (ckpt, "torch")):
@@ -83,7 +83,7 @@ def test_bad_recorded_settings_are_refused_where_they_are_read(tmp_path: Path, s
     with pytest.raises(SidecarError, match="n_best must be a positive integer, got 0"):
         Sidecar.from_dict({**data, "n_best": 0})
     old = {k: v for k, v in data.items() if k != "n_best"}  # a sidecar written before n_best was recorded
-    assert Sidecar.from_dict(old).n_best == DEFAULTS.n_best
+    assert Sidecar.from_dict(old).serving.n_best == DEFAULTS.n_best
 
 
 def test_a_huge_recorded_n_best_is_refused_where_it_is_read_and_cannot_be_trained(

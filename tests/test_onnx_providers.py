@@ -403,7 +403,7 @@ def test_gpu_provider_runs_every_node_on_the_gpu_and_matches_the_cpu(
     entries = choose_providers(
         ort.get_available_providers(),
         [provider],
-        profile=ProfileShapes(4, side.max_seq_len),
+        profile=ProfileShapes(4, side.serving.max_seq_len),
         trt_cache_dir=cache,
     )
     options = ort.SessionOptions()

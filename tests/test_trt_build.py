@@ -73,7 +73,7 @@ def fake_onnx_export(directory: Path, limit: int = 512, **changes: Any) -> Path:
         (directory / name).write_bytes(b"stand-in")
     fields = dict(model_file="model.onnx", head="simple", d_model=32, n_layer=2, vocab_size=100)
     fields |= dict(backend="onnx", precision="fp32", portable_model_file="model.portable.onnx") | changes
-    Sidecar(**fields).save(directory)
+    Sidecar.from_dict(fields).save(directory)
     return directory
 
 

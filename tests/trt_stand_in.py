@@ -388,7 +388,7 @@ def fake_trt_export(
     shapes = {"min_shape": [2, 8], "opt_shape": [2, 32], "max_shape": [4, 64], "version": version} | trt
     fields = dict(model_file="model.engine", head="shallow", d_model=32, n_layer=2, vocab_size=100)
     fields |= dict(backend="tensorrt", precision="fp32", max_seq_len=64, max_query_len=16, doc_stride=32)
-    Sidecar(**fields, trt=shapes).save(directory)
+    Sidecar.from_dict({**fields, "trt": shapes}).save(directory)
     return directory
 
 

@@ -8,7 +8,7 @@ Torch-free: the runners are callables from feeds to outputs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -114,7 +114,7 @@ def agreement(
     names: Sequence[str],
     reference: Runner,
     candidate: Runner,
-    settings: Mapping[str, Any],
+    settings: ModelSettings,
     *,
     max_questions: int | None = None,
     batch_size: int = 16,
@@ -125,7 +125,7 @@ def agreement(
     examples = read_squad(data_file)[: max_questions or None]
     if not examples:
         raise ValueError(f"{data_file}: no questions")
-    model = ModelSettings.from_metadata(settings)
+    model = settings
     features = featurize_with(examples, tokenizer, model)
     ref_rows = predict_rows(reference, names, features, batch_size)
     got_rows = predict_rows(candidate, names, features, batch_size)

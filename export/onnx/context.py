@@ -8,6 +8,7 @@ from typing import Any
 from export.onnx.options import OnnxExportOptions, Report
 from export.onnx.torch_export import torch_runner
 from export.onnx.verify import DEFAULT_SHAPES, Comparison, run_all, sample_batches
+from qa_core.contract import ModelSettings
 from qa_core.runtime.sessions import default_threads
 from qa_core.squad.answerability import Answerability
 from train.model.inference import QAInference
@@ -25,7 +26,7 @@ class ExportContext:
         tmp: Path,
         module: QAInference,
         tokenizer: Any,
-        settings: dict[str, Any],
+        settings: ModelSettings,
         report: Report,
         warn: Report,
         answerability: Answerability | None = None,

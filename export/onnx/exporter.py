@@ -33,7 +33,7 @@ measurements (other providers, agreement, latency) in `export.onnx.measurements`
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any, cast
+from typing import cast
 
 import onnx
 import onnxruntime
@@ -53,8 +53,9 @@ from export.onnx.options import (
 )
 from export.onnx.steps import ExportSteps
 from export.onnx.torch_export import load_qa_checkpoint, weights_file
+from qa_core.contract import ModelSettings
 from qa_core.digests import sha256_file
-from qa_core.runtime.sidecar import SIDECAR_FILE, Sidecar, settings_from_metadata
+from qa_core.runtime.sidecar import SIDECAR_FILE, ServingSettings, Sidecar
 from qa_core.squad.answerability import from_metadata as answerability_from_metadata
 from train.common.atomic_dir import atomic_directory
 from train.model import XLNetForQuestionAnswering
@@ -96,7 +97,7 @@ def export_onnx(
             f"the tokenizer has {tokenizer.vocab_size} pieces but the model only {config.vocab_size}"
         )
     module = QAInference(cast(XLNetForQuestionAnswering, loaded.model)).eval()  # a qa:<head> checkpoint
-    settings: dict[str, Any] = settings_from_metadata(loaded.metadata)
+    settings = ModelSettings.from_metadata(loaded.metadata)  # the model's own, defaults where it records none
     report(f"{PROG}: {ckpt_path} ({loaded.kind}, d_model {config.d_model}, {config.n_layer} layers) -> {out}")
     with atomic_directory(out) as tmp:
         decision = answerability_from_metadata(loaded.metadata)  # validated before any work
@@ -119,14 +120,12 @@ def export_onnx(
             vocab_size=config.vocab_size,
             outputs=list(module.names),
             opset=options.opset,
-            start_n_top=config.start_n_top,
-            end_n_top=config.end_n_top,
+            serving=ServingSettings.of(settings, start_n_top=config.start_n_top, end_n_top=config.end_n_top),
             source_checkpoint=str(ckpt_path.resolve()),
             source_checkpoint_sha256=sha256_file(weights) if weights else "",
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             exporter=exporter,
             answerability=loaded.metadata.get("answerability"),
-            **settings,
             **record,
         )
         if loaded.metadata.get("untrained_head"):

@@ -104,7 +104,7 @@ def agreement_report(steps: ExportContext, final: Path, data: str | os.PathLike[
 
 def latency_report(steps: ExportContext, final: Path) -> None:
     """Time `benchmark` runs at batch 1 x max_seq_len, exported and final graph, offline and online optimised."""
-    runs, t = steps.options.benchmark, int(steps.settings["max_seq_len"])
+    runs, t = steps.options.benchmark, steps.settings.max_seq_len
     feeds = sample_batches(steps.tokenizer, [(1, t)], steps.config.vocab_size)[0]
     cases = {
         "exported_no_optimisation": (steps.raw, "disable"),

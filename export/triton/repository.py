@@ -132,9 +132,9 @@ def tensor_dims(name: str, sidecar: Sidecar) -> tuple[list[int], dict[str, Any] 
     if name in INPUT_NAMES or name in ("start_logits", "end_logits"):
         return [-1], None
     if name.startswith("start_top_"):
-        return [sidecar.start_n_top], None
+        return [sidecar.serving.start_n_top], None
     if name.startswith("end_top_"):
-        return [sidecar.start_n_top * sidecar.end_n_top], None
+        return [sidecar.serving.start_n_top * sidecar.serving.end_n_top], None
     if name == "cls_logits":
         return [1], {"shape": []}
     raise ValueError(f"unknown tensor {name!r}")

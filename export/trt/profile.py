@@ -51,7 +51,7 @@ class Profile(NamedTuple):
 
 def min_sequence(sidecar: Sidecar) -> int:
     """The shortest sequence the graph runs: the beam head takes top-k over the sequence inside the graph."""
-    return shortest_sequence(sidecar.head, sidecar.start_n_top, sidecar.end_n_top)
+    return shortest_sequence(sidecar.head, sidecar.serving.start_n_top, sidecar.serving.end_n_top)
 
 
 def position_limit(model: Any, d_model: int) -> int | None:
@@ -93,10 +93,10 @@ def graph_position_limit(graph: Path, sidecar: Sidecar) -> int | None:
 def check_profile_fits(profile: Profile, sidecar: Sidecar, limit: int | None) -> None:
     """The profile against what the graph and the serving settings need (its minimum resolved)."""
     lo, hi = profile.min, profile.max
-    if hi[1] < sidecar.max_seq_len:
+    if hi[1] < sidecar.serving.max_seq_len:
         raise ValueError(
             f"--max-shape sequence {hi[1]} is shorter than the export's max_seq_len "
-            f"{sidecar.max_seq_len}: serving windows would not fit the engine"
+            f"{sidecar.serving.max_seq_len}: serving windows would not fit the engine"
         )
     if limit is not None and hi[1] > limit:
         raise ValueError(

@@ -18,7 +18,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from qa_core.contract import (
-    DEFAULTS,
     END_N_TOP,
     INPUT_NAMES,
     OUTPUT_NAMES,
@@ -53,33 +52,36 @@ class SidecarError(ValueError):
     """An export directory or its `export.json` is missing or invalid; the message says which and why."""
 
 
-def settings_from_metadata(metadata: Mapping[str, Any] | None) -> dict[str, float | int]:
-    """The model's settings (`ModelSettings`): the fine-tuning run's where recorded, else the defaults."""
-    return ModelSettings.from_metadata(metadata).as_dict()
+@dataclass(frozen=True, kw_only=True)
+class ServingSettings(ModelSettings):
+    """How a model is served: its :class:`ModelSettings` (windows, the longest answer, n-best, the
+    no-answer threshold), declared there once, and the beam head's top-k, which the graph fixes.
+    :class:`Sidecar` records them in ``export.json`` and the server's ``ModelSpec`` carries them, whether
+    they came from an export or from a checkpoint's metadata."""
 
-
-@dataclass(kw_only=True)
-class ServingSettings:
-    """How a model is served: its windows, the longest answer, the no-answer threshold and the beam
-    head's top-k. Declared here once: :class:`Sidecar` records them in ``export.json`` and the server's
-    ``ModelSpec`` carries them, whether they came from an export or from a checkpoint's metadata."""
-
-    max_seq_len: int = DEFAULTS.max_seq_len
-    doc_stride: int = DEFAULTS.doc_stride
-    max_query_len: int = DEFAULTS.max_query_len
-    max_answer_len: int = DEFAULTS.max_answer_len
-    n_best: int = DEFAULTS.n_best
-    no_answer_threshold: float = DEFAULTS.no_answer_threshold
     start_n_top: int = START_N_TOP
     end_n_top: int = END_N_TOP
 
+    @classmethod
+    def of(
+        cls, model: ModelSettings, *, start_n_top: int = START_N_TOP, end_n_top: int = END_N_TOP
+    ) -> ServingSettings:
+        """A model's settings served with the beam's top-k."""
+        values = {f.name: getattr(model, f.name) for f in dataclasses.fields(ModelSettings)}
+        return cls(**values, start_n_top=start_n_top, end_n_top=end_n_top)
+
+    @property
+    def model(self) -> ModelSettings:
+        """The model's settings alone (without the beam's top-k)."""
+        return ModelSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ModelSettings)})
+
 
 @dataclass
-class Sidecar(ServingSettings):
+class Sidecar:
     """The contents of `export.json` (format_version 1). Unknown keys are kept in `extra` and written back.
 
-    The serving settings are inherited from :class:`ServingSettings` (keyword-only); `to_dict` writes
-    them after `opset`, where `export.json` has always had them."""
+    The serving settings are one value, `serving`; `export.json` keeps their keys flat after `opset`,
+    where it has always had them (`to_dict`, `from_dict`)."""
 
     backend: str
     model_file: str
@@ -91,6 +93,7 @@ class Sidecar(ServingSettings):
     outputs: list[str] = field(default_factory=list)
     inputs: list[str] = field(default_factory=lambda: list(INPUT_NAMES))
     opset: int | None = 17
+    serving: ServingSettings = field(default_factory=ServingSettings)
     source_checkpoint: str = ""
     source_checkpoint_sha256: str = ""
     created: str = ""
@@ -148,18 +151,20 @@ class Sidecar(ServingSettings):
             p.append(f"inputs must be {list(INPUT_NAMES)}, got {self.inputs}")
         if self.precision not in EXPORT_PRECISIONS:
             p.append(f"precision must be one of {EXPORT_PRECISIONS}, got {self.precision!r}")
-        ints = ("d_model", "n_layer", "vocab_size", "start_n_top", "end_n_top")
         p += [
             f"{n} must be a positive integer, got {getattr(self, n)!r}"
-            for n in ints
+            for n in ("d_model", "n_layer", "vocab_size")
             if not positive_int(getattr(self, n))
         ]
-        p += ModelSettings(
-            **{f.name: getattr(self, f.name) for f in dataclasses.fields(ModelSettings)}
-        ).problems()
+        p += [
+            f"{n} must be a positive integer, got {getattr(self.serving, n)!r}"
+            for n in ("start_n_top", "end_n_top")
+            if not positive_int(getattr(self.serving, n))
+        ]
+        p += self.serving.problems()
         if self.opset is not None and not positive_int(self.opset):
             p.append(f"opset must be a positive integer or null, got {self.opset!r}")
-        seq, stride = self.max_seq_len, self.doc_stride
+        seq, stride = self.serving.max_seq_len, self.serving.doc_stride
         if positive_int(seq) and positive_int(stride) and stride > seq:
             # an export's own rule (its verification windows): older sidecars hold it too
             p.append(f"doc_stride ({stride}) must not exceed max_seq_len ({seq})")
@@ -193,18 +198,13 @@ class Sidecar(ServingSettings):
     def decision(self) -> Answerability:
         """How answers are decided: the fitted answerability model, or the cls-only threshold."""
         return from_metadata(
-            {"answerability": self.answerability, "no_answer_threshold": self.no_answer_threshold}
+            {"answerability": self.answerability, "no_answer_threshold": self.serving.no_answer_threshold}
         )
 
     @property
     def settings(self) -> dict[str, float | int]:
         """The featurisation/decoding settings as one dict (the fields of `ModelSettings`)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(ModelSettings)}
-
-    @property
-    def serving(self) -> ServingSettings:
-        """The serving settings alone, as a copy (a later change to the sidecar does not reach it)."""
-        return ServingSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ServingSettings)})
+        return self.serving.model.as_dict()
 
     @property
     def max_batch_size(self) -> int | None:
@@ -256,11 +256,11 @@ class Sidecar(ServingSettings):
 
     # --- (de)serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        names = [f.name for f in dataclasses.fields(self) if f.name != "extra"]
-        settings = [f.name for f in dataclasses.fields(ServingSettings)]
+        names = [f.name for f in dataclasses.fields(self) if f.name not in ("extra", "serving")]
         after = names.index("opset") + 1
-        names = [n for n in names[:after] if n not in settings] + settings + names[after:]
-        out = {name: getattr(self, name) for name in names}
+        out = {name: getattr(self, name) for name in names[:after]}
+        out |= dataclasses.asdict(self.serving)
+        out |= {name: getattr(self, name) for name in names[after:]}
         out = {k: v for k, v in out.items() if v is not None or k in ("opset",)}
         out.update(self.extra)
         return out
@@ -269,7 +269,8 @@ class Sidecar(ServingSettings):
     def from_dict(cls, data: Mapping[str, Any], source: str = SIDECAR_FILE) -> Sidecar:
         if not isinstance(data, Mapping):
             raise SidecarError(f"{source}: expected a JSON object, got {type(data).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "serving"}
+        serving_names = {f.name for f in dataclasses.fields(ServingSettings)}
         required = {
             f.name
             for f in dataclasses.fields(cls)
@@ -285,9 +286,10 @@ class Sidecar(ServingSettings):
                 "re-export with this version of the exporter"
             )
         kwargs = {k: v for k, v in data.items() if k in names}
-        extra = {k: v for k, v in data.items() if k not in names}
+        extra = {k: v for k, v in data.items() if k not in names | serving_names}
         try:
-            return cls(**kwargs, extra=extra)
+            serving = ServingSettings(**{k: v for k, v in data.items() if k in serving_names})
+            return cls(**kwargs, serving=serving, extra=extra)
         except SidecarError as exc:
             raise SidecarError(f"{source}: {exc}") from None
         except TypeError as exc:

@@ -183,13 +183,13 @@ def load_export_spec(
         portable_model_file=sc.portable_model_file,
         export_backend=sc.backend,
         precision=sc.precision,
-        serving=dataclasses.replace(sc.serving, no_answer_threshold=float(sc.no_answer_threshold)),
+        serving=dataclasses.replace(sc.serving, no_answer_threshold=float(sc.serving.no_answer_threshold)),
         max_batch_size=sc.max_batch_size,
         max_engine_seq_len=sc.max_sequence_length,
         # an engine's profile minimum, else the graph's own (the beam head's in-graph top-k needs k tokens)
         min_engine_seq_len=sc.trt["min_shape"][1]
         if sc.trt
-        else shortest_sequence(sc.head, sc.start_n_top, sc.end_n_top),
+        else shortest_sequence(sc.head, sc.serving.start_n_top, sc.serving.end_n_top),
         input_names=tuple(sc.inputs),
         output_names=tuple(sc.outputs),
         raw=sc.to_dict(),
