@@ -11,7 +11,7 @@ train/recipes/presets.py: 512-token windows, answers up to 64 tokens, n-best 5).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from qa_core.heads import REGISTRY, head_spec
@@ -107,6 +107,7 @@ def probability(value: object) -> bool:
 # The most candidate spans a model may keep per question: decoding pairs n-best starts with n-best ends
 # in every window, so a model file recording a huge n_best would make each question cost that squared.
 MAX_N_BEST = 100
+HELP = "help"  # a setting's field metadata: its one help text, which every command's flag shows
 
 
 @dataclass(frozen=True)
@@ -119,12 +120,15 @@ class ModelSettings:
     (384/128/64, answers up to 30 tokens, n-best 20), not the original XLNet's (see the module docstring).
     """
 
-    max_seq_len: int = 384
-    doc_stride: int = 128
-    max_query_len: int = 64
-    max_answer_len: int = 30
-    n_best: int = 20
-    no_answer_threshold: float = 0.5
+    max_seq_len: int = field(default=384, metadata={HELP: "window length in tokens (512 allowed)"})
+    doc_stride: int = field(default=128, metadata={HELP: "stride between the windows of a long paragraph"})
+    max_query_len: int = field(default=64, metadata={HELP: "question tokens kept"})
+    max_answer_len: int = field(default=30, metadata={HELP: "longest answer in tokens"})
+    n_best: int = field(default=20, metadata={HELP: "candidate spans kept per question when decoding"})
+    no_answer_threshold: float = field(
+        default=0.5,
+        metadata={HELP: "P(no answer) above which a question is unanswerable, where no rule is fitted"},
+    )
 
     def as_dict(self) -> dict[str, float | int]:
         """The settings by field name: the keys fine-tuning records in ``metadata.json``."""

@@ -54,7 +54,7 @@ def test_a_recipe_model_is_evaluated_exported_and_served_with_its_n_best(
     result = evaluate_checkpoint(EvaluationOptions(ckpt, SAMPLE_DEV, tmp_path / "eval", progress=False))
     assert 1 <= max(len(p.n_best) for p in result.predictions.values()) <= RECIPE["n_best"]
     more = evaluate_checkpoint(
-        EvaluationOptions(ckpt, SAMPLE_DEV, tmp_path / "eval20", n_best=20, progress=False)
+        EvaluationOptions(ckpt, SAMPLE_DEV, tmp_path / "eval20", overrides={"n_best": 20}, progress=False)
     )
     assert max(len(p.n_best) for p in more.predictions.values()) > RECIPE["n_best"]
     # export: the sidecar records every setting, n_best included
@@ -112,3 +112,25 @@ def test_serving_settings_declare_every_model_setting_with_its_default() -> None
     served = {f.name: f.default for f in dataclasses.fields(ServingSettings)}
     assert {f.name: f.default for f in dataclasses.fields(ModelSettings)}.items() <= served.items()
     assert set(served) - {f.name for f in dataclasses.fields(ModelSettings)} == {"start_n_top", "end_n_top"}
+
+
+def test_evaluation_flags_are_the_model_settings_own_fields() -> None:
+    """train.evaluate's setting flags are generated from ModelSettings' fields (their type and their one
+    help text), and only the ones given reach the evaluation."""
+    from dataclasses import fields
+
+    from qa_core.contract import HELP, ModelSettings
+    from train.common.dataclass_flags import options_from
+    from train.evaluate import build_parser
+    from train.evaluation.options import OVERRIDABLE
+
+    parser = build_parser()
+    args = parser.parse_args(["--checkpoint", "c", "--data", "d", "--out", "o", "--n-best", "7"])
+    assert options_from(EvaluationOptions, args).overrides == {"n_best": 7}
+    helps = {a.dest: a.help for a in parser._actions}
+    for f in fields(ModelSettings):
+        if f.name in OVERRIDABLE:
+            assert helps[f.name] == f.metadata[HELP] + " (default: the model's)", f.name
+    assert set(OVERRIDABLE) == {f.name for f in fields(ModelSettings)} - {"no_answer_threshold"}
+    with pytest.raises(ValueError, match="cannot override"):
+        EvaluationOptions(Path("c"), Path("d"), Path("o"), overrides={"no_answer_threshold": 0.1})

@@ -34,6 +34,13 @@ class Flag:
     metavar: str | None = None
     name: str | None = None  # the flag, when it is not the field's name (``--verify-provider``)
     repeat: bool = False  # a tuple field: the flag may be given again, each value appended
+    # A field holding another dataclass's values (a model's settings): one flag per field of ``nested``
+    # (those named in ``nested_only``), each with that field's type and help (its metadata "help"). With
+    # ``overrides`` the field is a dict of the values given (each flag defaults to None: "keep the
+    # model's"); else it is a ``nested`` instance built from the flags' values.
+    nested: type | None = None
+    nested_only: tuple[str, ...] | None = None
+    overrides: bool = False
 
 
 def flag(default: Any = MISSING, *, default_factory: Any = MISSING, **spelling: Any) -> Any:
@@ -46,6 +53,38 @@ def flag(default: Any = MISSING, *, default_factory: Any = MISSING, **spelling: 
 def flag_fields(cls: type) -> list[dataclasses.Field]:
     """The fields of ``cls`` that are flags, in declaration order."""
     return [f for f in fields(cls) if FLAG_KEY in f.metadata]
+
+
+def nested_fields(spec: Flag) -> list[dataclasses.Field]:
+    """The fields of a nested flag's dataclass that are flags, in declaration order."""
+    assert spec.nested is not None
+    return [f for f in fields(spec.nested) if spec.nested_only is None or f.name in spec.nested_only]
+
+
+def _nested_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    spec: Flag,
+    names: Iterable[str] | None,
+    defaults: dict[str, Any],
+) -> None:
+    """One flag per field of a nested dataclass (``--max-seq-len``), dest the field's name."""
+    assert spec.nested is not None
+    hints = typing.get_type_hints(spec.nested)
+    chosen = nested_fields(spec)
+    if names is not None:
+        wanted = list(names)
+        chosen = sorted((f for f in chosen if f.name in wanted), key=lambda f: wanted.index(f.name))
+    for sub in chosen:
+        text = sub.metadata.get("help", "")
+        text += " (default: the model's)" if spec.overrides else ""
+        default = None if spec.overrides else defaults.get(sub.name, sub.default)
+        parser.add_argument(
+            "--" + sub.name.replace("_", "-"),
+            dest=sub.name,
+            type=_value_type(hints[sub.name])[0],
+            default=default,
+            help=text.replace("%", "%%"),
+        )
 
 
 def _value_type(hint: Any) -> tuple[Any, bool]:
@@ -76,10 +115,22 @@ def add_flags(
     ``spell`` names a flag otherwise (``{"batch_size": "--pretrain-batch"}``, dest ``pretrain_batch``)."""
     must = set(required)
     by_name = {f.name: f for f in flag_fields(cls)}
+    inside = {  # a nested field's own fields, by name: `only` may name them one by one
+        sub.name: f
+        for f in by_name.values()
+        if f.metadata[FLAG_KEY].nested is not None
+        for sub in nested_fields(f.metadata[FLAG_KEY])
+    }
     hints = typing.get_type_hints(cls)
     for name in only if only is not None else list(by_name):
+        if name in inside:
+            _nested_flags(parser, inside[name].metadata[FLAG_KEY], [name], defaults or {})
+            continue
         f = by_name[name]
         spec: Flag = f.metadata[FLAG_KEY]
+        if spec.nested is not None:
+            _nested_flags(parser, spec, None, defaults or {})
+            continue
         dest = f"{prefix}_{name}" if prefix else name
         option = (spell or {}).get(name) or (None if prefix else spec.name) or "--" + dest.replace("_", "-")
         if spell and name in spell:
@@ -114,6 +165,18 @@ def options_from(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
     """``cls`` from the parsed flags (its flag fields present in ``args``) and ``given`` values."""
     values: dict[str, Any] = {}
     for f in flag_fields(cls):
+        spec: Flag = f.metadata[FLAG_KEY]
+        if spec.nested is not None:
+            given_here = {
+                sub.name: getattr(args, sub.name) for sub in nested_fields(spec) if hasattr(args, sub.name)
+            }
+            if spec.overrides:
+                values[f.name] = {k: v for k, v in given_here.items() if v is not None}
+            elif given_here:
+                factory = f.default_factory
+                base: Any = factory() if callable(factory) else f.default
+                values[f.name] = dataclasses.replace(base, **given_here)
+            continue
         if hasattr(args, f.name):
             value = getattr(args, f.name)
             values[f.name] = tuple(value) if f.metadata[FLAG_KEY].repeat else value

@@ -3,22 +3,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from qa_core.contract import probability
+from qa_core.contract import ModelSettings, probability
 from train.common.dataclass_flags import flag
 
-# The model settings a caller may override; None keeps what the checkpoint's metadata records.
-SETTING_OVERRIDES = ("max_seq_len", "doc_stride", "max_query_len", "max_answer_len", "n_best")
+# The model settings an evaluation may override: every field of ModelSettings but the threshold, which
+# --threshold replaces together with the stored decision rule.
+OVERRIDABLE = tuple(f.name for f in fields(ModelSettings) if f.name != "no_answer_threshold")
 
 
 @dataclass(frozen=True)
 class EvaluationOptions:
     """A fine-tuned checkpoint, the SQuAD file it is scored on, where the prediction files go, and how
-    it decides; checked on construction. Window sizes, lengths and the n-best left None are the
-    checkpoint's (:class:`qa_core.contract.ModelSettings` from its metadata)."""
+    it decides; checked on construction. The model settings not in ``overrides`` are the checkpoint's
+    (:class:`qa_core.contract.ModelSettings` from its metadata)."""
 
     checkpoint: Path = flag(help="fine-tuned QA checkpoint directory")
     data: Path = flag(help="SQuAD 2.0 JSON with answers")
@@ -32,11 +33,9 @@ class EvaluationOptions:
         help="stored: the checkpoint's fitted answerability model (if any); cls: sigmoid(cls_logit) against "
         "the stored no_answer_threshold, ignoring a fitted model",
     )
-    max_seq_len: int | None = flag(None, help="window length in tokens (default: the checkpoint's)")
-    doc_stride: int | None = flag(None, help="stride between windows (default: the checkpoint's)")
-    max_query_len: int | None = flag(None, help="question tokens kept (default: the checkpoint's)")
-    max_answer_len: int | None = flag(None, help="longest answer in tokens (default: the checkpoint's)")
-    n_best: int | None = flag(None, help="candidate spans kept per question (default: the checkpoint's)")
+    overrides: dict[str, Any] = flag(
+        default_factory=dict, nested=ModelSettings, nested_only=OVERRIDABLE, overrides=True
+    )  # --max-seq-len, --doc-stride, ...: the model settings replaced, by name (absent: the checkpoint's)
     batch_size: int = flag(32, help="windows per forward pass")
     device: str = flag("cpu", help="torch device")
     progress: bool = flag(True, help="a progress bar on stderr")
@@ -46,7 +45,5 @@ class EvaluationOptions:
             raise ValueError(f"--threshold must be a probability in [0, 1], got {self.threshold}")
         if self.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
-
-    def setting_overrides(self) -> dict[str, Any]:
-        """The model settings this evaluation replaces (for ``ModelSettings.from_metadata``)."""
-        return {name: getattr(self, name) for name in SETTING_OVERRIDES}
+        if unknown := set(self.overrides) - set(OVERRIDABLE):
+            raise ValueError(f"settings an evaluation cannot override: {sorted(unknown)}")

@@ -287,7 +287,7 @@ def evaluate_checkpoint(
     if loaded.tokenizer is None:
         raise ValueError(f"{checkpoint_dir} has no spiece.model")
     meta = loaded.metadata
-    settings = ModelSettings.from_metadata(meta, **options.setting_overrides())
+    settings = ModelSettings.from_metadata(meta, **options.overrides)
     stored = (
         meta if options.answerability == "stored" else {k: v for k, v in meta.items() if k != "answerability"}
     )
