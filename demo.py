@@ -135,7 +135,7 @@ def main() -> int:
     # The fine-tuning runs' dev file holds articles of their own: the answerability model is fitted
     # there, so nothing is chosen on dev.json, the article the demo scores.
     def qa_stage(name: str, start: dict, train_file: Path, steps: int, run_dir: Path, **extra) -> None:
-        config = FinetuneConfig(
+        config = FinetuneConfig.of(
             train_file=str(train_file),
             dev_file=str(SAMPLE_CALIBRATION),
             **start,

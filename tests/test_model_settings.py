@@ -98,20 +98,28 @@ def test_a_huge_recorded_n_best_is_refused_where_it_is_read_and_cannot_be_traine
     with pytest.raises(ValueError, match=f"n_best must be at most {MAX_N_BEST}"):
         evaluate_checkpoint(EvaluationOptions(ckpt, SAMPLE_DEV, tmp_path / "eval", progress=False))
     with pytest.raises(ValueError, match=f"--n-best must be at most {MAX_N_BEST}"):
-        FinetuneConfig(out=str(tmp_path / "run"), n_best=MAX_N_BEST + 1)
+        FinetuneConfig.of(out=str(tmp_path / "run"), n_best=MAX_N_BEST + 1)
     assert ModelSettings(n_best=MAX_N_BEST).problems() == []
 
 
-def test_serving_settings_declare_every_model_setting_with_its_default() -> None:
-    """ServingSettings (mutable, so it cannot extend the frozen ModelSettings) repeats its fields: the
-    same names and defaults, checked here, plus the beam's top-k."""
+def test_each_model_setting_is_declared_once() -> None:
+    """ServingSettings is a ModelSettings plus the beam's top-k (it declares only those two); a fine-tuning
+    config holds the settings as one value, its flags generated from ModelSettings' own fields."""
     import dataclasses
 
     from qa_core.runtime.sidecar import ServingSettings
+    from train.recipes.finetune_config import TRAINED_SETTINGS
 
-    served = {f.name: f.default for f in dataclasses.fields(ServingSettings)}
-    assert {f.name: f.default for f in dataclasses.fields(ModelSettings)}.items() <= served.items()
-    assert set(served) - {f.name for f in dataclasses.fields(ModelSettings)} == {"start_n_top", "end_n_top"}
+    assert issubclass(ServingSettings, ModelSettings)
+    own = set(ServingSettings.__annotations__)
+    assert own == {"start_n_top", "end_n_top"}
+    config = FinetuneConfig.of(out="x", max_seq_len=256, n_best=7)
+    assert isinstance(config.model, ModelSettings) and (config.model.max_seq_len, config.model.n_best) == (
+        256,
+        7,
+    )
+    names = {f.name for f in dataclasses.fields(FinetuneConfig)}
+    assert not names & set(TRAINED_SETTINGS)  # none declared again on the config
 
 
 def test_evaluation_flags_are_the_model_settings_own_fields() -> None:

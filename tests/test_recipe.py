@@ -361,13 +361,14 @@ def test_recipes_hold_the_original_scripts_values(tiny_squad):
     base = ["--train-file", str(train_file), "--dev-file", str(dev_file), "--out", "x", "--init", "y"]
     large = parse_config(["--recipe", "xlnet-squad-large", *base])
     # scripts/tpu_squad_large.sh + run_squad.py flag defaults
-    assert (large.max_seq_len, large.doc_stride, large.max_query_len, large.max_answer_len) == (
+    m = large.model
+    assert (m.max_seq_len, m.doc_stride, m.max_query_len, m.max_answer_len) == (
         512,
         128,
         64,
         64,
     )
-    assert (large.head, large.start_n_top, large.end_n_top, large.n_best) == ("beam", 5, 5, 5)
+    assert (large.head, large.start_n_top, large.end_n_top, m.n_best) == ("beam", 5, 5, 5)
     assert (large.global_batch_size, large.lr, large.steps, large.warmup) == (48, 3e-5, 8000, 1000)
     assert (large.adam_eps, large.weight_decay, large.clip, large.min_lr_ratio) == (1e-6, 0.0, 1.0, 0.0)
     assert (large.layer_decay, large.layer_decay_on, large.optimizer) == (0.75, "gradients", "xlnet")

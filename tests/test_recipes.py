@@ -10,13 +10,26 @@ import pytest
 from paths import SAMPLE
 from sample_cuts import first_article_split
 
+from qa_core.contract import HELP
 from train import finetune as finetune_cli
 from train import pretrain as pretrain_cli
-from train.common.dataclass_flags import flag_fields
+from train.common.dataclass_flags import FLAG_KEY, flag_fields, nested_fields
 from train.engine.run_record import RUN_FILE
 from train.model import checkpoint
 from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
 from train.recipes.pretrain import PretrainConfig, PretrainRecipe
+
+
+def flags_of(config_class) -> dict[str, tuple]:
+    """Every flag a config's fields make, by destination: (its default, its help)."""
+    out = {}
+    for f in flag_fields(config_class):
+        spec = f.metadata[FLAG_KEY]
+        if spec.nested is not None:
+            out |= {sub.name: (sub.default, sub.metadata[HELP]) for sub in nested_fields(spec)}
+        else:
+            out[f.name] = (None if f.default is dataclasses.MISSING else f.default, spec.help)
+    return out
 
 
 @pytest.mark.parametrize(
@@ -24,7 +37,7 @@ from train.recipes.pretrain import PretrainConfig, PretrainRecipe
 )
 def test_a_config_built_from_the_bare_command_line_is_the_defaults(cli, config_class) -> None:
     args = cli.build_parser().parse_args(["--out", "x"])
-    assert set(vars(args)) == {f.name for f in dataclasses.fields(config_class)} - {"explicit_flags"}
+    assert set(vars(args)) == set(flags_of(config_class))
     config = cli.parse_config(["--out", "x"])
     assert config == config_class(out="x")
     assert config.explicit_flags == {"out"}
@@ -34,18 +47,18 @@ def test_a_config_built_from_the_bare_command_line_is_the_defaults(cli, config_c
     ("cli", "config_class"), [(pretrain_cli, PretrainConfig), (finetune_cli, FinetuneConfig)]
 )
 def test_every_setting_is_one_flag_generated_from_its_field(cli, config_class) -> None:
-    """Each field of a training config but the record of given flags is a flag, shown once in --help's
-    groups, with the field's default and help."""
-    fields = {f.name: f for f in dataclasses.fields(config_class) if f.name != "explicit_flags"}
-    assert set(fields) == {f.name for f in flag_fields(config_class)}
+    """Each field of a training config but the record of given flags is a flag (a nested settings
+    value, the model's, a flag per field of its own), shown once in --help's groups, with the field's
+    default and help."""
+    fields = {f.name for f in dataclasses.fields(config_class) if f.name != "explicit_flags"}
+    assert fields == {f.name for f in flag_fields(config_class)}
+    flags = flags_of(config_class)
     grouped = [name for names in cli.GROUPS.values() for name in names]
-    assert sorted(grouped) == sorted(fields)
-    actions = {a.dest: a for a in cli.build_parser()._actions if a.dest in fields}
-    for name, field in fields.items():
-        assert actions[name].default == (None if field.default is dataclasses.MISSING else field.default), (
-            name
-        )
-        assert actions[name].help == field.metadata["flag"].help.replace("%", "%%"), name
+    assert sorted(grouped) == sorted(flags)
+    actions = {a.dest: a for a in cli.build_parser()._actions if a.dest in flags}
+    for name, (default, text) in flags.items():
+        assert actions[name].default == default, name
+        assert actions[name].help == text.replace("%", "%%"), name
 
 
 def test_a_recipe_preset_and_explicit_flags_reach_the_config() -> None:
@@ -88,7 +101,7 @@ def test_pretrain_stages_run_one_by_one_and_hold_the_state(tmp_path, spm_dir) ->
 
 def test_finetune_stages_run_one_by_one_and_evaluate(tmp_path, spm_dir) -> None:
     first_article_split(tmp_path, 2, 1)
-    config = FinetuneConfig(
+    config = FinetuneConfig.of(
         out=str(tmp_path / "run"),
         train_file=str(tmp_path / "train.json"),
         dev_file=str(tmp_path / "dev.json"),

@@ -161,21 +161,70 @@ def add_flags(
         parser.add_argument(option, **kw)
 
 
+def _default_of(f: dataclasses.Field) -> Any:
+    factory = f.default_factory
+    return factory() if callable(factory) else f.default
+
+
+def nested_value(f: dataclasses.Field, values: Any) -> Any:
+    """A nested flag field's value from an object holding its fields' values by name (parsed flags):
+    the override dict of those given, or the field's default with them replaced."""
+    spec: Flag = f.metadata[FLAG_KEY]
+    given_here = {
+        sub.name: getattr(values, sub.name) for sub in nested_fields(spec) if hasattr(values, sub.name)
+    }
+    if spec.overrides:
+        return {k: v for k, v in given_here.items() if v is not None}
+    return dataclasses.replace(_default_of(f), **given_here)
+
+
+def split_nested(cls: type, settings: dict[str, Any]) -> dict[str, Any]:
+    """``cls``'s keyword arguments from flat settings (``max_seq_len=128``): a nested flag field's own
+    fields given by name go into its value (the field's default, those replaced)."""
+    out = dict(settings)
+    for f in flag_fields(cls):
+        spec: Flag = f.metadata[FLAG_KEY]
+        if spec.nested is None or spec.overrides or f.name in out:
+            continue
+        inner = {sub.name: out.pop(sub.name) for sub in nested_fields(spec) if sub.name in out}
+        if inner:
+            out[f.name] = dataclasses.replace(_default_of(f), **inner)
+    return out
+
+
+def flat_settings(obj: Any) -> dict[str, Any]:
+    """An object's attributes with each nested settings value spread into its own fields (a run's
+    record keeps the flags' names: ``max_seq_len``, not ``model``)."""
+    out: dict[str, Any] = {}
+    for name, value in vars(obj).items():
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out |= {f.name: getattr(value, f.name) for f in fields(value)}
+        else:
+            out[name] = value
+    return out
+
+
+def set_flat(obj: Any, name: str, value: Any) -> None:
+    """Set ``name`` on ``obj``, or on the nested settings value of ``obj`` that has a field of that name."""
+    if name not in vars(obj):
+        for attr, held in vars(obj).items():
+            if (
+                dataclasses.is_dataclass(held)
+                and not isinstance(held, type)
+                and name in {f.name for f in fields(held)}
+            ):
+                setattr(obj, attr, dataclasses.replace(held, **{name: value}))
+                return
+    setattr(obj, name, value)
+
+
 def options_from(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
     """``cls`` from the parsed flags (its flag fields present in ``args``) and ``given`` values."""
     values: dict[str, Any] = {}
     for f in flag_fields(cls):
         spec: Flag = f.metadata[FLAG_KEY]
         if spec.nested is not None:
-            given_here = {
-                sub.name: getattr(args, sub.name) for sub in nested_fields(spec) if hasattr(args, sub.name)
-            }
-            if spec.overrides:
-                values[f.name] = {k: v for k, v in given_here.items() if v is not None}
-            elif given_here:
-                factory = f.default_factory
-                base: Any = factory() if callable(factory) else f.default
-                values[f.name] = dataclasses.replace(base, **given_here)
+            values[f.name] = nested_value(f, args)
             continue
         if hasattr(args, f.name):
             value = getattr(args, f.name)

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import torch.distributed
 
 from train.common.atomic_dir import atomic_write_text, recover_interrupted
+from train.common.dataclass_flags import flat_settings, set_flat
 from train.engine.execution import Dist
 from train.model.checkpoint import STAGED_FILES, finish_interrupted_save
 
@@ -94,7 +95,7 @@ def recorded_settings(args: Any) -> dict[str, Any]:
     """The run's settings as recorded: every flag but the one-invocation ones, JSON-ready."""
     return {
         k: _jsonable(v)
-        for k, v in sorted(vars(args).items())
+        for k, v in sorted(flat_settings(args).items())
         if k not in NOT_RECORDED
         and (v is None or isinstance(v, str | int | float | bool | list | tuple | Path))
     }
@@ -161,7 +162,7 @@ def check_run(out: Path, command: str, args: Settings) -> Settings:
         restored = copy.copy(args)
         for key, value in recorded.items():
             if not (key in MAY_CHANGE and (given is None or key in given)):
-                setattr(restored, key, value)
+                set_flat(restored, key, value)
         return restored
     if (record is not None or _holds_checkpoints(out)) and not getattr(args, "overwrite", False):
         what = _describe(record) if record is not None else "another run's checkpoints"

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from train.common.dataclass_flags import flag
+from train.common.dataclass_flags import FLAG_KEY, flag, flat_settings, nested_value, split_nested
 from train.engine.execution import Dist, init_distributed
 from train.engine.memory import gpu_peak_line
 from train.engine.optim import DECAYS, OPTIMIZERS
@@ -53,8 +53,22 @@ class RunConfig:
 
     @classmethod
     def from_args(cls: type[C], args: argparse.Namespace) -> C:
-        """The config of parsed flags (the parser has one destination per field)."""
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+        """The config of parsed flags (the parser has one destination per field, or per field of a
+        nested settings value such as a model's :class:`~qa_core.contract.ModelSettings`)."""
+        values = {}
+        for f in dataclasses.fields(cls):
+            spec = f.metadata.get(FLAG_KEY)
+            values[f.name] = nested_value(f, args) if spec and spec.nested else getattr(args, f.name)
+        return cls(**values)
+
+    @classmethod
+    def of(cls: type[C], **settings: Any) -> C:
+        """The config of flat settings, named as the flags are (``max_seq_len`` goes into ``model``)."""
+        return cls(**split_nested(cls, settings))
+
+    def setting(self, name: str) -> Any:
+        """A setting by its flag's name, whether a field of this config or of a nested settings value."""
+        return flat_settings(self).get(name)
 
     @classmethod
     def defaults(cls) -> SimpleNamespace:
@@ -129,11 +143,11 @@ class TrainingConfig(RunConfig):
         if self.spm and self.train_spm:
             raise ValueError("give either --spm or --train-spm, not both")
         for name, least in self.AT_LEAST.items():
-            value = getattr(self, name, None)
+            value = self.setting(name)
             if value is not None and value < least:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
         for name, most in self.AT_MOST.items():
-            value = getattr(self, name, None)
+            value = self.setting(name)
             if value is not None and value > most:
                 raise ValueError(f"--{name.replace('_', '-')} must be at most {most}, got {value}")
 

@@ -15,7 +15,7 @@ def given(cls: type[C], **settings: Any) -> C:
     """``cls(**settings)`` with these settings counted as given, as a command counts the flags of its
     command line (``explicit_flags``): a ``resume`` checks exactly these against the run's record and
     restores the others from it, so an experiment's stage resumes by the same rules as the command."""
-    return cls(**settings, explicit_flags=set(settings))
+    return cls.of(**settings, explicit_flags=set(settings))
 
 
 def short_pretraining(

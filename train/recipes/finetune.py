@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from qa_core.contract import ModelSettings
 from qa_core.squad import (
     Answerability,
     DecodeOptions,
@@ -163,10 +162,11 @@ class FinetuneRecipe(Recipe):
         self.dev_examples = read_squad(c.dev_file)
         if c.max_dev_examples:
             self.dev_examples = self.dev_examples[: c.max_dev_examples]
+        m = c.model
         fkw: dict[str, Any] = {
-            "max_seq_len": c.max_seq_len,
-            "doc_stride": c.doc_stride,
-            "max_query_len": c.max_query_len,
+            "max_seq_len": m.max_seq_len,
+            "doc_stride": m.doc_stride,
+            "max_query_len": m.max_query_len,
         }
         features = featurize(
             self.train_examples, self.tokenizer, is_training=True, plausible_spans=c.plausible_spans, **fkw
@@ -290,7 +290,7 @@ class FinetuneRecipe(Recipe):
             self.model,
             self.dev_examples,
             self.dev_features,
-            DecodeOptions(c.n_best, c.max_answer_len),
+            DecodeOptions.of(c.model),
             batch_size=c.eval_batch_size,
             device=self.session.dist.device,
         )
@@ -332,14 +332,8 @@ class FinetuneRecipe(Recipe):
         self, metrics: dict, threshold: float, at_step: int, answerability: Answerability | None = None
     ) -> dict:
         c = self.config
-        settings = ModelSettings(  # what evaluation, the export and the server read back (from_metadata)
-            max_seq_len=c.max_seq_len,
-            doc_stride=c.doc_stride,
-            max_query_len=c.max_query_len,
-            max_answer_len=c.max_answer_len,
-            n_best=c.n_best,
-            no_answer_threshold=float(threshold),
-        )
+        # what evaluation, the export and the server read back (from_metadata), with the fitted threshold
+        settings = dataclasses.replace(c.model, no_answer_threshold=float(threshold))
         return {
             "stage": "finetune",
             "step": at_step,

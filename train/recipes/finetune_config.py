@@ -3,10 +3,10 @@ experiments, the recipe and its set-up, so it sits apart from all of them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
-from qa_core.contract import DEFAULTS, MAX_N_BEST
+from qa_core.contract import MAX_N_BEST, ModelSettings
 from train.answerability.fit import ANSWERABILITY_CHOICES, CALIBRATION_METHODS
 from train.common.dataclass_flags import flag
 from train.engine.optim import LAYER_DECAY_MODES
@@ -14,6 +14,9 @@ from train.engine.session import TrainingConfig
 from train.model import ACTIVATIONS, HEADS, PRESETS
 from train.model.config import ANSWER_CLASS_INPUTS
 from train.recipes.presets import RECIPES
+
+# The model settings a fine-tuning run takes as flags: all but the threshold, which it fits.
+TRAINED_SETTINGS = tuple(f.name for f in fields(ModelSettings) if f.name != "no_answer_threshold")
 
 
 @dataclass(kw_only=True)
@@ -38,9 +41,11 @@ class FinetuneConfig(TrainingConfig):
     # data
     train_file: str | None = flag(None, help="SQuAD 2.0 JSON to train on (e.g. train-v2.0.json)")
     dev_file: str | None = flag(None, help="SQuAD 2.0 JSON with answers to evaluate on (e.g. dev-v2.0.json)")
-    max_seq_len: int = flag(DEFAULTS.max_seq_len, help="window length in tokens (512 allowed)")
-    doc_stride: int = flag(DEFAULTS.doc_stride, help="stride between windows of long paragraphs")
-    max_query_len: int = flag(DEFAULTS.max_query_len, help="question tokens kept")
+    # --max-seq-len, --doc-stride, --max-query-len, --max-answer-len, --n-best: the model's settings, one
+    # value (its fields, their help, their checks are ModelSettings'); the threshold is fitted, not a flag
+    model: ModelSettings = flag(
+        default_factory=ModelSettings, nested=ModelSettings, nested_only=TRAINED_SETTINGS
+    )
     keep_out_of_window: float = flag(
         1.0,
         help="share of training windows kept whose answerable question's answer is outside the window "
@@ -119,6 +124,4 @@ class FinetuneConfig(TrainingConfig):
         help="fit a span re-ranker on the dev file with the answerability (every answerability but cls); "
         "--no-rerank keeps the reader's own span order",
     )
-    n_best: int = flag(DEFAULTS.n_best, help="candidate spans kept per question")
-    max_answer_len: int = flag(DEFAULTS.max_answer_len, help="longest answer in tokens")
     save_every: int = flag(500, help="write a checkpoint every N steps")
