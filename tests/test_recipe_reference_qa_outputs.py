@@ -152,7 +152,7 @@ def test_beam_decoding_matches_write_predictions(
         )
         for w in range(len(feats))
     ]
-    ours = decode_beam(ex, feats, s_lp, s_ix, e_lp, e_ix, cls, DecodeOptions(1000, max_answer_len))
+    ours = decode_beam(ex, feats, s_lp, s_ix, e_lp, e_ix, cls, DecodeOptions.spans(1000, max_answer_len))
     kw = dict(n_best_size=1000, max_answer_length=max_answer_len, start_n_top=k1, end_n_top=k2)
     best, score_null, nbest = _orig_write_prediction(ex.context, feats, results, **kw, last_token_ok=True)
 

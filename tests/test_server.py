@@ -82,7 +82,7 @@ def test_long_context_matches_in_process_decoding(
     starts, ends = [o[0][0] for o in outs], [o[1][0] for o in outs]
     cls = np.array([o[2][0] for o in outs])
     for threshold in (0.5, 1.0):
-        want = decode(context, features, starts, ends, cls, DecodeOptions(20, 30, threshold))
+        want = decode(context, features, starts, ends, cls, DecodeOptions.spans(20, 30, threshold))
         body = post(
             onnx_server.url + "/answer",
             {"question": question, "context": context, "top_k": 20, "threshold": threshold},

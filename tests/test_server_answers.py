@@ -47,7 +47,7 @@ def reference_answers(model: Path, backend: str, questions: list[tuple[str, str]
                 outputs = engine.run(pad_batch([f], pad_to=max(spec.min_engine_seq_len or 0, len(f))))
                 rows.append({name: value[0] for name, value in outputs.items()})
             p = decode_head_outputs(
-                spec.head, context, features, rows, DecodeOptions(20, s.max_answer_len, answerability=spec.decision),
+                spec.head, context, features, rows, DecodeOptions.spans(20, s.max_answer_len, answerability=spec.decision),
                 question=question,
             )  # fmt: skip
             out.append(

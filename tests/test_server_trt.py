@@ -75,7 +75,7 @@ def test_serving_a_tensorrt_engine_end_to_end(tmp_path, spm_dir, xlnet_tok):
             [r[0] for r in rows],
             [r[1] for r in rows],
             np.array([r[2] for r in rows]),
-            DecodeOptions(3, info["max_answer_len"], info["no_answer_threshold"]),
+            DecodeOptions.spans(3, info["max_answer_len"], info["no_answer_threshold"]),
         )
         assert not body["is_impossible"] and body["answer"]
         assert (body["answer"], body["start"], body["end"]) == (want.text, want.start, want.end)

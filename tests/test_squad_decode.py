@@ -172,12 +172,14 @@ def test_no_answer_threshold(case) -> None:
     assert pred.null_logit == -1.0
     assert pred.no_answer_prob == pytest.approx(0.26894142)
     assert not pred.is_impossible and pred.text == text
-    pred = decode(ex, feats, start_logits, end_logits, cls, DecodeOptions(threshold=0.25))
+    pred = decode(ex, feats, start_logits, end_logits, cls, DecodeOptions.spans(threshold=0.25))
     assert pred.is_impossible and pred.text == "" and (pred.start, pred.end) == (-1, -1)
     assert pred.best_span_text == text and pred.n_best[0].text == text  # the span is kept
     pred = decode(ex, feats, start_logits, end_logits, np.full(len(feats), 0.1))  # sigmoid(0.1) = 0.525
     assert pred.is_impossible and pred.text == ""
-    pred = decode(ex, feats, start_logits, end_logits, np.full(len(feats), 0.1), DecodeOptions(threshold=0.6))
+    pred = decode(
+        ex, feats, start_logits, end_logits, np.full(len(feats), 0.1), DecodeOptions.spans(threshold=0.6)
+    )
     assert not pred.is_impossible and pred.text == text
 
 
@@ -195,12 +197,22 @@ def test_max_answer_len_and_end_before_start(case) -> None:
     if ls >= 2:
         end_logits[w][ls - 2] = 25.0  # an even better end, but before the start
     pred = decode(
-        ex, feats, start_logits, end_logits, np.zeros(len(feats)) - 2, DecodeOptions(max_answer_len=n_tok)
+        ex,
+        feats,
+        start_logits,
+        end_logits,
+        np.zeros(len(feats)) - 2,
+        DecodeOptions.spans(max_answer_len=n_tok),
     )
     best = pred.n_best[0]
     assert (best.window_index, best.start_token, best.end_token) == (w, ls, long_end)
     pred = decode(
-        ex, feats, start_logits, end_logits, np.zeros(len(feats)) - 2, DecodeOptions(max_answer_len=n_tok - 1)
+        ex,
+        feats,
+        start_logits,
+        end_logits,
+        np.zeros(len(feats)) - 2,
+        DecodeOptions.spans(max_answer_len=n_tok - 1),
     )
     assert (pred.n_best[0].window_index, pred.n_best[0].start_token, pred.n_best[0].end_token) != (
         w,
@@ -216,7 +228,7 @@ def test_max_answer_len_and_end_before_start(case) -> None:
 def test_n_best_size(case) -> None:
     ex, feats, _, _, s, e = case
     start_logits, end_logits = _point_at(feats, s, e)
-    pred = decode(ex, feats, start_logits, end_logits, np.zeros(len(feats)), DecodeOptions(n_best=3))
+    pred = decode(ex, feats, start_logits, end_logits, np.zeros(len(feats)), DecodeOptions.spans(n_best=3))
     assert len(pred.n_best) == 3
     assert sum(x.probability for x in pred.n_best) == pytest.approx(1.0)
 
@@ -281,7 +293,7 @@ def test_beam_decode(case) -> None:
         e_lp.reshape(W, k1 * k2),
         e_ix.reshape(W, k1 * k2),
         cls,
-        DecodeOptions(max_answer_len=30),
+        DecodeOptions.spans(max_answer_len=30),
     )
     assert pred.text == text and (pred.start, pred.end) == (start, start + len(text))
     assert pred.no_answer_prob == pytest.approx(1 / (1 + math.exp(3.0)))
@@ -293,7 +305,7 @@ def test_beam_decode(case) -> None:
         expected[(ls, ls)] = -1.6
     assert texts == pytest.approx(expected)
     # [W, k1, k2] end arrays are read the same way as the flat start-major ones
-    pred3 = decode_beam(ex, feats, s_lp, s_ix, e_lp, e_ix, cls, DecodeOptions(max_answer_len=30))
+    pred3 = decode_beam(ex, feats, s_lp, s_ix, e_lp, e_ix, cls, DecodeOptions.spans(max_answer_len=30))
     assert [(x.text, x.score) for x in pred3.n_best] == [(x.text, x.score) for x in pred.n_best]
     # a high no-answer logit everywhere: "" but the span is kept
     pred = decode_beam(ex, feats, s_lp, s_ix, e_lp, e_ix, np.full(W, 1.0))
@@ -311,11 +323,13 @@ def test_decode_all_matches_per_example(tok: XLNetTokenizer, dev_examples: list[
     start = rng.normal(size=(len(feats), width))
     end = rng.normal(size=(len(feats), width))
     cls = rng.normal(size=len(feats))
-    preds = decode_all(examples, feats, start, end, cls, DecodeOptions(n_best=5))
+    preds = decode_all(examples, feats, start, end, cls, DecodeOptions.spans(n_best=5))
     assert list(preds) == [e.qas_id for e in examples]
     for i, ex in enumerate(examples):
         idx = [j for j, f in enumerate(feats) if f.example_index == i]
-        one = decode(ex, [feats[j] for j in idx], start[idx], end[idx], cls[idx], DecodeOptions(n_best=5))
+        one = decode(
+            ex, [feats[j] for j in idx], start[idx], end[idx], cls[idx], DecodeOptions.spans(n_best=5)
+        )
         assert preds[ex.qas_id].text == one.text and preds[ex.qas_id].no_answer_prob == one.no_answer_prob
     # list rows of different lengths (batches padded differently) work the same
     ragged = decode_all(
@@ -324,7 +338,7 @@ def test_decode_all_matches_per_example(tok: XLNetTokenizer, dev_examples: list[
         [r[: len(f) + (j % 3)] for j, (r, f) in enumerate(zip(start, feats, strict=True))],
         list(end),
         cls,
-        DecodeOptions(n_best=5),
+        DecodeOptions.spans(n_best=5),
     )
     assert {q: p.text for q, p in ragged.items()} == {q: p.text for q, p in preds.items()}
 
@@ -370,4 +384,4 @@ def test_decode_all_beam(tok: XLNetTokenizer, dev_examples: list[SquadExample]) 
 )
 def test_decode_options_refuse_what_would_decode_nothing_or_garbage(bad: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
-        DecodeOptions(**bad)
+        DecodeOptions.spans(**bad)

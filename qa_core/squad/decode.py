@@ -28,7 +28,7 @@ questions, is in :mod:`.head_outputs`.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -48,22 +48,30 @@ _MASKED = -1e30
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    """What turns every question's window outputs into its answer in one decoding call: how many
-    spans are kept (``n_best``), the longest span in tokens, and the decision (``answerability``, the
-    model's fitted rule; ``threshold`` on the no-answer probability replaces it). One value, so that
-    evaluation, the export's agreement check and the server cannot pass different subsets."""
+    """What turns every question's window outputs into its answer in one decoding call: the spans it
+    keeps and how long they may be (``settings``' ``n_best`` and ``max_answer_len``: the model's, or a
+    call's own), and the decision (``answerability``, the model's fitted rule; ``threshold`` on the
+    no-answer probability replaces it). One value, so that evaluation, the export's agreement check and
+    the server cannot pass different subsets."""
 
-    n_best: int = DEFAULTS.n_best
-    max_answer_len: int = DEFAULTS.max_answer_len
+    settings: ModelSettings = DEFAULTS
     threshold: float | None = None
     answerability: Answerability | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_best", "max_answer_len"):
-            if not positive_int(getattr(self, name)):
-                raise ValueError(f"{name} must be a whole number >= 1, got {getattr(self, name)!r}")
+            if not positive_int(getattr(self.settings, name)):
+                raise ValueError(f"{name} must be a whole number >= 1, got {getattr(self.settings, name)!r}")
         if self.threshold is not None and not probability(self.threshold):
             raise ValueError(f"threshold must be a probability in [0, 1], got {self.threshold!r}")
+
+    @property
+    def n_best(self) -> int:
+        return self.settings.n_best
+
+    @property
+    def max_answer_len(self) -> int:
+        return self.settings.max_answer_len
 
     @classmethod
     def of(
@@ -73,7 +81,18 @@ class DecodeOptions:
         threshold: float | None = None,
     ) -> DecodeOptions:
         """A model's own decoding (its recorded n-best and longest span) with a decision rule."""
-        return cls(settings.n_best, settings.max_answer_len, threshold, answerability)
+        return cls(settings, threshold, answerability)
+
+    @classmethod
+    def spans(
+        cls,
+        n_best: int = DEFAULTS.n_best,
+        max_answer_len: int = DEFAULTS.max_answer_len,
+        threshold: float | None = None,
+        answerability: Answerability | None = None,
+    ) -> DecodeOptions:
+        """Decoding with these spans (a call's own n-best and longest span, the rest the defaults')."""
+        return cls(replace(DEFAULTS, n_best=n_best, max_answer_len=max_answer_len), threshold, answerability)
 
 
 DEFAULT_DECODING = DecodeOptions()

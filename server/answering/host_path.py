@@ -224,7 +224,7 @@ class HostPath:
     def decode_options(self, q: Question) -> DecodeOptions:
         """How ``q`` is decoded: enough spans for its top_k, its own longest span and threshold if it
         sets them, else the model's (and the server's threshold)."""
-        return DecodeOptions(
+        return DecodeOptions.spans(
             max(self.n_best_pool, q.top_k),
             q.max_answer_len or self.spec.serving.max_answer_len,
             self.decided_by(q)[0],
