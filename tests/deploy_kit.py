@@ -126,3 +126,18 @@ def no_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("XLNETQA_") or name == "PROMETHEUS_MULTIPROC_DIR":
             monkeypatch.delenv(name)
+
+
+def copied_sources(dockerfile: Path) -> set[str]:
+    """What the builder stage of ``dockerfile`` copies from the build context."""
+    return {
+        source
+        for keyword, args in dockerfile_stages(dockerfile)[0]["ins"]
+        if keyword == "COPY"
+        for source in args.split()[:-1]
+        if not source.startswith("--")
+    }
+
+
+# What the CPU image carries of the repository's packages: the serving core, the server, the schema.
+SERVER_IMAGE_PACKAGES = ("qa_core", "server", "clients")
