@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qa_core.contract import MAX_N_BEST
 from qa_core.runtime.backends import ServerBackend
+from qa_core.runtime.cores import default_threads
 from qa_core.runtime.providers import TENSORRT, parse_providers
 
 ENV_PREFIX = "XLNETQA_"
@@ -74,7 +75,12 @@ class ServerSettings(BaseSettings):
         description="Run the model in an engine process of its own even with one front (implied by --workers "
         "> 1): one GIL never holds both the HTTP work and the engine",
     )
-    threads: int = Field(1, ge=1, description="Intra-op threads of the backend (set explicitly, never 'all')")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="Intra-op threads of the backend (default: $OMP_NUM_THREADS, else the cores this process "
+        "may use, its affinity within its cgroup's CPU quota, at most 8)",
+    )
     inter_op_threads: int = Field(1, ge=1)
     providers: str = Field(
         "auto",
@@ -410,6 +416,11 @@ class ServerSettings(BaseSettings):
         """Short names become full ones here, so every later reader sees onnxruntime's spelling."""
         names = parse_providers(value)
         return "auto" if names is None else ",".join(names)
+
+    @property
+    def backend_threads(self) -> int:
+        """The backend's intra-op threads: the setting, else the default for this process's cores."""
+        return self.threads or default_threads()
 
     @property
     def builds_engines(self) -> bool:

@@ -81,7 +81,7 @@ def test_k8s_server_deployment_agrees_with_the_server() -> None:
 
     resources = container["resources"]
     assert set(resources["requests"]) >= {"cpu", "memory"} and set(resources["limits"]) >= {"cpu", "memory"}
-    assert cpu_quantity(resources["requests"]["cpu"]) >= settings.threads * settings.workers
+    assert cpu_quantity(resources["requests"]["cpu"]) >= settings.backend_threads * settings.workers
 
     assert pod["securityContext"]["runAsNonRoot"] is True
     security = container["securityContext"]

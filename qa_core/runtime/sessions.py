@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from qa_core.runtime.cores import default_threads
 from qa_core.runtime.providers import ProviderEntry, provider_names
 from qa_core.runtime.runner import Feeds, Runner
 from qa_core.runtime.sidecar import ort_disabled_optimizers
@@ -21,12 +22,6 @@ LEVELS = {
 }
 
 
-def default_threads() -> int:
-    """OMP_NUM_THREADS when set (tests and shared machines), else the cores, at most 8."""
-    env = os.environ.get("OMP_NUM_THREADS", "")
-    return int(env) if env.isdigit() and int(env) > 0 else min(8, os.cpu_count() or 1)
-
-
 def session(
     path: str | os.PathLike,
     *,
@@ -36,15 +31,20 @@ def session(
     optimized_path: str | os.PathLike | None = None,
     providers: Sequence[ProviderEntry] = ("CPUExecutionProvider",),
     profile_prefix: str | os.PathLike | None = None,
+    spinning: bool = True,
 ) -> ort.InferenceSession:
     """A session on `path` as every part of the product runs one (exporter, verification, benchmarks,
     the server): explicit threads, sequential execution, the rewrites that hurt on CPU switched off;
     with `optimized_path`, onnxruntime also writes the graph it optimised there. `providers` are names or
     (name, options) pairs (`qa_core.runtime.providers.choose_providers`). With `profile_prefix`,
-    onnxruntime's profiler records every node's time (`end_profiling()` writes the JSON)."""
+    onnxruntime's profiler records every node's time (`end_profiling()` writes the JSON). Without
+    `spinning`, idle intra-op threads sleep instead of spinning for work (a server's threads share the
+    cores with its event loop and tokenizing thread, which the spinning would take between calls)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or default_threads()
     options.inter_op_num_threads = inter_op_threads
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = LEVELS[level]
     options.log_severity_level = 3  # errors only: the fp16 graph's inserted-cast warnings are expected

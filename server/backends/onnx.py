@@ -210,7 +210,9 @@ class OnnxBackend(Backend):
         from qa_core.runtime.sessions import session
 
         try:
-            return session(path, threads=threads, inter_op_threads=inter_op_threads, providers=wanted)
+            return session(
+                path, threads=threads, inter_op_threads=inter_op_threads, providers=wanted, spinning=False
+            )
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises several types; the message is the fact
             error = first_line(exc)
             if asked[0] == CPU:  # nothing to fall back from: the model itself does not load
@@ -219,7 +221,9 @@ class OnnxBackend(Backend):
             if not allow_fallback:
                 raise BackendUnavailable(f"{path.name}: {problem}; {FALLBACK_ADVICE}") from None
             logger.warning("--allow-cpu-fallback: %s", problem)
-            return session(path, threads=threads, inter_op_threads=inter_op_threads, providers=[CPU])
+            return session(
+                path, threads=threads, inter_op_threads=inter_op_threads, providers=[CPU], spinning=False
+            )
 
     def _check_active(self, asked: list[str], allow_fallback: bool) -> None:
         """The model's own session runs on the first provider asked for (or the fallback was allowed)."""
@@ -249,7 +253,7 @@ class OnnxBackend(Backend):
     def from_settings(cls, spec: ModelSpec, settings: ServerSettings) -> OnnxBackend:
         return cls(
             spec,
-            settings.threads,
+            settings.backend_threads,
             settings.inter_op_threads,
             settings.provider_list(),
             max_batch_size=batch_limit(spec, settings),

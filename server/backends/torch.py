@@ -48,7 +48,7 @@ class TorchBackend(Backend):
         )
         return cls(
             spec,
-            settings.threads,
+            settings.backend_threads,
             settings.inter_op_threads,
             settings.torch_device,
             dtype=settings.torch_dtype,
