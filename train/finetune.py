@@ -20,6 +20,7 @@ from train.common.cli import Parser, run
 from train.common.dataclass_flags import add_flags
 from train.engine.run_record import explicit_flags
 from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
+from train.recipes.finetune_config import TRAINED_SETTINGS
 from train.recipes.presets import RECIPES, recipe_defaults
 
 # The flags in --help's groups, in order: every field of FinetuneConfig that is a flag, each once.
@@ -28,9 +29,6 @@ GROUPS: dict[str | None, tuple[str, ...]] = {
     "data": (
         "train_file",
         "dev_file",
-        "max_seq_len",
-        "doc_stride",
-        "max_query_len",
         "keep_out_of_window",
         "plausible_spans",
         "max_dev_examples",
@@ -51,6 +49,8 @@ GROUPS: dict[str | None, tuple[str, ...]] = {
         "freeze_layers",
         "freeze_embeddings",
     ),
+    # windows and decoding: every field of ModelSettings the run takes (a new setting joins by itself)
+    "model settings (recorded in the model, read by evaluation, the export and the server)": TRAINED_SETTINGS,
     "optimisation": (
         "steps",
         "epochs",
@@ -82,8 +82,6 @@ GROUPS: dict[str | None, tuple[str, ...]] = {
         "answerability",
         "calibration",
         "rerank",
-        "n_best",
-        "max_answer_len",
         "log_every",
         "save_every",
         "keep_last",
