@@ -168,3 +168,6 @@ class ModelSettings:
 
 
 DEFAULTS = ModelSettings()
+# The settings a model is windowed and decoded with: all but the no-answer threshold, which fine-tuning
+# fits, --threshold replaces together with the decision rule, and an ensemble refits.
+WINDOW_AND_DECODING = tuple(f.name for f in fields(ModelSettings) if f.name != "no_answer_threshold")

@@ -107,8 +107,8 @@ def test_each_model_setting_is_declared_once() -> None:
     config holds the settings as one value, its flags generated from ModelSettings' own fields."""
     import dataclasses
 
+    from qa_core.contract import WINDOW_AND_DECODING
     from qa_core.runtime.sidecar import ServingSettings
-    from train.recipes.finetune_config import TRAINED_SETTINGS
 
     assert issubclass(ServingSettings, ModelSettings)
     own = set(ServingSettings.__annotations__)
@@ -119,7 +119,7 @@ def test_each_model_setting_is_declared_once() -> None:
         7,
     )
     names = {f.name for f in dataclasses.fields(FinetuneConfig)}
-    assert not names & set(TRAINED_SETTINGS)  # none declared again on the config
+    assert not names & set(WINDOW_AND_DECODING)  # none declared again on the config
 
 
 def test_evaluation_flags_are_the_model_settings_own_fields() -> None:
@@ -127,18 +127,17 @@ def test_evaluation_flags_are_the_model_settings_own_fields() -> None:
     help text), and only the ones given reach the evaluation."""
     from dataclasses import fields
 
-    from qa_core.contract import HELP, ModelSettings
+    from qa_core.contract import HELP, WINDOW_AND_DECODING, ModelSettings
     from train.common.dataclass_flags import options_from
     from train.evaluate import build_parser
-    from train.evaluation.options import OVERRIDABLE
 
     parser = build_parser()
     args = parser.parse_args(["--checkpoint", "c", "--data", "d", "--out", "o", "--n-best", "7"])
     assert options_from(EvaluationOptions, args).overrides == {"n_best": 7}
     helps = {a.dest: a.help for a in parser._actions}
     for f in fields(ModelSettings):
-        if f.name in OVERRIDABLE:
+        if f.name in WINDOW_AND_DECODING:
             assert helps[f.name] == f.metadata[HELP] + " (default: the model's)", f.name
-    assert set(OVERRIDABLE) == {f.name for f in fields(ModelSettings)} - {"no_answer_threshold"}
+    assert set(WINDOW_AND_DECODING) == {f.name for f in fields(ModelSettings)} - {"no_answer_threshold"}
     with pytest.raises(ValueError, match="cannot override"):
         EvaluationOptions(Path("c"), Path("d"), Path("o"), overrides={"no_answer_threshold": 0.1})

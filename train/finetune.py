@@ -16,11 +16,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from qa_core.contract import WINDOW_AND_DECODING
 from train.common.cli import Parser, run
 from train.common.dataclass_flags import add_flags
 from train.engine.run_record import explicit_flags
 from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
-from train.recipes.finetune_config import TRAINED_SETTINGS
 from train.recipes.presets import RECIPES, recipe_defaults
 
 # The flags in --help's groups, in order: every field of FinetuneConfig that is a flag, each once.
@@ -50,7 +50,7 @@ GROUPS: dict[str | None, tuple[str, ...]] = {
         "freeze_embeddings",
     ),
     # windows and decoding: every field of ModelSettings the run takes (a new setting joins by itself)
-    "model settings (recorded in the model, read by evaluation, the export and the server)": TRAINED_SETTINGS,
+    "model settings (recorded in the model, read by evaluation, the export and the server)": WINDOW_AND_DECODING,
     "optimisation": (
         "steps",
         "epochs",

@@ -137,7 +137,7 @@ def _lengths(data: dict[str, Any], where: Path) -> ServingSettings:
     except ValueError as exc:
         raise ModelSpecError(f"{where}: {exc}") from None
     top_k = {n: _int(data, n, getattr(_DEFAULTS, n), where) for n in ("start_n_top", "end_n_top")}
-    return ServingSettings(**dataclasses.asdict(settings), **top_k)
+    return ServingSettings.of(settings, **top_k)
 
 
 def _need_tokenizer(directory: Path) -> None:

@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qa_core.contract import ModelSettings, probability
+from qa_core.contract import WINDOW_AND_DECODING, ModelSettings, probability
 from train.common.dataclass_flags import flag
-
-# The model settings an evaluation may override: every field of ModelSettings but the threshold, which
-# --threshold replaces together with the stored decision rule.
-OVERRIDABLE = tuple(f.name for f in fields(ModelSettings) if f.name != "no_answer_threshold")
 
 
 @dataclass(frozen=True)
@@ -34,7 +30,7 @@ class EvaluationOptions:
         "the stored no_answer_threshold, ignoring a fitted model",
     )
     overrides: dict[str, Any] = flag(
-        default_factory=dict, nested=ModelSettings, nested_only=OVERRIDABLE, overrides=True
+        default_factory=dict, nested=ModelSettings, nested_only=WINDOW_AND_DECODING, overrides=True
     )  # --max-seq-len, --doc-stride, ...: the model settings replaced, by name (absent: the checkpoint's)
     batch_size: int = flag(32, help="windows per forward pass")
     device: str = flag("cpu", help="torch device")
@@ -45,5 +41,5 @@ class EvaluationOptions:
             raise ValueError(f"--threshold must be a probability in [0, 1], got {self.threshold}")
         if self.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
-        if unknown := set(self.overrides) - set(OVERRIDABLE):
+        if unknown := set(self.overrides) - set(WINDOW_AND_DECODING):
             raise ValueError(f"settings an evaluation cannot override: {sorted(unknown)}")

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from qa_core.contract import TOKEN_OUTPUTS, ModelSettings
+from qa_core.contract import TOKEN_OUTPUTS, WINDOW_AND_DECODING, ModelSettings
 from qa_core.heads import head_spec
 from qa_core.squad import (
     DEFAULT_DECODING,
@@ -148,10 +148,6 @@ def average_outputs(members: Sequence[FeatureOutputs]) -> FeatureOutputs:
     return out
 
 
-# What an ensemble's members must record alike: their windows and decoding (the threshold is refitted).
-SHARED_SETTINGS = tuple(f.name for f in fields(ModelSettings) if f.name != "no_answer_threshold")
-
-
 def predict_ensemble(
     members: Sequence[Any], examples: Sequence[SquadExample], batch_size: int = 32, progress: bool = False
 ) -> dict[str, Prediction]:
@@ -162,7 +158,7 @@ def predict_ensemble(
     for m in members[1:]:
         if m.tokenizer.fingerprint() != first.tokenizer.fingerprint():
             raise ValueError(f"{m.path}: another tokenizer than {first.path}'s; an ensemble shares one")
-        if any(m.metadata.get(k) != first.metadata.get(k) for k in SHARED_SETTINGS):
+        if any(m.metadata.get(k) != first.metadata.get(k) for k in WINDOW_AND_DECODING):
             raise ValueError(f"{m.path}: other windows or decoding than {first.path}'s")
     features = featurize_with(examples, first.tokenizer, settings)
     outputs = [predict_features(m.model, features, batch_size=batch_size, progress=progress) for m in members]

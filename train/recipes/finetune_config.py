@@ -3,10 +3,10 @@ experiments, the recipe and its set-up, so it sits apart from all of them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import ClassVar
 
-from qa_core.contract import MAX_N_BEST, ModelSettings
+from qa_core.contract import MAX_N_BEST, WINDOW_AND_DECODING, ModelSettings
 from train.answerability.fit import ANSWERABILITY_CHOICES, CALIBRATION_METHODS
 from train.common.dataclass_flags import flag
 from train.engine.optim import LAYER_DECAY_MODES
@@ -14,9 +14,6 @@ from train.engine.session import TrainingConfig
 from train.model import ACTIVATIONS, HEADS, PRESETS
 from train.model.config import ANSWER_CLASS_INPUTS
 from train.recipes.presets import RECIPES
-
-# The model settings a fine-tuning run takes as flags: all but the threshold, which it fits.
-TRAINED_SETTINGS = tuple(f.name for f in fields(ModelSettings) if f.name != "no_answer_threshold")
 
 
 @dataclass(kw_only=True)
@@ -44,7 +41,7 @@ class FinetuneConfig(TrainingConfig):
     # --max-seq-len, --doc-stride, --max-query-len, --max-answer-len, --n-best: the model's settings, one
     # value (its fields, their help, their checks are ModelSettings'); the threshold is fitted, not a flag
     model: ModelSettings = flag(
-        default_factory=ModelSettings, nested=ModelSettings, nested_only=TRAINED_SETTINGS
+        default_factory=ModelSettings, nested=ModelSettings, nested_only=WINDOW_AND_DECODING
     )
     keep_out_of_window: float = flag(
         1.0,
