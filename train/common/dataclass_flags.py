@@ -20,6 +20,8 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from qa_core.contract import HELP
+
 T = TypeVar("T")
 FLAG_KEY = "flag"
 
@@ -75,7 +77,7 @@ def _nested_flags(
         wanted = list(names)
         chosen = sorted((f for f in chosen if f.name in wanted), key=lambda f: wanted.index(f.name))
     for sub in chosen:
-        text = sub.metadata.get("help", "")
+        text = sub.metadata.get(HELP, "")
         text += " (default: the model's)" if spec.overrides else ""
         default = None if spec.overrides else defaults.get(sub.name, sub.default)
         parser.add_argument(
