@@ -66,10 +66,6 @@ class RunConfig:
         """The config of flat settings, named as the flags are (``max_seq_len`` goes into ``model``)."""
         return cls(**split_nested(cls, settings))
 
-    def setting(self, name: str) -> Any:
-        """A setting by its flag's name, whether a field of this config or of a nested settings value."""
-        return flat_settings(self).get(name)
-
     @classmethod
     def defaults(cls) -> SimpleNamespace:
         """Each field's default (what the parser shows and uses); required fields have none."""
@@ -142,12 +138,13 @@ class TrainingConfig(RunConfig):
     def __post_init__(self) -> None:
         if self.spm and self.train_spm:
             raise ValueError("give either --spm or --train-spm, not both")
+        by_flag = flat_settings(self)  # a nested settings value's fields by their flags' names too
         for name, least in self.AT_LEAST.items():
-            value = self.setting(name)
+            value = by_flag.get(name)
             if value is not None and value < least:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
         for name, most in self.AT_MOST.items():
-            value = self.setting(name)
+            value = by_flag.get(name)
             if value is not None and value > most:
                 raise ValueError(f"--{name.replace('_', '-')} must be at most {most}, got {value}")
 
