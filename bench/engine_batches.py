@@ -12,10 +12,13 @@ rate, whatever the batcher does.
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 import statistics
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from bench.common import cpu_summary, markdown_table
 from qa_core.runtime.backends import SERVER_BACKENDS
@@ -33,19 +36,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batches", default="1,2,4,8")
     p.add_argument("--lengths", default="128,192")
     p.add_argument("--runs", type=int, default=30)
+    p.add_argument(
+        "--server-args",
+        default="",
+        help="flags of python -m server the backend is built with (e.g. the torch backend on CUDA with graphs)",
+    )
+    p.add_argument("--json", type=Path, help="also write the rows here")
     args = p.parse_args(argv)
     from server.answering.model_spec import resolve_spec
     from server.backends import create_backend, dummy_batch
-    from server.settings import ServerSettings
+    from server.flags import load_settings
 
     spec = resolve_spec(args.model, args.backend)
     rows = []
+    batches, lengths = _ints(args.batches), _ints(args.lengths)
     for threads in _ints(args.threads):
-        settings = ServerSettings(model=args.model, backend=args.backend, threads=threads)
+        flags = ["--model", args.model, "--backend", args.backend, "--threads", str(threads)]
+        settings = load_settings([*flags, *shlex.split(args.server_args)])
         engine = create_backend(spec, settings)
-        for length in _ints(args.lengths):
+        engine.warmup((min(lengths), max(lengths)), (1, max(batches)))
+        for length in lengths:
             alone = None
-            for batch in _ints(args.batches):
+            for batch in batches:
                 feeds = dummy_batch(batch, length)
                 for _ in range(3):
                     engine.run(feeds)
@@ -66,8 +78,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ]
                 )
         engine.close()
-    print(f"# bench.engine_batches: {args.backend} backend, {spec.name}; {cpu_summary()}\n")
-    print(markdown_table(["threads", "BxT", "ms / call", "ms / window", "windows/s vs batch 1"], rows))
+    header = ["threads", "BxT", "ms / call", "ms / window", "windows/s vs batch 1"]
+    print(f"# bench.engine_batches: {args.backend} backend, {spec.name}; {cpu_summary()}")
+    print(f"server flags: {args.server_args or '(defaults)'}\n")
+    print(markdown_table(header, rows))
+    if args.json:
+        record = {"backend": args.backend, "model": spec.name, "server_args": args.server_args}
+        record["machine"] = cpu_summary()
+        record["rows"] = [dict(zip(header, row, strict=True)) for row in rows]
+        args.json.write_text(json.dumps(record, indent=2))
     return 0
 
 

@@ -104,6 +104,7 @@ STAGE_MODULES = {
     "latency-ort": "bench.latency",
     "memory": "bench.memory",
     "graphs": "bench.gpu_graphs",
+    "serve-e2e": "bench.serve",
     "serve-torch": "bench.serve",
     "serve-ort": "bench.serve",
 }
@@ -209,13 +210,83 @@ def memory(ctx: StageContext) -> dict[str, Any]:
 
 
 def graphs(ctx: StageContext) -> dict[str, Any]:
-    """bench.gpu_graphs: CUDA graphs against torch.compile per shape, and one forward's kernels."""
+    """bench.gpu_graphs: ours (CUDA graph, torch attention, compiled), HF eager and compiled, per shape,
+    with agreement against fp32 eager; the kernel's offset guard; one forward's kernels."""
     out = ctx.work / "graphs.json"
     out.unlink(missing_ok=True)
-    shapes = ",".join(s for s in ctx.shapes.split(",") if not s.startswith("32x"))  # compile: ~30 s a shape
-    args = ["--config", ctx.preset, "--shapes", shapes or ctx.shapes, "--kernels", "--json", str(out)]
+    shapes = ",".join(s for s in ctx.shapes.split(",") if s in ("1x384", "32x384")) or ctx.shapes
+    args = ["--config", ctx.preset, "--shapes", shapes, "--guard", "--kernels", "--json", str(out)]
     result = run_child(ctx, "graphs", python_module(ctx, STAGE_MODULES["graphs"], *args), 600)
     return json.loads(out.read_text()) if out.is_file() else {"error": result}
+
+
+# The served GPU path of issue 57: fp16 weights, one CUDA graph per batch size, every window padded to
+# the model's 384 tokens (the 1x384 shape the engine alone is timed at).
+SERVE_E2E_FLAGS = "--torch-device {device} --torch-dtype fp16 --torch-cuda-graphs --pad-multiple-of 384"
+
+
+def serve_e2e(ctx: StageContext) -> dict[str, Any]:
+    """One-window questions through the server on the GPU (bench.serve: host stages, per-question end to
+    end beside the engine alone, load at 1 and 16 clients; one front and four fronts over one engine),
+    and the engine alone per batch size as served (bench.engine_batches), in one run."""
+    from train.common.sample_data import SAMPLE_DEV
+
+    ckpt = checkpoint(ctx)
+    data = ctx.work / "one-window.json"
+    served = SERVE_E2E_FLAGS.format(device=ctx.device) if ctx.device != "cpu" else "--pad-multiple-of 384"
+    flags = served + f" --max-batch-size {ctx.max_batch_size}"  # on a CPU: a dry run of the code paths
+    made = run_child(
+        ctx,
+        "serve-e2e",
+        python_module(
+            ctx, "bench.one_window", "--tokenizer", str(ckpt), "--data", str(SAMPLE_DEV), "--out", str(data)
+        ),
+        300,
+    )
+    if made["rc"] != 0:
+        return {"error": made}
+    results: dict[str, Any] = {"server flags": flags}
+    engine_json = ctx.work / "engine-batches.json"
+    engine_json.unlink(missing_ok=True)
+    batches = ",".join(
+        str(2**i) for i in range(ctx.max_batch_size.bit_length()) if 2**i <= ctx.max_batch_size
+    )
+    engine_args = ["--model", str(ckpt), "--backend", "torch", f"--server-args={flags}", "--batches", batches]
+    engine_args += ["--lengths", "384", "--runs", "50", "--json", str(engine_json)]
+    engine = run_child(ctx, "serve-e2e", python_module(ctx, "bench.engine_batches", *engine_args), 300)
+    results["engine alone"] = (
+        json.loads(engine_json.read_text()) if engine_json.is_file() else {"error": engine}
+    )
+    for fronts in (1, 4):
+        out = ctx.work / f"serve-e2e-{fronts}.json"
+        out.unlink(missing_ok=True)
+        server_flags = flags + (f" --workers {fronts}" if fronts > 1 else "")
+        args = [
+            "--model",
+            str(ckpt),
+            "--backend",
+            "torch",
+            f"--server-args={server_flags}",
+            "--data",
+            str(data),
+        ]
+        args += [
+            "--questions",
+            "60",
+            "--clients",
+            ctx.clients,
+            "--seconds",
+            str(ctx.seconds),
+            "--warmup",
+            "1",
+        ]
+        args += ["--modes", "batched", "--max-batch-size", str(ctx.max_batch_size), "--json", str(out)]
+        args += ["--log-dir", str(ctx.work)]
+        if fronts > 1:
+            args.append("--skip-overhead")
+        result = run_child(ctx, "serve-e2e", python_module(ctx, "bench.serve", *args), 400)
+        results[f"{fronts} front(s)"] = json.loads(out.read_text()) if out.is_file() else {"error": result}
+    return results
 
 
 def install_wheels(ctx: StageContext) -> dict[str, Any]:
@@ -237,6 +308,7 @@ STAGES: dict[str, Callable[[StageContext], dict[str, Any]]] = {
     "serve-torch": lambda ctx: serve(ctx, "serve-torch", SERVE_TORCH),
     "memory": memory,
     "graphs": graphs,
+    "serve-e2e": serve_e2e,
     "install": install_wheels,
     "latency-ort": lambda ctx: latency(ctx, "latency-ort", "h"),
     "serve-ort": lambda ctx: serve(ctx, "serve-ort", SERVE_ORT),
@@ -346,19 +418,33 @@ def error_line(result: Any) -> str:
 
 
 def graphs_lines(stages: dict[str, Any]) -> list[str]:
-    """The CUDA graphs / torch.compile table and the kernel profile's first lines, if that stage ran."""
+    """The whole-graph paths' table, the offset guard and the kernel profile's first lines, if run."""
     result = stages.get("graphs", {}).get("result") or {}
     if "error" in result:
         return [f"- graphs: not run: {error_line(result)}", ""]
+    header = ["BxT", "dtype", "path", "p50 ms", "p90 ms", "prepare s", "start max |diff|", "same best start"]
     rows = [
-        [r["BxT"], r["dtype"], name, r[name]["p50 ms"], r[name]["p90 ms"], r[name]["prepare s"]]
-        for r in result.get("captures", [])
-        for name in ("cuda-graphs", "compile")
+        [r["BxT"], r["dtype"], name]
+        + (
+            [
+                r[name]["p50 ms"],
+                r[name]["p90 ms"],
+                r[name]["prepare s"],
+                r[name]["start max |difference|"],
+                r[name]["start same best token"],
+            ]
+            if "p50 ms" in r[name]
+            else [r[name].get("error", "-"), "-", "-", "-", "-"]
+        )
+        for r in result.get("rows", [])
+        for name in r
+        if isinstance(r[name], dict)
     ]
     if not rows:
         return []
-    header = ["BxT", "dtype", "capture", "p50 ms", "p90 ms", "prepare s"]
     lines = ["## Whole-graph torch paths (bench.gpu_graphs)", "", markdown_table(header, rows), ""]
+    if guard := result.get("offset guard"):
+        lines += [f"Offset guard: {guard}", ""]
     kernels = result.get("kernels")
     if kernels:
         top = ", ".join(f"{op['op']} {op['share']:.0%}" for op in kernels["top ops"][:5])

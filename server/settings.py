@@ -39,6 +39,9 @@ def url_password(url: str) -> str | None:
         return None
 
 
+MAX_BATCH_SIZE = 256  # windows per backend call; see the max_batch_size field
+
+
 class ServerSettings(BaseSettings):
     """All knobs of ``python -m server``; each field ``foo`` is also the env var ``XLNETQA_FOO``."""
 
@@ -114,8 +117,9 @@ class ServerSettings(BaseSettings):
     )
     torch_compile: bool = Field(
         False,
-        description="--backend torch on CUDA: like --torch-cuda-graphs, with torch.compile(mode='reduce-overhead') "
-        "recording the graphs (compiles every bucket at warm-up: minutes)",
+        description="--backend torch on CUDA: like --torch-cuda-graphs, over torch.compile's kernels (Inductor fuses "
+        "the bias, GELU, residual and LayerNorm work around the matrix products; compiles every bucket at "
+        "warm-up: minutes)",
     )
     trt_cache_dir: Path | None = Field(
         None,
@@ -123,7 +127,14 @@ class ServerSettings(BaseSettings):
         "every start builds the engine again)",
     )
     trt_fp16: bool = Field(False, description="onnxruntime TensorRT provider: allow fp16 kernels")
-    max_batch_size: int = Field(8, ge=1, description="Most windows (features) in one backend call")
+    max_batch_size: int = Field(
+        8,
+        ge=1,
+        le=MAX_BATCH_SIZE,
+        description=f"Most windows (features) in one backend call (at most {MAX_BATCH_SIZE}: past 16 windows "
+        "an H200's cost per window stops falling, and every request in a batch waits for the whole call; "
+        "a CUDA-graph backend holds one graph per batch size up to it)",
+    )
     batching: Literal["measured", "always"] = Field(
         "measured",
         description="measured: at load, time one window and a batch of the longest length, and group only windows "

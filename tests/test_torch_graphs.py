@@ -201,6 +201,7 @@ def test_the_backend_casts_its_weights_to_the_dtype_asked(onnx_export: Path) -> 
         (["--torch-compile", "true"], "torch_compile records CUDA graphs: it needs torch_device cuda[:N]"),
         (["--torch-cuda-graphs", "--torch-compile", "--torch-device", "cuda"], "choose one"),
         (["--torch-dtype", "fp8"], "torch_dtype"),
+        (["--max-batch-size", "257"], "max_batch_size: Input should be less than or equal to 256"),
     ],
 )
 def test_graph_settings_that_cannot_run_are_one_line_before_anything_loads(

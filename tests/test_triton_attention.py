@@ -98,3 +98,56 @@ def test_the_kernel_compiled_on_a_gpu_equals_the_torch_formulation() -> None:
     require_package("triton", "triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     check("cuda", {**env, "PYTHONPATH": str(REPO)})
+
+
+def test_the_offset_guard_splits_a_batch_past_32_bit_offsets() -> None:
+    """xlnet-base at T 384 (12 heads, the fused width 72, position scores [B, 12, T, 2T]): 606 rows fit
+    the kernel's int32 offsets and 607 do not (batch x heads x 2T^2 >= 2^31; shapes only: meta tensors, no memory). Past it the batch
+    runs in slices that each fit, covering every row once; one row too long for any slice is refused."""
+    import torch
+
+    from train.model.triton_attention import OFFSET_LIMIT, batch_slices, largest_offset
+
+    def operands(rows: int, length: int = 384, heads: int = 12) -> tuple[torch.Tensor, ...]:
+        q = torch.empty(rows, length, heads, 72, device="meta", dtype=torch.float16)
+        v = torch.empty(rows, length, heads, 64, device="meta", dtype=torch.float16)
+        distances = torch.empty(rows, heads, length, 2 * length, device="meta", dtype=torch.float16)
+        return q, q, v, distances
+
+    assert largest_offset(606, *operands(606)) <= OFFSET_LIMIT < largest_offset(607, *operands(607))
+    assert batch_slices(606, operands(606)) == [slice(0, 606)]
+    for rows in (607, 1000, 4096):
+        tensors = operands(rows)
+        slices = batch_slices(rows, tensors)
+        assert len(slices) > 1 and slices[0].start == 0 and slices[-1].stop == rows
+        assert all(a.stop == b.start for a, b in zip(slices, slices[1:], strict=False))
+        assert all(largest_offset(s.stop - s.start, *tensors) <= OFFSET_LIMIT for s in slices)
+    with pytest.raises(ValueError, match="too long"):
+        batch_slices(1, operands(1, length=12_000))
+
+
+SPLIT_CHECK = r"""
+import torch
+from train.model.triton_attention import batch_slices, relative_attention
+torch.manual_seed(0)
+b, t, n, width, dh = 5, 20, 2, 24, 16
+q, k = torch.randn(b, t, n, width), torch.randn(b, t, n, width)
+v, distances = torch.randn(b, t, n, dh), torch.randn(b, n, t, 2 * t)
+whole = relative_attention(q, k, v, distances, block=16)
+limit = 2 * n * t * 2 * t  # two rows of position scores fit, three do not
+assert len(batch_slices(b, (q, k, v, distances), limit)) == 3
+split = relative_attention(q, k, v, distances, block=16, offset_limit=limit)
+assert torch.equal(whole, split), (whole - split).abs().max()
+print("ok")
+"""
+
+
+def test_a_split_batch_gives_the_kernel_s_own_answer_under_the_interpreter() -> None:
+    """The guard's slices, forced by a small limit, run the kernel per slice: bit for bit the unsplit
+    result (the slices' views keep the operands' strides)."""
+    pytest.importorskip("triton", reason="triton is in the test-tools extra (pyproject); a GPU image has it")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-c", SPLIT_CHECK], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stdout + proc.stderr[-3000:]

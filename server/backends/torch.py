@@ -4,7 +4,7 @@ With ``torch_graphs`` the only modules of the server that import torch, and only
 is chosen; eager fp32 is the reference the ONNX/TensorRT backends are checked against. ``--torch-device
 cuda[:N]`` runs it on a GPU; a torch that cannot (a CPU wheel, no device, an index past the last GPU)
 refuses to start with one line rather than serving from the CPU. ``--torch-dtype fp16|bf16`` casts the
-weights; ``--torch-cuda-graphs`` (or ``--torch-compile``, torch.compile's reduce-overhead mode) replays
+weights; ``--torch-cuda-graphs`` (or ``--torch-compile``: Inductor's fused kernels, recorded the same way) replays
 one recorded graph per (batch, length) bucket of the server's batches (:mod:`server.backends.torch_graphs`).
 """
 
@@ -100,13 +100,13 @@ class TorchBackend(Backend):
         self.gpu = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
         self.runner: torch_graphs.BucketedRunner | None = None
         if graphs != "off":
-            capture: torch_graphs.Capture = (
-                torch_graphs.CompiledCapture(self.model)
-                if graphs == "compile"
-                else torch_graphs.CudaGraphCapture(self.device)
-            )
             grid = grid or BucketGrid.for_server(
                 8, spec.serving.max_seq_len, None, spec.min_engine_seq_len or 1
+            )
+            capture: torch_graphs.Capture = (
+                torch_graphs.CompiledCapture(self.model, self.device, len(grid.buckets()))
+                if graphs == "compile"
+                else torch_graphs.CudaGraphCapture(self.device)
             )
             self.runner = torch_graphs.BucketedRunner(
                 self.model, self.input_names, self.model.names, grid, self.device, capture

@@ -13,8 +13,8 @@ How a bucket is made is a :class:`Capture`:
 - :class:`CudaGraphCapture`: ``torch.cuda.CUDAGraph``, after warm-up runs on a side stream (cuBLAS
   handles and workspaces are created outside the graph), every graph in one memory pool, largest
   bucket first so the smaller ones reuse its memory;
-- :class:`CompiledCapture`: ``torch.compile(mode="reduce-overhead")`` (inductor kernels, recorded as
-  CUDA graphs by torch itself), on the same static buffers, so it compiles once per bucket;
+- :class:`CompiledCapture`: ``torch.compile`` (Inductor's fused kernels around the matrix products and
+  the attention kernel), compiled once per bucket and recorded as :class:`CudaGraphCapture` records;
 - :class:`EagerReplay`: no recording: "replay" runs the model eagerly on the static buffers. The
   bucketing, buffer and padding logic is the same, which is how it is tested on a CPU.
 
@@ -119,33 +119,30 @@ class CudaGraphCapture(Capture):
         return outputs, graph.replay
 
 
-class CompiledCapture(Capture):
-    """``torch.compile(model, mode="reduce-overhead")``: torch records the CUDA graphs itself; its outputs
-    are overwritten by its next replay, so they are copied into this slot's own. torch keeps its recorded
-    graphs per thread, so in the server (warm-up in one thread, batches in the inference thread) a
-    bucket's first batch records again: a comparison path, where ``CudaGraphCapture`` is the served one."""
+class CompiledCapture(CudaGraphCapture):
+    """``torch.compile`` (Inductor: the projections' bias and GELU, residual + LayerNorm and the masks'
+    element-wise work fused into the kernels around the matrix products, the Triton attention kernel
+    kept as one operator), compiled once per bucket's shape and recorded into this server's own CUDA
+    graphs, in the one pool, like :class:`CudaGraphCapture`: replayed from any thread, with no copy of
+    the outputs (torch's own "reduce-overhead" graphs are per thread and overwrite their outputs)."""
 
     name = "compile"
 
-    def __init__(self, model: nn.Module) -> None:
-        self.compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
+    def __init__(self, model: nn.Module, device: torch.device, buckets: int = 64) -> None:
+        super().__init__(device)
+        import torch._dynamo
+
+        # One compiled graph per bucket shape; past dynamo's default limit (8) a new shape would run eagerly.
+        limit = max(buckets + 1, 8)
+        for knob in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), limit))
+        self.compiled = torch.compile(model, dynamic=False)
 
     def __call__(
         self, model: Model, inputs: Sequence[torch.Tensor]
     ) -> tuple[tuple[torch.Tensor, ...], Callable[[], None]]:
-        with torch.inference_mode():
-            for _ in range(WARMUP_RUNS):  # compile, warm up, record
-                torch.compiler.cudagraph_mark_step_begin()
-                fresh = self.compiled(*inputs)
-            outputs = tuple(o.clone() for o in fresh)
-
-        def replay() -> None:
-            with torch.inference_mode():
-                torch.compiler.cudagraph_mark_step_begin()
-                for static, new in zip(outputs, self.compiled(*inputs), strict=True):
-                    static.copy_(new)
-
-        return outputs, replay
+        return super().__call__(self.compiled, inputs)
 
 
 class BucketedRunner:

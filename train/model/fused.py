@@ -251,7 +251,7 @@ def fused_attention(attn: RelativeAttention, h: torch.Tensor, inputs: FusedInput
         start = inputs.table_start
         window = w.kr[:, :, start : start + 2 * t].transpose(-1, -2)
         distances = q[..., : w.kr.shape[-1]].transpose(1, 2) @ window  # [B, N, T, 2T]
-        attended = triton_attention.relative_attention(q, k, v, distances).reshape(b, t, n * dh)
+        attended = torch.ops.xlnetqa.relative_attention(q, k, v, distances).reshape(b, t, n * dh)
     else:
         q = q.transpose(1, 2)  # [B, N, T, E]
         scores = q @ k.permute(0, 2, 3, 1) + position_scores(q, w.kr, inputs, n)

@@ -12,6 +12,14 @@ output projection reads: no transposes around it.
 Triton is optional (the lent GPU machines have it; `pip install triton` elsewhere). The kernel is
 tested on the CPU under ``TRITON_INTERPRET=1`` (tests/test_triton_attention.py) against the torch
 formulation; the model uses it only on a CUDA device with triton importable (`available`).
+
+The model calls it as the custom operator ``torch.ops.xlnetqa.relative_attention``: opaque to
+``torch.compile``, so a compiled model keeps the kernel and Inductor fuses what lies around it (the
+projections' bias and GELU, residual + LayerNorm) instead of breaking its graph twice a layer.
+
+Its offsets are 32-bit: a batch whose largest offset into any operand would pass 2**31 - 1 elements
+(xlnet-base's position scores [B, 12, T, 2T]: B >= 607 at T 384) runs in slices of the batch that stay
+below it (`batch_slices`), each one launch, rather than reading wrapped addresses.
 """
 
 from __future__ import annotations
@@ -54,7 +62,6 @@ def wanted(x: torch.Tensor, d_head: int) -> bool:
     blocks take."""
     return (
         ENABLED
-        and not torch.compiler.is_compiling()  # a compiled graph would break around it (twice a layer)
         and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")  # the interpreter: CPU tests
         and not torch.jit.is_tracing()
         and d_head >= 16
@@ -128,14 +135,43 @@ def _kernel():
     return relative_attention_kernel
 
 
+OFFSET_LIMIT = 2**31 - 1  # the kernel's offsets are int32 (program ids times strides)
+
+
+def largest_offset(rows: int, *tensors: torch.Tensor) -> int:
+    """The largest element offset the kernel forms into any of ``tensors`` for ``rows`` batch rows."""
+    return max(
+        (rows - 1) * x.stride(0)
+        + sum((size - 1) * stride for size, stride in zip(x.shape[1:], x.stride()[1:], strict=True))
+        for x in tensors
+    )
+
+
+def batch_slices(batch: int, tensors: tuple[torch.Tensor, ...], limit: int = OFFSET_LIMIT) -> list[slice]:
+    """Slices of the batch whose offsets stay within ``limit`` (one slice: all rows, when they fit)."""
+    if largest_offset(1, *tensors) > limit:
+        raise ValueError(f"one batch row's offsets pass {limit}: the window is too long for the kernel")
+    rows = batch
+    while rows > 1 and largest_offset(rows, *tensors) > limit:
+        rows //= 2
+    return [slice(first, min(first + rows, batch)) for first in range(0, batch, rows)]
+
+
 def relative_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distances: torch.Tensor, *, block: int = 64
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    distances: torch.Tensor,
+    *,
+    block: int = 64,
+    offset_limit: int = OFFSET_LIMIT,
 ) -> torch.Tensor:
     """softmax(q . k + distances[i, T - i + j]) @ v per head.
 
     q, k: [B, T, N, E] (E = the fused layer's extended width), v: [B, T, N, Dh], distances: [B, N, T, 2T]
     (any strides with a unit last one); returns [B, T, N, Dh] in q's dtype. fp32 products are IEEE
-    (no TF32), so fp32 stays within rounding of the torch formulation.
+    (no TF32), so fp32 stays within rounding of the torch formulation. A batch whose offsets would pass
+    ``offset_limit`` runs in slices (`batch_slices`).
     """
     b, t, n, width = q.shape
     dh = v.shape[-1]
@@ -147,8 +183,18 @@ def relative_attention(
         raise ValueError(f"the value width {dh} must be a power of two >= 16")
     if any(x.stride(-1) != 1 for x in (q, k, v, distances)):
         raise ValueError("the last dimension of q, k, v and distances must be contiguous")
-    e1, e2 = _split_width(width)
     out = torch.empty(b, t, n, dh, dtype=q.dtype, device=q.device)
+    for rows in batch_slices(b, (q, k, v, distances, out), offset_limit):
+        _launch(q[rows], k[rows], v[rows], distances[rows], out[rows], block)
+    return out
+
+
+def _launch(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distances: torch.Tensor, out: torch.Tensor, block: int
+) -> None:
+    """One kernel launch over all of ``q``'s batch rows (offsets already known to fit)."""
+    b, t, n, width = q.shape
+    e1, e2 = _split_width(width)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     grid = (-(-t // block), b * n)
     _kernel()[grid](
@@ -157,6 +203,23 @@ def relative_attention(
         v.stride(0), v.stride(1), v.stride(2), distances.stride(0), distances.stride(1), distances.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         n, t, width,
-        BLOCK_M=block, BLOCK_N=block, E1=e1, E2=e2, DV=dh, PRECISION=precision,
+        BLOCK_M=block, BLOCK_N=block, E1=e1, E2=e2, DV=v.shape[-1], PRECISION=precision,
     )  # fmt: skip
-    return out
+
+
+@torch.library.custom_op("xlnetqa::relative_attention", mutates_args=())
+def relative_attention_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distances: torch.Tensor
+) -> torch.Tensor:
+    """`relative_attention` as one operator: a compiled model calls the kernel instead of breaking its
+    graph around it (operands a compiler laid out otherwise are made row-contiguous first)."""
+    q, k, v, distances = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, distances))
+    return relative_attention(q, k, v, distances)
+
+
+@relative_attention_op.register_fake
+def _relative_attention_shape(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distances: torch.Tensor
+) -> torch.Tensor:
+    b, t, n, _ = q.shape
+    return q.new_empty(b, t, n, v.shape[-1])
