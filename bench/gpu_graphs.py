@@ -9,6 +9,8 @@ synchronize), with the seconds each took to prepare its shape:
 - ours, compiled + CUDA graph: ``--torch-compile`` (Inductor fuses the projections' bias and GELU,
   residual + LayerNorm and the masks' work around the matrix products; the attention kernel stays one
   operator), recorded into the same kind of graph;
+- ours, compiled (max-autotune) + CUDA graph: the same with Inductor's GEMM templates timed per shape
+  (``--paths autotuned``: minutes to prepare; not a server flag);
 - HF eager and HF ``torch.compile(mode="reduce-overhead")``: transformers' XLNet with the same weights,
   cast the same way (what a user of HF would run).
 
@@ -37,6 +39,7 @@ PROG = "python -m bench.gpu_graphs"
 OURS_GRAPH = "ours, CUDA graph"
 OURS_TORCH_ATTENTION = "ours, CUDA graph, torch attention"
 OURS_COMPILED = "ours, compiled + CUDA graph"
+OURS_AUTOTUNED = "ours, compiled (max-autotune) + CUDA graph"
 HF_EAGER = "HF eager"
 HF_COMPILED = "HF torch.compile (reduce-overhead)"
 # --paths names -> the rows' labels
@@ -44,6 +47,7 @@ PATHS = {
     "graph": OURS_GRAPH,
     "graph-torch-attention": OURS_TORCH_ATTENTION,
     "compiled": OURS_COMPILED,
+    "autotuned": OURS_AUTOTUNED,
     "hf-eager": HF_EAGER,
     "hf-compiled": HF_COMPILED,
 }
@@ -75,7 +79,13 @@ def ours_runner(model: torch.nn.Module, inputs: dict, path: str) -> tuple[Callab
 
     device = torch.device("cuda")
     rows, length = inputs["input_ids"].shape
-    capture = CompiledCapture(model, device, 1) if path == OURS_COMPILED else CudaGraphCapture(device)
+    capture = (
+        CompiledCapture(model, device, 1)
+        if path == OURS_COMPILED
+        else CompiledCapture(model, device, 1, mode="max-autotune-no-cudagraphs")
+        if path == OURS_AUTOTUNED
+        else CudaGraphCapture(device)
+    )
     grid = BucketGrid((rows,), (length,))
     with triton_attention.kernel(path != OURS_TORCH_ATTENTION):
         runner = BucketedRunner(model, INPUT_NAMES, getattr(model, "names", ()), grid, device, capture)
@@ -126,7 +136,7 @@ def compare_paths(
     vocab: int,
     dtype: str,
     runs: int,
-    paths: Sequence[str] = tuple(PATHS.values()),
+    paths: Sequence[str] = (OURS_GRAPH, OURS_TORCH_ATTENTION, OURS_COMPILED, HF_EAGER, HF_COMPILED),
 ) -> dict:
     """Every path at one shape: p50/p90 per run, prepare seconds, agreement with ours in fp32 eager."""
     from bench.common import pct, time_runs
@@ -241,7 +251,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--shapes", default="1x384,32x384", help="comma-separated BxT")
     ap.add_argument("--dtype", choices=["fp16", "bf16"], default="fp16")
     ap.add_argument("--runs", type=int, default=50)
-    ap.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of: {', '.join(PATHS)}")
+    ap.add_argument(
+        "--paths",
+        default=",".join(p for p in PATHS if p != "autotuned"),
+        help=f"comma-separated, of: {', '.join(PATHS)}",
+    )
     ap.add_argument(
         "--kernels", action="store_true", help="also profile one eager forward at the first shape"
     )

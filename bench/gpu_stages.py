@@ -222,19 +222,28 @@ def graphs(ctx: StageContext) -> dict[str, Any]:
 
 # The served GPU path of issue 57: fp16 weights, one CUDA graph per batch size, every window padded to
 # the model's 384 tokens (the 1x384 shape the engine alone is timed at).
-SERVE_E2E_FLAGS = "--torch-device {device} --torch-dtype fp16 --torch-cuda-graphs --pad-multiple-of 384"
+SERVE_E2E_FLAGS = "--torch-device {device} --torch-dtype fp16 --pad-multiple-of 384"
+# name -> (graph flag, fronts, what bench.serve measures beside the load: "all" = host stages and the
+# in-process comparison, "stages" = host stages only, "load" = the load table only)
+SERVE_E2E_CONFIGS = {
+    "CUDA graphs, 1 front": ("--torch-cuda-graphs", 1, "all"),
+    "compiled + CUDA graphs, 1 front": ("--torch-compile", 1, "stages"),
+    "CUDA graphs, 8 fronts": ("--torch-cuda-graphs", 8, "load"),
+}
 
 
 def serve_e2e(ctx: StageContext) -> dict[str, Any]:
     """One-window questions through the server on the GPU (bench.serve: host stages, per-question end to
-    end beside the engine alone, load at 1 and 16 clients; one front and four fronts over one engine),
-    and the engine alone per batch size as served (bench.engine_batches), in one run."""
+    end beside the engine alone, load at 1 and 16 clients; per `SERVE_E2E_CONFIGS`), and the engine
+    alone per batch size as served (bench.engine_batches), in one run."""
     from train.common.sample_data import SAMPLE_DEV
 
     ckpt = checkpoint(ctx)
     data = ctx.work / "one-window.json"
-    served = SERVE_E2E_FLAGS.format(device=ctx.device) if ctx.device != "cpu" else "--pad-multiple-of 384"
-    flags = served + f" --max-batch-size {ctx.max_batch_size}"  # on a CPU: a dry run of the code paths
+    on_gpu = ctx.device != "cpu"  # on a CPU: a dry run of the code paths (no graphs, no fp16)
+    base = (SERVE_E2E_FLAGS.format(device=ctx.device) if on_gpu else "--pad-multiple-of 384") + (
+        f" --max-batch-size {ctx.max_batch_size}"
+    )
     made = run_child(
         ctx,
         "serve-e2e",
@@ -245,31 +254,33 @@ def serve_e2e(ctx: StageContext) -> dict[str, Any]:
     )
     if made["rc"] != 0:
         return {"error": made}
-    results: dict[str, Any] = {"server flags": flags}
+    results: dict[str, Any] = {"server flags": base, "configs": SERVE_E2E_CONFIGS}
+    graphs = f"{base} --torch-cuda-graphs" if on_gpu else base
     engine_json = ctx.work / "engine-batches.json"
     engine_json.unlink(missing_ok=True)
     batches = ",".join(
         str(2**i) for i in range(ctx.max_batch_size.bit_length()) if 2**i <= ctx.max_batch_size
     )
-    engine_args = ["--model", str(ckpt), "--backend", "torch", f"--server-args={flags}", "--batches", batches]
+    engine_args = [
+        "--model",
+        str(ckpt),
+        "--backend",
+        "torch",
+        f"--server-args={graphs}",
+        "--batches",
+        batches,
+    ]
     engine_args += ["--lengths", "384", "--runs", "50", "--json", str(engine_json)]
     engine = run_child(ctx, "serve-e2e", python_module(ctx, "bench.engine_batches", *engine_args), 300)
     results["engine alone"] = (
         json.loads(engine_json.read_text()) if engine_json.is_file() else {"error": engine}
     )
-    for fronts in (1, 4):
-        out = ctx.work / f"serve-e2e-{fronts}.json"
+    for name, (graph_flag, fronts, measured) in SERVE_E2E_CONFIGS.items():
+        out = ctx.work / f"serve-e2e-{name.replace(' ', '-').replace(',', '').replace('+', 'and')}.json"
         out.unlink(missing_ok=True)
-        server_flags = flags + (f" --workers {fronts}" if fronts > 1 else "")
-        args = [
-            "--model",
-            str(ckpt),
-            "--backend",
-            "torch",
-            f"--server-args={server_flags}",
-            "--data",
-            str(data),
-        ]
+        flags = f"{base} {graph_flag}" if on_gpu else base
+        flags += f" --workers {fronts}" if fronts > 1 else ""
+        args = ["--model", str(ckpt), "--backend", "torch", f"--server-args={flags}", "--data", str(data)]
         args += [
             "--questions",
             "60",
@@ -282,10 +293,9 @@ def serve_e2e(ctx: StageContext) -> dict[str, Any]:
         ]
         args += ["--modes", "batched", "--max-batch-size", str(ctx.max_batch_size), "--json", str(out)]
         args += ["--log-dir", str(ctx.work)]
-        if fronts > 1:
-            args.append("--skip-overhead")
+        args += {"all": [], "stages": ["--skip-bare"], "load": ["--skip-overhead"]}[measured]
         result = run_child(ctx, "serve-e2e", python_module(ctx, "bench.serve", *args), 400)
-        results[f"{fronts} front(s)"] = json.loads(out.read_text()) if out.is_file() else {"error": result}
+        results[name] = json.loads(out.read_text()) if out.is_file() else {"error": result}
     return results
 
 

@@ -238,6 +238,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, default=DEV, help="SQuAD JSON whose questions are asked")
     p.add_argument("--questions", type=int, default=100, help="questions in the overhead comparison")
     p.add_argument("--skip-overhead", action="store_true", help="only the load table")
+    p.add_argument(
+        "--skip-bare",
+        action="store_true",
+        help="keep the host-path stages, leave out the in-process comparison (no second backend: one "
+        "compile, not three, with --torch-compile)",
+    )
     p.add_argument("--no-echo", action="store_true", help="leave out the FastAPI + uvicorn echo floor")
     add_load_arguments(p, clients="1,4,16,64")
     args = p.parse_args(argv)
@@ -289,7 +295,8 @@ def run(args: argparse.Namespace) -> int:
     stages: StageTable | None = None
     bare: list[float] = []
     engine: list[float] = []
-    if not args.skip_overhead:
+    compare_bare = not (args.skip_overhead or args.skip_bare)
+    if compare_bare:
         print(f"bare backend: {len(asked)} questions ...", file=sys.stderr, flush=True)
         bare, engine = bare_latencies(args.model, args.backend, args.threads, asked, args.server_args)
     stage_mode = "batched" if "batched" in args.mode_list else args.mode_list[0]
@@ -299,16 +306,14 @@ def run(args: argparse.Namespace) -> int:
         if mode == stage_mode and not args.skip_overhead:
             print(f"host path ({mode}): {len(asked)} questions ...", file=sys.stderr, flush=True)
             stages = measure_stages(server.port, answer_bodies(asked))
-        if mode == "unbatched" and not args.skip_overhead:
+        if mode == "unbatched" and compare_bare:
             print(f"HTTP, batching off: {len(asked)} questions ...", file=sys.stderr, flush=True)
             over = overhead(bare, http_latencies(server.port, asked), engine)
             if args.repo is not None:  # another checkout's server: this tree's in-process path is no baseline
                 over.bare_p50_ms = over.overhead_p50_ms = over.overhead_p90_ms = float("nan")
 
     results = run_modes(args, pairs, "bench-serve", on_ready)
-    if (
-        not args.skip_overhead and over is None
-    ):  # unbatched mode not requested: start it for the overhead alone
+    if compare_bare and over is None:  # unbatched mode not requested: start it for the overhead alone
         only_overhead = argparse.Namespace(**{**vars(args), "mode_list": ["unbatched"], "levels": []})
         run_modes(only_overhead, pairs, "bench-serve-overhead", on_ready)
     echo_stages: StageTable | None = None
