@@ -4,41 +4,28 @@
         [--max-batch-size 32] [--preferred-batch 4,8,16] [--max-queue-delay-us 500] [--instances 1] \\
         [--triton-tensorrt 10.14.1]
 
-The command line of `export.triton.repository` (the layout and the checks are described there): flags ->
-:class:`TritonOptions`. Exit codes: 0 written; 1 writing failed; 2 a user error (one line, no traceback).
+The command line of `export.triton.repository` (the layout and the checks are described there): one flag per
+field of :class:`TritonOptions`. Exit codes: 0 written; 1 writing failed; 2 a user error (one line, no traceback).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from export.triton.repository import TritonOptions, write_repository
-from train.common.cli import OptionsCommand, Parser
-from train.common.dataclass_flags import add_flags, options_from
+from train.common.dataclass_flags import flags_command
+
+__all__ = ["PROG", "build_parser", "main", "options_from_args"]
 
 PROG = "python -m export.triton"
 
-
-def build_parser() -> Parser:
-    """One flag per field of :class:`TritonOptions` (its type, default and help)."""
-    p = Parser(prog=PROG, description="Write a Triton model repository entry for an export.")
-    add_flags(p, TritonOptions)
-    return p
-
-
-def options_from_args(args: argparse.Namespace) -> TritonOptions:
-    """The parsed flags as options (the flags' dests are the options' field names)."""
-    return options_from(TritonOptions, args)
-
-
-def write(options: TritonOptions) -> None:
-    write_repository(options, report=print)
-
-
-# Entry point: user errors -> one line and exit 2.
-main = OptionsCommand(PROG, build_parser, options_from_args, write)
-
+main = flags_command(
+    PROG,
+    "Write a Triton model repository entry for an export.",
+    TritonOptions,
+    lambda options: write_repository(options, report=print),
+)
+build_parser, options_from_args = main.build_parser, main.options_from_args
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from qa_core.contract import HELP
+from train.common.cli import Failure, OptionsCommand, Parser
 
 T = TypeVar("T")
 FLAG_KEY = "flag"
@@ -232,3 +233,25 @@ def options_from(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
             value = getattr(args, f.name)
             values[f.name] = tuple(value) if f.metadata[FLAG_KEY].repeat else value
     return cls(**values, **given)
+
+
+def flags_command(
+    prog: str,
+    description: str,
+    options_type: type[T],
+    execute: Callable[[T], object],
+    failures: Sequence[Failure] = (),
+) -> OptionsCommand[T]:
+    """The entry point of a command whose flags are one per field of ``options_type`` (its types, defaults
+    and help) and whose work is one call, ``execute(options)``: what each exporter's command line is.
+    Its ``build_parser`` and ``options_from_args`` are the parser and the flags-to-options step alone."""
+
+    def build_parser() -> Parser:
+        parser = Parser(prog=prog, description=description)
+        add_flags(parser, options_type)
+        return parser
+
+    def options_from_args(args: argparse.Namespace) -> T:
+        return options_from(options_type, args)
+
+    return OptionsCommand(prog, build_parser, options_from_args, execute, tuple(failures))
