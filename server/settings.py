@@ -202,8 +202,9 @@ class ServerSettings(BaseSettings):
         None,
         ge=1,
         le=MAX_N_BEST,
-        description="Candidate starts/ends per window when decoding; default: the model's n_best (its "
-        "sidecar or checkpoint metadata)",
+        description="Spans kept per question when decoding (the n-best list a request's top_k reads); the "
+        "answer and the decision read only the best 10, found exactly, so any pool of 10 or more answers "
+        "alike; default: the model's n_best (its sidecar or checkpoint metadata)",
     )
     load_timeout_s: float | None = Field(
         None,

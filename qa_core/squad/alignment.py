@@ -75,6 +75,41 @@ def span_text(context: str, token_to_char: np.ndarray, start: int, end: int) -> 
     return context[a:b], a, b
 
 
+def word_extent(
+    context: str, token_to_char: np.ndarray, start: int, end: int, first: int, last: int, max_tokens: int
+) -> tuple[int, int]:
+    """``[a, b)``: the characters of tokens ``start..end`` widened to whole words (a span that begins or
+    ends inside a run of letters and digits takes the whole run, as the re-ranker reads spans), taking
+    tokens outward within ``first..last`` and never more than ``max_tokens`` tokens in all. Where the
+    word goes on past that, the unwidened span is kept: a 12,000-letter word never becomes a
+    12,000-character answer, and the walk costs tokens of the span's neighbourhood, not the word."""
+    a0, b0 = int(token_to_char[start, 0]), int(token_to_char[end, 1])
+    budget = max_tokens - (end - start + 1)
+
+    def inside(i: int) -> bool:  # a letter or digit on both sides of the boundary i
+        return 0 < i < len(context) and context[i - 1].isalnum() and context[i].isalnum()
+
+    a, s = a0, start
+    while inside(a):
+        if a > int(token_to_char[s, 0]):  # the word goes on inside this token
+            a -= 1
+            continue
+        if s <= first or budget <= 0:  # it goes on into a token the span may not take
+            return a0, b0
+        s, budget = s - 1, budget - 1
+        a = int(token_to_char[s, 1])
+    b, e = b0, end
+    while inside(b):
+        if b < int(token_to_char[e, 1]):
+            b += 1
+            continue
+        if e >= last or budget <= 0:
+            return a0, b0
+        e, budget = e + 1, budget - 1
+        b = int(token_to_char[e, 0])
+    return a, b
+
+
 class ContextEncoder:
     """Tokenizer calls cached per text, so a paragraph shared by many questions is encoded once."""
 

@@ -66,7 +66,7 @@ class SpanScores:
     cls_logit: float  # min over windows of the "unanswerable" logit
     null_log_prob: float | None  # best window's log P(start=end=<cls>); None for heads without it
     best_log_prob: float | None  # best span's log P(start) + log P(end); None when there is no span
-    best_probability: float  # the best span's share of the n-best probability mass (0 with none)
+    best_probability: float  # the best span's share of the top spans' probability mass (0 with none)
     best_start: int = -1  # characters of the context
     best_end: int = -1
 

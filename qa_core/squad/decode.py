@@ -34,9 +34,10 @@ import numpy as np
 
 from qa_core.contract import DEFAULTS, ModelSettings, positive_int, probability
 
-from .alignment import span_text
+from .alignment import span_text, word_extent
 from .answerability import Answerability
 from .answerability_features import ContextIndex
+from .candidates import TOP_K
 from .data import SquadExample
 from .features import Feature
 from .prediction import Deciding, NBestEntry, Prediction
@@ -121,6 +122,30 @@ def _top(indices: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
     return indices[np.argsort(-scores[indices], kind="stable")]
 
 
+SPARE_SPANS = 16  # spans kept per window beyond n_best, for those that repeat another's text or are blank
+
+
+def _best_spans(
+    slp: np.ndarray, elp: np.ndarray, f: Feature, max_answer_len: int, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best valid spans of one window, exactly: every start in the paragraph whose max-context
+    window this is, with every end from it to ``max_answer_len`` tokens on (one [P, L] array, no Python
+    loop), best first. Exact, so the first spans do not depend on how many are asked for (``n_best``):
+    a pool of 10 and one of 100 begin alike."""
+    length = min(max_answer_len, f.paragraph_len)
+    if length < 1:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    padded = np.full(f.paragraph_len + length - 1, -np.inf)
+    padded[: f.paragraph_len] = elp[: f.paragraph_len]
+    ends = np.lib.stride_tricks.sliding_window_view(padded, length)  # [P, L]: elp[s + d]
+    scores = slp[: f.paragraph_len, None] + ends
+    scores[~np.asarray(f.token_is_max_context[: f.paragraph_len], dtype=bool)] = -np.inf
+    flat = scores.ravel()
+    best = _top(np.flatnonzero(np.isfinite(flat)), flat, k)
+    starts = best // length
+    return starts, starts + best % length
+
+
 def _context_and_id(example_or_context: SquadExample | str) -> tuple[str, str]:
     if isinstance(example_or_context, SquadExample):
         return example_or_context.context, example_or_context.qas_id
@@ -159,10 +184,12 @@ def _finish(
     candidates: _Candidates,
     null_logit: float,
     null_log_prob: float | None,
-    n_best: int,
+    options: DecodeOptions,
     deciding: Deciding,
 ) -> Prediction:
-    """Rank the candidates into a Prediction (n-best, probabilities), then decide answerability."""
+    """Rank the candidates into a Prediction (n-best, probabilities, each span's whole-word extent
+    within ``max_answer_len`` tokens), then decide answerability."""
+    n_best = options.n_best
     entries: list[NBestEntry] = []
     seen: set[tuple[int, int]] = set()
     for score, slp, elp, w, s, e in candidates.ranked():
@@ -172,13 +199,18 @@ def _finish(
         if not text or (a, b) in seen:  # whitespace-only spans say nothing; equal spans count once
             continue
         seen.add((a, b))
-        entries.append(NBestEntry(text, a, b, score, 0.0, slp, elp, w, s, e))
+        f = features[w]
+        wa, wb = word_extent(context, f.token_to_char, s, e, 0, f.paragraph_len - 1, options.max_answer_len)
+        entries.append(NBestEntry(text, a, b, score, 0.0, slp, elp, w, s, e, wa, wb))
     if entries:
         scores = np.array([x.score for x in entries])
         probs = np.exp(scores - scores.max())
         probs /= probs.sum()
         for x, p in zip(entries, probs, strict=True):
             x.probability = float(p)
+        weights = np.exp(scores - scores[0])  # entries are best first
+        for x, weight in zip(entries, weights / weights[:TOP_K].sum(), strict=True):
+            x.share = float(weight)
     undecided = Prediction(
         qas_id=qas_id,
         text="",
@@ -226,16 +258,10 @@ def decode(
         slp = _masked_log_softmax(_row(start_logits, w, length), f.p_mask)
         elp = _masked_log_softmax(_row(end_logits, w, length), f.p_mask)
         null_log_prob = max(null_log_prob, float(slp[f.cls_index] + elp[f.cls_index]))
-        starts = _top(np.flatnonzero(f.token_is_max_context[: f.paragraph_len]), slp, options.n_best)
-        ends = _top(np.arange(f.paragraph_len), elp, options.n_best)
-        s, e = starts[:, None], ends[None, :]
-        ok = (e >= s) & (e - s < options.max_answer_len)
-        s, e = np.broadcast_to(s, ok.shape)[ok], np.broadcast_to(e, ok.shape)[ok]
+        s, e = _best_spans(slp, elp, f, options.max_answer_len, options.n_best + SPARE_SPANS)
         candidates.add(w, slp[s], elp[e], s, e)
     deciding = _deciding(example_or_context, question, options, context_index)
-    return _finish(
-        context, qas_id, features, candidates, float(cls.min()), null_log_prob, options.n_best, deciding
-    )
+    return _finish(context, qas_id, features, candidates, float(cls.min()), null_log_prob, options, deciding)
 
 
 def decode_beam(
@@ -279,7 +305,7 @@ def decode_beam(
         ok[ok] = f.token_is_max_context[s[ok]]
         candidates.add(w, slp[ok], e_lp[ok], s[ok], e_ix[ok])
     deciding = _deciding(example_or_context, question, options, context_index)
-    return _finish(context, qas_id, features, candidates, float(cls.min()), None, options.n_best, deciding)
+    return _finish(context, qas_id, features, candidates, float(cls.min()), None, options, deciding)
 
 
 def _deciding(

@@ -25,14 +25,14 @@ from qa_core.text import STOPWORDS, stem, words
 
 from .answerability_features import ContextIndex, QuestionMatch, answer_type_match, match_question
 from .answerability_params import AnswerabilityError, Linear, check_format, parse_number, parse_object
-from .candidates import NBestEntry
+from .candidates import TOP_K, NBestEntry
 
 FORMAT = 1
-TOP_K = 10  # candidates rescored: the best of the top 10 holds most of what the top 20 does
+# TOP_K (candidates.py): candidates rescored; the best of the top 10 holds most of what the top 20 does
 CANDIDATE_FEATURES = (
     "score_gap",  # the span's log-probability minus the best span's (<= 0)
     "log_rank",  # log(1 + the reader's rank)
-    "probability",  # the span's share of the n-best probability mass
+    "probability",  # the span's share of the probability mass of the best TOP_K spans as decoded
     "span_words",  # log(1 + words in the span)
     "in_best_sentence",  # the span lies in the sentence that holds most of the question's words
     "sentence_coverage",  # share of the question's (rarity-weighted) words in the span's sentence
@@ -55,11 +55,13 @@ def snap_to_words(context: str, start: int, end: int) -> tuple[int, int]:
 
 
 def snapped(context: str, entries: Sequence[NBestEntry]) -> list[NBestEntry]:
-    """Each entry snapped to whole words, best first, spans made equal by snapping listed once."""
+    """Each entry snapped to whole words, best first, spans made equal by snapping listed once. The
+    decoder has already found each span's whole-word extent within max_answer_len tokens
+    (``word_start``/``word_end``); an entry made elsewhere is snapped here, by characters."""
     out: list[NBestEntry] = []
     seen: set[tuple[int, int]] = set()
     for e in entries:
-        a, b = snap_to_words(context, e.start, e.end)
+        a, b = (e.word_start, e.word_end) if e.word_start >= 0 else snap_to_words(context, e.start, e.end)
         if (a, b) in seen:
             continue
         seen.add((a, b))
@@ -100,7 +102,7 @@ def candidate_features(
             {
                 "score_gap": max(e.score - best_score, -30.0),
                 "log_rank": math.log1p(rank),
-                "probability": e.probability,
+                "probability": e.share,
                 "span_words": math.log1p(len(span_words)),
                 "in_best_sentence": float(sentence == m.best),
                 "sentence_coverage": coverage,
@@ -128,10 +130,11 @@ class SpanReranker:
         """``entries`` (the reader's n-best, best first) snapped to words, the first ``top_k``
         reordered by the model (ties keep the reader's order), the rest after them unchanged."""
         index = context if isinstance(context, ContextIndex) else ContextIndex(context)
-        spans = snapped(index.context, entries)
-        head, tail = spans[: self.top_k], spans[self.top_k :]
+        head = snapped(index.context, entries[: self.top_k])  # the reader's first top_k, whatever follows
+        taken = {(e.start, e.end) for e in head}
+        tail = [e for e in snapped(index.context, entries[self.top_k :]) if (e.start, e.end) not in taken]
         if len(head) < 2:
-            return spans
+            return head + tail
         scores = self.scores(question, index, head)
         order = sorted(range(len(head)), key=lambda i: -scores[i])
         return [head[i] for i in order] + tail

@@ -101,8 +101,8 @@ class Question:
 
 
 def decoding_n_best(spec: ModelSpec, server_pool: int | None) -> int:
-    """Candidate starts/ends per window when decoding: ``--n-best-pool`` when the server sets one, else
-    the model's own n_best (its sidecar or checkpoint metadata)."""
+    """Spans kept per question when decoding: ``--n-best-pool`` when the server sets one, else the
+    model's own n_best (its sidecar or checkpoint metadata)."""
     return server_pool or spec.serving.n_best
 
 

@@ -49,7 +49,7 @@ class CandidateTable:
             if p is None or not ex.answers or not p.n_best:
                 continue
             index = indexes[ex.context]
-            head = snapped(ex.context, p.n_best)[:top_k]
+            head = snapped(ex.context, p.n_best[:top_k])  # as SpanReranker.rerank takes its head
             feats = candidate_features(ex.question, index, match_question(ex.question, index), head)
             q = len(self.questions)
             self.questions.append(ex)

@@ -1,0 +1,100 @@
+"""Decoding is bounded by the window, not by the text: a span widened to whole words never passes
+max_answer_len tokens (a 12,000-letter word stays a short span, decoded in bounded time), and the spans
+that decide are found exactly, so a server keeping 10, 20 or 100 of them answers every question alike.
+The shipped model, in process, through the server's own host path (its featurizing, engine and decode)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from paths import REPO
+
+from qa_core.squad import pad_batch
+from qa_core.squad.alignment import word_extent
+from qa_core.tokenizer import XLNetTokenizer
+from server.answering.host_path import HostPath, Question
+from server.answering.model_spec import resolve_spec
+from server.backends import create_backend
+from server.door.key_check import ANONYMOUS
+from server.flags import load_settings
+
+SHIPPED = REPO / "models" / "squad2-small-int8"
+SAMPLE_DEV = REPO / "data" / "sample" / "dev.json"
+
+
+def test_a_span_takes_whole_words_only_within_its_token_budget() -> None:
+    """The shipped tokenizer's pieces: "Ndjamena" is 5 of them, "1973" 4 (and an empty piece before)."""
+    tokenizer = XLNetTokenizer.from_dir(SHIPPED)
+    context = "The Ndjamena-based writers met in 1973's autumn."
+    _, offsets = tokenizer.encode_with_offsets(context)
+    table = np.array(offsets)
+    last = len(table) - 1
+    assert context[slice(*table[3])] == "ja"
+    assert word_extent(context, table, 3, 3, 0, last, 30) == (4, 12)  # inside a word: the whole word
+    assert word_extent(context, table, 3, 3, 0, last, 5) == (4, 12)  # exactly its 5 pieces
+    assert word_extent(context, table, 3, 3, 0, last, 4) == (6, 8)  # one piece short: kept as it was
+    assert word_extent(context, table, 3, 3, 2, last, 30) == (6, 8)  # the word starts before the window
+    assert word_extent(context, table, 0, 0, 0, last, 30) == (0, 3)  # already whole
+    seven = next(i for i, (a, b) in enumerate(offsets) if context[a:b] == "7")
+    assert context[slice(*word_extent(context, table, seven, seven, 0, last, 30))] == "1973"
+    assert word_extent(context, table, 7, 8, 0, last, 30) == (13, 26)  # "based writer" -> "...writers"
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    spec = resolve_spec(SHIPPED, "onnx")
+    engine = create_backend(spec, load_settings(["--model", str(SHIPPED), "--threads", "1"]))
+    tokenizer = XLNetTokenizer.from_dir(spec.tokenizer_dir)
+    yield spec, engine, tokenizer
+    engine.close()
+
+
+def answer(shipped, pools, question: str, context: str):
+    """The question through each pool's host path, the engine run once per window."""
+    spec, engine, tokenizer = shipped
+    hosts = [
+        HostPath.from_settings(
+            spec, tokenizer, load_settings(["--model", str(SHIPPED), "--n-best-pool", str(n)])
+        )
+        for n in pools
+    ]
+    items = [Question(question, context)]
+    groups, _, contexts = hosts[0].featurize_checked(items, ANONYMOUS)
+    rows = [{k: v[0] for k, v in engine.run(pad_batch([f])).items()} for f in groups[0]]
+    decoded = [host.decode_answers(items, groups, contexts, [rows]) for host in hosts]
+    return [(preds[0], ms[0]) for preds, ms in decoded], groups[0]
+
+
+def test_a_12000_letter_word_gives_a_short_best_span_in_bounded_time(shipped) -> None:
+    random.seed(0)
+    word = "".join(random.choice("abcdefghij") for _ in range(12_000))
+    spec, _, tokenizer = shipped
+    results, features = answer(shipped, [100], "What is the word?", word)
+    found, decode_ms = results[0]
+    assert len(features) > 30  # the word spans many windows
+    limit = spec.serving.max_answer_len
+    for entry in found.n_best:
+        assert entry.end_token - entry.start_token + 1 <= limit
+        assert len(tokenizer.encode(entry.text)) <= limit + 1, (
+            entry.text
+        )  # + 1: re-tokenizing may split a piece
+    assert 0 < len(found.best_span_text) < 600
+    assert decode_ms < 2_000  # bounded by the windows, not the word (~10 ms; a loose bound for loaded CI)
+
+
+def test_pools_of_10_20_and_100_answer_every_sample_question_alike(shipped) -> None:
+    data = json.loads(SAMPLE_DEV.read_text())
+    questions = [
+        (qa["question"], p["context"]) for a in data["data"] for p in a["paragraphs"] for qa in p["qas"]
+    ]
+    assert len(questions) > 200
+    for question, context in questions:
+        results, _ = answer(shipped, [10, 20, 100], question, context)
+        seen = [
+            (p.is_impossible, p.text, p.start, p.end, p.best_span_text, round(p.answerable_prob, 9))
+            for p, _ in results
+        ]
+        assert seen[0] == seen[1] == seen[2], (question, seen)
