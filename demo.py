@@ -300,9 +300,10 @@ def said(res) -> str:
     """What the model said: the answer or "no answer", how sure it is, and the span it would give."""
     best = f" — best span: {res.best_span.text!r}" if res.best_span is not None else ""
     p = f"P(answerable) {res.answerable_prob:.2f}"
+    why = f"\n      why: {res.reason}" if res.reason else ""
     if res.is_impossible:
-        return f"no answer ({p}){best}   [{res.timing_ms.total:.0f} ms]"
-    return f"{res.answer!r} ({p})   [{res.timing_ms.total:.0f} ms]"
+        return f"no answer ({p}){best}   [{res.timing_ms.total:.0f} ms]{why}"
+    return f"{res.answer!r} ({p})   [{res.timing_ms.total:.0f} ms]{why}"
 
 
 def verdict(eval_dir: Path, model_dir: Path) -> str:

@@ -126,8 +126,11 @@ class AnswerResponse(_Response):
     against a threshold), ``threshold`` or ``expected_gain`` (a fitted answerability model), ``none``
     (a fitted model that did not beat answering none: it answers nothing). Unanswerable: ``answer``
     is "" and ``start == end == -1``, but ``best_span`` still says what the model would have
-    answered. ``score`` (log-probability of the best span) is null only when the context has no
-    valid span at all. ``n_best`` is present only when ``top_k > 1``.
+    answered. ``reason`` says in one line what the rule weighed (P(no answer) against the threshold,
+    or P(answerable) x the span's expected F1 against P(no answer) under expected gain), ``margin`` by
+    how much, and ``expected_f1`` the expected-gain rule's input. ``score`` (log-probability of the
+    best span) is null only when the context has no valid span at all. ``n_best`` is present only when
+    ``top_k > 1``.
     """
 
     answer: str
@@ -138,6 +141,9 @@ class AnswerResponse(_Response):
     answerable_prob: float | None = None  # None only from servers older than this field
     threshold: float | None = None
     rule: str | None = None  # None only from servers older than this field
+    reason: str | None = None  # why it answered or abstained, from the rule's inputs (None: older servers)
+    margin: float | None = None  # threshold - no_answer_prob: > 0 answered by that much, < 0 declined
+    expected_f1: float | None = None  # the expected-gain rule's E[F1 of the best span]; None: another rule
     is_impossible: bool
     best_span: NBestEntry | None = None
     n_best: list[NBestEntry] | None = None

@@ -232,6 +232,19 @@ def test_batch_mode_and_the_servers_error_message(playground_server, browser) ->
     assert severe == [], severe  # no script errors, no CSP violations
 
 
+def test_several_lines_without_batch_are_refused_not_glued_into_one_question(
+    playground_server, browser
+) -> None:
+    """Four lines with Batch unchecked were once sent as one question made of all four: now the page says
+    to check Batch (or keep one line) and asks nothing."""
+    from selenium.webdriver.common.by import By
+
+    _ask(browser, playground_server.url, CONTEXT, "Who?\nWhen?", threshold="1", batch=False)
+    error = browser.find_element(By.ID, "error")
+    assert error.is_displayed() and "check Batch" in error.text
+    assert browser.find_element(By.ID, "result").get_attribute("data-done") in (None, "")
+
+
 def test_static_files_types_and_security_headers(playground_server) -> None:
     for path, name in [("/", "index.html"), *((f"/playground/{n}", n) for n in FILES if n != "index.html")]:
         r = httpx.get(playground_server.url + path)

@@ -309,6 +309,26 @@ def test_each_answer_names_the_model_rule_that_decided_it() -> None:
     assert [decision_rule(a) for a in rules] == ["cls", "threshold", "expected_gain", "none"]
 
 
+def test_an_answer_says_why_it_answered_or_abstained(onnx_server: ServerProcess) -> None:
+    """``reason`` states the rule's inputs (P(no answer) against the threshold and who set it), ``margin``
+    is threshold - P(no answer), its sign the decision; the SDK's type reads the same fields."""
+    from clients import XLNetQAClient
+
+    for threshold, answered in ((1.0, True), (0.0, False)):
+        body = post(onnx_server.url + "/v1/answer", {**OK, "threshold": threshold}).json()
+        assert body["is_impossible"] is not answered and body["rule"] == "request"
+        assert body["margin"] == pytest.approx(body["threshold"] - body["no_answer_prob"])
+        assert (body["margin"] >= 0) is answered and body["expected_f1"] is None
+        verdict, sign = ("answered", "<=") if answered else ("no answer", ">")
+        assert body["reason"] == (
+            f"{verdict}: P(no answer) {body['no_answer_prob']:.2f} {sign} threshold {threshold:.2f} (set by the request)"
+        )
+    with XLNetQAClient(onnx_server.url) as client:
+        result = client.answer(OK["question"], OK["context"], threshold=0.0)
+    assert result.is_impossible and result.reason and result.reason.startswith("no answer: P(no answer)")
+    assert result.margin is not None and result.margin < 0
+
+
 def test_metrics_count_requests_errors_latency_and_batches(onnx_server: ServerProcess) -> None:
     post(onnx_server.url + "/answer", OK)
     post(onnx_server.url + "/answer", {**OK, "question": ""})

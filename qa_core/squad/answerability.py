@@ -84,6 +84,7 @@ class Decision:
     no_answer_prob: float
     threshold: float  # the threshold on no_answer_prob this question was decided at
     is_impossible: bool
+    expected_f1: float | None = None  # the expected-gain rule's E[F1 of the best span] (None: another rule)
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,9 @@ class Answerability:
         p, no_answer = self.probabilities(feats)
         thr = self.no_answer_threshold(feats) if threshold is None else threshold
         never = threshold is None and self.rule == NONE_RULE
-        return Decision(p, no_answer, thr, never or no_answer > thr or not has_span)
+        gain = threshold is None and self.rule == "expected_gain" and self.span_f1 is not None
+        expected_f1 = self.span_f1(feats) if gain and self.span_f1 is not None else None
+        return Decision(p, no_answer, thr, never or no_answer > thr or not has_span, expected_f1)
 
     # -- storing
     def to_dict(self) -> dict[str, Any]:

@@ -39,6 +39,9 @@ class Prediction:
     threshold: float = DEFAULTS.no_answer_threshold  # the threshold on no_answer_prob it was decided at
     null_log_prob: float | None = None  # best window's log P(start = end = <cls>); None for the beam head
     reranked: bool = False  # n_best is in a re-ranker's order (spans snapped to words), not the reader's
+    expected_f1: float | None = (
+        None  # the expected-gain rule's E[F1 of the best span]; None under another rule
+    )
 
     @property
     def best_span_text(self) -> str:
@@ -52,7 +55,7 @@ class Prediction:
             cls_logit=self.null_logit,
             null_log_prob=self.null_log_prob,
             best_log_prob=best.score if best is not None else None,
-            best_probability=best.probability if best is not None else 0.0,
+            best_probability=best.share if best is not None else 0.0,
             best_start=best.start if best is not None else -1,
             best_end=best.end if best is not None else -1,
         )
@@ -85,6 +88,38 @@ class Prediction:
             is_impossible=d.is_impossible,
             answerable_prob=d.answerable_prob,
             threshold=d.threshold,
+            expected_f1=d.expected_f1,
+        )
+
+    @property
+    def margin(self) -> float | None:
+        """How far P(no answer) lies below the threshold it was decided at (negative: above it, so no
+        answer); None when there is no span to answer with."""
+        return self.threshold - self.no_answer_prob if self.n_best else None
+
+    def reason(self, rule: str) -> str:
+        """Why it answered or abstained, in one line, from the rule's inputs: ``rule`` names what set the
+        threshold (AnswerResponse.rule: request, server, cls, threshold, expected_gain, none)."""
+        if not self.n_best:
+            return "no answer: the context has no valid span"
+        if rule == "none":
+            return (
+                "no answer: this model's fitted rule answers no question (it did not beat answering none); "
+                "send a threshold (1.0: always the best span) to answer"
+            )
+        verdict = "no answer" if self.is_impossible else "answered"
+        if rule == "expected_gain" and self.expected_f1 is not None:
+            p, g = self.answerable_prob, self.expected_f1
+            sign = "<=" if self.is_impossible else ">"
+            return (
+                f"{verdict}: P(answerable) {p:.2f} x expected F1 of the best span {g:.2f} = {p * g:.2f} "
+                f"{sign} P(no answer) {1 - p:.2f} (expected gain)"
+            )
+        who = {"request": "the request", "server": "the server", "cls": "the model", "threshold": "the model"}
+        sign = ">" if self.is_impossible else "<="
+        return (
+            f"{verdict}: P(no answer) {self.no_answer_prob:.2f} {sign} threshold {self.threshold:.2f} "
+            f"(set by {who.get(rule, rule)})"
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -103,6 +103,9 @@ def _answer_fields(answered: Answered, top_k: int, model: str) -> dict[str, Any]
         "answerable_prob": p.answerable_prob,
         "threshold": p.threshold,
         "rule": answered.rule,
+        "reason": p.reason(answered.rule),
+        "margin": p.margin,
+        "expected_f1": p.expected_f1,
         "is_impossible": p.is_impossible,
         "best_span": _entry(p.n_best[0]) if p.n_best else None,
     }

@@ -52,7 +52,12 @@ async function loadModel() {
 function decisionText(m) {
   const a = m.answerability;
   if (!a || a.kind !== "fitted") return `no-answer threshold ${m.no_answer_threshold}`;
-  const rule = a.rule === "threshold" ? `no-answer threshold ${a.threshold}` : "no-answer threshold per question (expected gain)";
+  const rules = {
+    threshold: `no-answer threshold ${a.threshold}`,
+    expected_gain: "no-answer threshold per question (expected gain)",
+    none: "answers no question (its fitted rule did not beat answering none; set a threshold, 1 for the best span always)",
+  };
+  const rule = rules[a.rule] || `rule ${a.rule}`;
   const cv = a.cv_f1 == null ? "" : ` (cross-validated F1 ${a.cv_f1.toFixed(1)} vs ${a.cv_no_answer_f1.toFixed(1)} answering none)`;
   return `${rule}, P(answerable) from ${a.features.join(", ")}${cv}`;
 }
@@ -83,6 +88,7 @@ function pickSample() {
   if (!s || $("sample").value === "") return;
   $("context").value = s.context;
   $("question").value = s.questions.join("\n");
+  $("batch").checked = s.questions.length > 1;  // one question per line, each asked on its own
 }
 
 function requestBody(question, context) {
@@ -166,7 +172,9 @@ function whyNoAnswer(res, pAnswerable) {
   const when = res.rule === "expected_gain"
     ? `only when fairly sure: ${bar} here (the better the best span looks, the lower the bar)`
     : `only when ${bar}`;
-  return `Declined by ${rule}: it answers ${when}; this question's is ${pAnswerable.toFixed(3)}.`;
+  const weighed = res.rule === "expected_gain" && res.reason ? ` (${res.reason.replace(/^no answer: /, "")})` : "";
+  return `Declined by ${rule}: it answers ${when}; this question's is ${pAnswerable.toFixed(3)}${weighed}. ` +
+    "A threshold of 1 answers with the best span whatever the rule says.";
 }
 
 function renderOne(res, thresholdUsed) {
@@ -243,6 +251,10 @@ async function ask(ev) {
     return;
   }
   const batch = $("batch").checked;
+  if (!batch && lines.length > 1) {
+    showError("One question per line: check Batch to ask each line, or leave a single question.");
+    return;
+  }
   const button = $("ask");
   button.disabled = true;
   try {
@@ -254,7 +266,7 @@ async function ask(ev) {
     } else {
       $("batch-results").hidden = true;
       state.results = [];
-      renderOne(await post("/v1/answer", requestBody(lines.join(" "), context)), used);
+      renderOne(await post("/v1/answer", requestBody(lines[0], context)), used);
     }
     $("result").hidden = false;
     $("result").dataset.done = String(Date.now());
