@@ -137,11 +137,17 @@ def _best_spans(
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     padded = np.full(f.paragraph_len + length - 1, -np.inf)
     padded[: f.paragraph_len] = elp[: f.paragraph_len]
-    ends = np.lib.stride_tricks.sliding_window_view(padded, length)  # [P, L]: elp[s + d]
+    step = padded.strides[0]  # [P, L]: elp[s + d], a view
+    ends = np.lib.stride_tricks.as_strided(padded, (f.paragraph_len, length), (step, step), writeable=False)
     scores = slp[: f.paragraph_len, None] + ends
     scores[~np.asarray(f.token_is_max_context[: f.paragraph_len], dtype=bool)] = -np.inf
     flat = scores.ravel()
-    best = _top(np.flatnonzero(np.isfinite(flat)), flat, k)
+    if flat.size > k:  # the k best (stable among equals, as _top), then only the valid ones
+        best = np.argpartition(-flat, k - 1)[:k]
+        best = best[np.argsort(-flat[best], kind="stable")]
+    else:
+        best = np.argsort(-flat, kind="stable")
+    best = best[np.isfinite(flat[best])]
     starts = best // length
     return starts, starts + best % length
 
