@@ -141,6 +141,13 @@ def _best_spans(
     ends = np.lib.stride_tricks.as_strided(padded, (f.paragraph_len, length), (step, step), writeable=False)
     scores = slp[: f.paragraph_len, None] + ends
     scores[~np.asarray(f.token_is_max_context[: f.paragraph_len], dtype=bool)] = -np.inf
+    rows = np.arange(f.paragraph_len)
+    if f.paragraph_len > k:  # each start's best span; the k-th best of those bounds the k-th best span,
+        best_of_row = scores.max(axis=1)  # so starts whose best is below it hold none of the k
+        rows = np.flatnonzero(
+            best_of_row >= np.partition(best_of_row, f.paragraph_len - k)[f.paragraph_len - k]
+        )
+        scores = scores[rows]
     flat = scores.ravel()
     if flat.size > k:  # the k best (stable among equals, as _top), then only the valid ones
         best = np.argpartition(-flat, k - 1)[:k]
@@ -148,7 +155,7 @@ def _best_spans(
     else:
         best = np.argsort(-flat, kind="stable")
     best = best[np.isfinite(flat[best])]
-    starts = best // length
+    starts = rows[best // length]
     return starts, starts + best % length
 
 

@@ -16,9 +16,10 @@ numpy only, so evaluation, the exporters' checks and every server backend rank s
 from __future__ import annotations
 
 import bisect
+import copy
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from qa_core.text import STOPWORDS, stem, words
@@ -65,7 +66,10 @@ def snapped(context: str, entries: Sequence[NBestEntry]) -> list[NBestEntry]:
         if (a, b) in seen:
             continue
         seen.add((a, b))
-        out.append(e if (a, b) == (e.start, e.end) else replace(e, text=context[a:b], start=a, end=b))
+        if (a, b) != (e.start, e.end):
+            e = copy.copy(e)  # a plain copy: dataclasses.replace re-runs __init__ per span
+            e.text, e.start, e.end = context[a:b], a, b
+        out.append(e)
     return out
 
 
