@@ -56,9 +56,17 @@ INDEX_OUTPUTS = ("start_top_index", "end_top_index")  # token positions: compare
 TOKEN_OUTPUTS = ("start_logits", "end_logits")  # one value per token, [B, T]; every other output is [B, ...]
 
 
+# The fewest tokens an exported graph runs on whatever its head: its position term is computed in this
+# many query chunks (train.model.fused.POSITION_CHUNKS), and a chunk of no rows is a reshape the
+# runtimes refuse (ONNX reads a 0 in a shape as "copy this dimension"). A shorter window is padded to
+# it (the padding is masked: the real tokens' outputs do not change), by the server and by the backends.
+GRAPH_MIN_TOKENS = 4
+
+
 def shortest_sequence(head: str, start_n_top: int, end_n_top: int) -> int:
-    """The fewest tokens an exported graph of ``head`` runs on (see HeadSpec.shortest_sequence)."""
-    return head_spec(head).shortest_sequence(start_n_top, end_n_top)
+    """The fewest tokens an exported graph of ``head`` runs on: `GRAPH_MIN_TOKENS`, or more where the
+    head takes top-k inside the graph (see HeadSpec.shortest_sequence)."""
+    return max(GRAPH_MIN_TOKENS, head_spec(head).shortest_sequence(start_n_top, end_n_top))
 
 
 # A window holds the question, two <sep>, <cls> and at least one paragraph token.

@@ -31,7 +31,14 @@ from export.trt.build import (
     save_timing_cache,
 )
 from export.trt.cli import main, shape_flag
-from export.trt.profile import Profile, min_sequence, parse_shape, position_limit, source_graph
+from export.trt.profile import (
+    Profile,
+    check_profile_fits,
+    min_sequence,
+    parse_shape,
+    position_limit,
+    source_graph,
+)
 from qa_core.runtime import gpu
 from qa_core.runtime.gpu_stacks import TENSORRT_VERSION, tensorrt_release
 from qa_core.runtime.sidecar import TOKENIZER_FILES, Sidecar
@@ -112,7 +119,7 @@ def test_input_errors_come_before_the_gpu_check(tmp_path, capsys):
     assert "exceeds the 400 positions" in error(fake_onnx_export(tmp_path / "short", limit=400))
     beam = fake_onnx_export(tmp_path / "beam", head="beam", start_n_top=5, end_n_top=4)
     line = error(beam, "--min-shape", "1x4")
-    assert "shorter than the beam head's top-k (5)" in line and "--min-shape 1x5" in line
+    assert "shorter than the graph runs (5 tokens" in line and "--min-shape 1x5" in line
     int8 = fake_onnx_export(tmp_path / "b", precision="int8", portable_model_file=None)
     assert "onnxruntime only" in error(int8)
     (plain / "model.portable.onnx").write_bytes(b"not a protobuf \xff\xff")
@@ -137,8 +144,9 @@ def test_shapes_and_arguments(capsys, tmp_path):
 
 
 def test_default_minimum_is_the_smallest_shape_the_graph_accepts(tmp_path):
-    """1x1, or 1xk for the beam head (its top-k over the sequence needs k tokens): Triton does not pad."""
-    assert min_sequence(Sidecar.load(fake_onnx_export(tmp_path / "s"))) == 1
+    """1x4 (the graph's position chunks each need a row), or 1xk for a beam head with k > 4 (its top-k
+    over the sequence needs k tokens): Triton does not pad."""
+    assert min_sequence(Sidecar.load(fake_onnx_export(tmp_path / "s"))) == 4
     beam = Sidecar.load(fake_onnx_export(tmp_path / "b", head="beam", start_n_top=5, end_n_top=3))
     assert min_sequence(beam) == 5
 
@@ -377,6 +385,11 @@ def test_options_are_checked_on_construction(tmp_path):
         "opt_shape": [2, 64],
         "max_shape": [4, 128],
     }
+    shallow = Sidecar.load(fake_onnx_export(tmp_path / "shallow", head="shallow"))
+    assert options.profile(shallow).min == (1, 4)  # the graph's 4 position chunks each need a row
+    below = TrtBuildOptions(onnx=tmp_path, out=tmp_path / "o", min_shape=(1, 2), opt_shape=(2, 64))
+    with pytest.raises(ValueError, match=r"shorter than the graph runs \(4 tokens.*--min-shape 1x4"):
+        check_profile_fits(below.profile(shallow), shallow, None)
 
 
 def test_the_builder_as_a_library_reports_through_callbacks(tmp_path, capsys, stand_in_stack):
@@ -390,7 +403,7 @@ def test_the_builder_as_a_library_reports_through_callbacks(tmp_path, capsys, st
     assert capsys.readouterr() == ("", "") and warnings == []
     assert lines[0].startswith("python -m export.trt: TensorRT ") and lines[-1].startswith("wrote ")
     assert built.backend == "trt" and Sidecar.load(tmp_path / "engine").trt == built.trt
-    assert built.trt["min_shape"] == [1, 1] and built.trt["path"] == "fp32"
+    assert built.trt["min_shape"] == [1, 4] and built.trt["path"] == "fp32"  # the graph's shortest window
     engine = Sidecar.load(tmp_path / "engine")  # the engine and the tokenizer, every one hashed
     assert set(engine.files_sha256 or {}) == set(engine.served_files()) == {"model.engine", *TOKENIZER_FILES}
     assert engine.file_problems(tmp_path / "engine") == []

@@ -7,7 +7,7 @@ given), warnings to `warn` (stderr unless given).
 The engine is built from the export's standard-ops graph (`portable_model_file`: TensorRT cannot parse
 onnxruntime's contrib ops), with one optimisation profile covering [min, max] batch x sequence for all
 three inputs, checked against the graph (`export.trt.profile`). The default minimum is the smallest
-shape the graph accepts (1x1, 1xk for the beam head), because Triton serves a plan's profile as it is
+shape the graph accepts (1x4, 1xk for a beam head with k > 4), because Triton serves a plan's profile as it is
 and rejects, never pads, a shorter request.
 
 Precision paths (printed, and recorded as `trt.path` in export.json):
@@ -91,7 +91,7 @@ class TrtBuildOptions:
     """What to build and how; checked on construction, so bad values fail before any work.
 
     Each field is a flag of ``python -m export.trt`` (:mod:`train.common.dataclass_flags`). Shapes are (batch, sequence); `min_shape` None: the smallest shape
-    the graph accepts (1x1, 1xk for the beam head). `timing_cache`: loaded if present, saved after the
+    the graph accepts (1x4, 1xk for a beam head with k > 4). `timing_cache`: loaded if present, saved after the
     build. `tf32` allows TF32 matmuls in fp32 layers; `verify` checks the engine against onnxruntime.
     """
 
@@ -101,7 +101,7 @@ class TrtBuildOptions:
         None,
         parse=shape_flag,
         metavar="BxS",
-        help="smallest BATCHxSEQUENCE (default: the smallest the graph accepts, 1x1 or 1xk for the beam head)",
+        help="smallest BATCHxSEQUENCE (default: the smallest the graph accepts, 1x4, or 1xk for a beam head with k > 4)",
     )
     opt_shape: Shape = flag((8, 384), parse=shape_flag, metavar="BxS", help="BATCHxSEQUENCE to tune for")
     max_shape: Shape = flag((32, 512), parse=shape_flag, metavar="BxS", help="largest BATCHxSEQUENCE")

@@ -1,6 +1,6 @@
 """Build a TensorRT engine from an ONNX export directory and write a TensorRT export directory.
 
-    python -m export.trt --onnx exports/onnx --out exports/trt [--min-shape 1x1] --opt-shape 8x384 \\
+    python -m export.trt --onnx exports/onnx --out exports/trt [--min-shape 1x4] --opt-shape 8x384 \\
         --max-shape 32x512 [--fp16] [--timing-cache FILE] [--workspace-gb N] [--no-verify]
 
 The command line of `export.trt.build` (the precision paths and the profile checks are described there):

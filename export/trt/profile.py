@@ -106,8 +106,9 @@ def check_profile_fits(profile: Profile, sidecar: Sidecar, limit: int | None) ->
     need = min_sequence(sidecar)
     if lo[1] < need:
         raise ValueError(
-            f"--min-shape sequence {lo[1]} is shorter than the beam head's top-k ({need}): the graph needs "
-            f"at least {need} tokens; use --min-shape {lo[0]}x{need}"
+            f"--min-shape sequence {lo[1]} is shorter than the graph runs ({need} tokens: its position term's "
+            f"chunks each need a row, a beam head's top-k its k; the server pads shorter windows); use "
+            f"--min-shape {lo[0]}x{need}"
         )
     if not all(a <= b for a, b in zip(lo, profile.opt, strict=True)):
         raise ValueError(f"--min-shape {list(lo)} exceeds --opt-shape {list(profile.opt)}")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qa_core.contract import CLS_ID, SEG_ID_CLS, SEG_ID_QUESTION, SEP_ID
+from qa_core.contract import CLS_ID, PAD_ID, SEG_ID_CLS, SEG_ID_PAD, SEG_ID_QUESTION, SEP_ID, TOKEN_OUTPUTS
 from server.answering.model_spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -91,6 +91,24 @@ def dummy_batch(batch_size: int, length: int) -> dict[str, np.ndarray]:
     ids[:, -1] = CLS_ID
     types[:, -1] = SEG_ID_CLS
     return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": types}
+
+
+def padded_to(batch: Mapping[str, np.ndarray], length: int) -> dict[str, np.ndarray]:
+    """``batch`` with every window padded on the right to ``length`` tokens as ``pad_batch`` pads (the
+    padding is masked, so the real tokens' outputs do not change): how a backend runs a window shorter
+    than its graph's least length (``ModelSpec.min_engine_seq_len``)."""
+    rows, short = batch["input_ids"].shape
+    out = {}
+    for name, fill in (("input_ids", PAD_ID), ("attention_mask", 0), ("token_type_ids", SEG_ID_PAD)):
+        wide = np.full((rows, length), fill, dtype=np.asarray(batch[name]).dtype)
+        wide[:, :short] = batch[name]
+        out[name] = wide
+    return out
+
+
+def cut_tokens(outputs: Mapping[str, np.ndarray], length: int) -> dict[str, np.ndarray]:
+    """Per-token outputs cut back to ``length`` tokens (the others as they are)."""
+    return {n: v[:, :length] if n in TOKEN_OUTPUTS else v for n, v in outputs.items()}
 
 
 def check_outputs(outputs: Mapping[str, np.ndarray], names: tuple[str, ...], batch_size: int) -> None:

@@ -23,7 +23,14 @@ import numpy as np
 
 from qa_core.runtime.providers import CPU, GPU_PROVIDERS, INT8_CPU_ONLY, TENSORRT, ProviderEntry
 from server.answering.model_spec import ModelSpec
-from server.backends.base import Backend, BackendUnavailable, batch_limit, check_outputs
+from server.backends.base import (
+    Backend,
+    BackendUnavailable,
+    batch_limit,
+    check_outputs,
+    cut_tokens,
+    padded_to,
+)
 from server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -264,6 +271,10 @@ class OnnxBackend(Backend):
         )
 
     def run(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        length = batch["input_ids"].shape[1]
+        least = self.spec.min_engine_seq_len or 1
+        if length < least:  # shorter than the graph runs: padded up to it, the outputs cut back
+            return cut_tokens(self.run(padded_to(batch, least)), length)
         feeds = {n: np.ascontiguousarray(batch[n], dtype=dt) for n, dt in self._feeds.items()}
         values = self.session.run(list(self.output_names), feeds)
         out = dict(zip(self.output_names, values, strict=True))

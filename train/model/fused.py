@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 import torch
 from torch import nn
 
-from qa_core.contract import NUM_SEGMENT_IDS, fused_head_width
+from qa_core.contract import GRAPH_MIN_TOKENS, NUM_SEGMENT_IDS, fused_head_width
 from train.model import triton_attention
 
 if TYPE_CHECKING:
@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 # Query chunks of the position term: rows [a, e) need T + (e - a) of the 2T distances, so 4 chunks
 # compute 62.5% of the full [T, 2T] product. On a 2-core CPU (int8 xlnet-base, 1x384) 4 chunks ran as
 # fast as the reference graph and 1 chunk ~10% slower: the product's FLOPs cost more than its nodes.
-POSITION_CHUNKS = 4
+# Traced, every chunk must hold a row, so the exported graph's shortest window is this many tokens.
+POSITION_CHUNKS = GRAPH_MIN_TOKENS
 
 
 class PositionChunk(NamedTuple):
