@@ -9,7 +9,6 @@ lexical feature is wanted.
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -78,7 +77,7 @@ class ContextIndex:
     def __init__(self, context: str) -> None:
         self.context = context
         self.sentences = sentence_bounds(context) or [(0, len(context))]
-        self.sentence_starts = [a for a, _ in self.sentences]
+        self.sentence_starts = np.array([a for a, _ in self.sentences], dtype=np.int64)
         tokens = [words(context[a:b]) for a, b in self.sentences]  # one pass of the word pattern each
         self.word_count = sum(
             len(t) for t in tokens
@@ -89,13 +88,11 @@ class ContextIndex:
         self.words: set[str] = set().union(*self.sentence_words)
         self.numbers = numbers(context)
         df: dict[str, int] = {}
-        holders: dict[str, list[int]] = {}  # stem -> the sentences holding it
-        for i, s in enumerate(self.sentence_stems):
+        for s in self.sentence_stems:
             for w in s:
                 df[w] = df.get(w, 0) + 1
-                holders.setdefault(w, []).append(i)
-        self.stem_sentences = {w: np.asarray(ids, dtype=np.int64) for w, ids in holders.items()}
-        self._matches: dict[str, QuestionMatch] = {}  # the last few questions' matches (see match_question)
+        # the last question's match (see match_question): one, so what it holds is one float a sentence
+        self._match: tuple[str, QuestionMatch] | None = None
         n = len(self.sentences)
         self.idf = {w: math.log(1.0 + n / c) for w, c in df.items()}
         self.unseen_idf = math.log(1.0 + n)  # a word of no sentence is as rare as can be
@@ -114,8 +111,8 @@ class ContextIndex:
         """Index of the sentence holding most of ``[start, end)`` (the first one if none does). Sentences
         are ordered and disjoint, so only those the span meets and their neighbours can win: found by
         bisection, not a pass over all of them."""
-        lo = max(0, bisect.bisect_right(self.sentence_starts, start) - 2)
-        hi = min(len(self.sentences), bisect.bisect_left(self.sentence_starts, end) + 1)
+        lo = max(0, int(np.searchsorted(self.sentence_starts, start, side="right")) - 2)
+        hi = min(len(self.sentences), int(np.searchsorted(self.sentence_starts, end, side="left")) + 1)
         best, overlap = 0, -1  # as a pass over all would: the first sentence unless one comes within -1
         for i in range(lo, hi):
             a, b = self.sentences[i]
@@ -135,29 +132,18 @@ class QuestionMatch:
     best: int  # the best-matching sentence
 
 
-RECENT_MATCHES = 8  # questions whose match a context keeps (the re-ranker and the rule ask for the same one)
-
-
 def match_question(question: str, index: ContextIndex) -> QuestionMatch:
-    """The question against every sentence of the context, once per question: each question stem adds
-    its weight to the sentences holding it (work grows with where its words occur, not with sentences
-    times words), and the last few matches are kept on the index."""
-    found = index._matches.get(question)
-    if found is not None:
-        return found
+    """The question against every sentence of the context. The re-ranker and the answerability rule both
+    ask for it while deciding one question, so the index keeps the last one (one, not a growing map: a
+    cached context's memory stays bounded)."""
+    if index._match is not None and index._match[0] == question:
+        return index._match[1]
     stems = list(dict.fromkeys(content_stems(question)))
     weights = {s: index.idf.get(s, index.unseen_idf) for s in stems}
     total = sum(weights.values()) or 1.0
-    coverage = np.zeros(len(index.sentence_stems))
-    for s in stems:
-        holders = index.stem_sentences.get(s)
-        if holders is not None:
-            coverage[holders] += weights[s]
-    shares = (coverage / total).tolist()
-    found = QuestionMatch(stems, weights, shares, int(np.argmax(coverage)))
-    if len(index._matches) >= RECENT_MATCHES:
-        index._matches.pop(next(iter(index._matches)))
-    index._matches[question] = found
+    coverage = [sum(weights[s] for s in stems if s in ss) / total for ss in index.sentence_stems]
+    found = QuestionMatch(stems, weights, coverage, int(np.argmax(coverage)))
+    index._match = (question, found)
     return found
 
 
