@@ -254,9 +254,10 @@ def decode(
 
     ``features`` are this question's windows; ``start_logits``/``end_logits`` are ``[W, T]`` (T >=
     each window's length, e.g. a padded batch) or a list of W per-window arrays; ``cls_logits`` is
-    ``[W]``. Per window, log-softmax over the positions with p_mask 0, keep the ``options.n_best`` best
-    starts (paragraph tokens in their max-context window) and ends (paragraph tokens), and pair them.
-    ``options`` decide whether to answer (with the ``question``'s text for a verifier).
+    ``[W]``. Per window, log-softmax over the positions with p_mask 0, then the window's best spans,
+    exactly (starts: paragraph tokens in their max-context window; ends: paragraph tokens at most
+    ``max_answer_len`` on), ranked over all windows into the ``options.n_best`` list. ``options``
+    decide whether to answer (with the ``question``'s text for a verifier).
     """
     context, qas_id = _context_and_id(example_or_context)
     if not features:
