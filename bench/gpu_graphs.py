@@ -74,7 +74,7 @@ def ours_runner(model: torch.nn.Module, inputs: dict, path: str) -> tuple[Callab
     """One bucket of the inputs' shape through the server's ``BucketedRunner``: (replay, outputs)."""
     from qa_core.contract import INPUT_NAMES
     from server.backends.buckets import Bucket, BucketGrid
-    from server.backends.torch_graphs import BucketedRunner, CompiledCapture, CudaGraphCapture, fill
+    from server.backends.torch_graphs import BucketedRunner, CompiledCapture, CudaGraphCapture
     from train.model import triton_attention
 
     device = torch.device("cuda")
@@ -91,7 +91,7 @@ def ours_runner(model: torch.nn.Module, inputs: dict, path: str) -> tuple[Callab
         runner = BucketedRunner(model, INPUT_NAMES, getattr(model, "names", ()), grid, device, capture)
         runner.prepare()
     slot = runner.slots[Bucket(rows, length)]
-    fill(slot.inputs, inputs)
+    slot.load(inputs)
     return slot.replay, slot.outputs
 
 

@@ -22,7 +22,7 @@ import torch
 
 from qa_core.contract import INPUT_NAMES
 from server.backends.buckets import Bucket, BucketGrid
-from server.backends.torch_graphs import DTYPES, BucketedRunner, Capture, CudaGraphCapture, EagerReplay, fill
+from server.backends.torch_graphs import DTYPES, BucketedRunner, Capture, CudaGraphCapture, EagerReplay
 from train.model import triton_attention
 
 Feeds = dict[str, np.ndarray]
@@ -76,7 +76,7 @@ def graph_runner(model: torch.nn.Module, device: torch.device, attention_kernel:
         with triton_attention.kernel(attention_kernel):
             runner = one_bucket_runner(model, device, rows, length)
         slot = runner.slots[Bucket(rows, length)]
-        fill(slot.inputs, feeds)
+        slot.load(feeds)
 
         def run() -> object:
             slot.replay()

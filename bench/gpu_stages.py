@@ -171,29 +171,30 @@ def serve(ctx: StageContext, stage: str, configs: dict[str, tuple[str, str, str]
     for name, (backend, kind, flags) in configs.items():
         model = ckpt if kind == "checkpoint" else onnx_export(ctx, stage, ckpt)
         out = ctx.work / f"serve-{name.replace(' ', '-')}.json"
-        out.unlink(missing_ok=True)
-        args = [
-            "--model",
-            str(model),
-            "--backend",
-            backend,
-            f"--server-args={flags.format(device=ctx.device)}",
-        ]
-        args += [
-            "--clients",
-            ctx.clients,
-            "--seconds",
-            str(ctx.seconds),
-            "--warmup",
-            "1",
-            "--modes",
-            "batched",
-        ]
-        args += ["--max-batch-size", str(ctx.max_batch_size), "--skip-overhead", "--json", str(out)]
-        args += ["--log-dir", str(ctx.work)]
-        result = run_child(ctx, stage, python_module(ctx, STAGE_MODULES[stage], *args), 600)
-        results[name] = json.loads(out.read_text()) if out.is_file() else {"error": result}
+        results[name] = bench_serve(
+            ctx, stage, model, backend, flags.format(device=ctx.device), out, ["--skip-overhead"], 600
+        )
     return results
+
+
+def bench_serve(
+    ctx: StageContext,
+    stage: str,
+    model: Path,
+    backend: str,
+    server_flags: str,
+    out: Path,
+    extra: Sequence[str],
+    timeout_s: float,
+) -> dict[str, Any]:
+    """One bench.serve run (batched, closed-loop clients at ``ctx.clients``) against ``model``: its JSON,
+    or the child's exit and last lines when it wrote none."""
+    out.unlink(missing_ok=True)
+    args = ["--model", str(model), "--backend", backend, f"--server-args={server_flags}", *extra]
+    args += ["--clients", ctx.clients, "--seconds", str(ctx.seconds), "--warmup", "1", "--modes", "batched"]
+    args += ["--max-batch-size", str(ctx.max_batch_size), "--json", str(out), "--log-dir", str(ctx.work)]
+    result = run_child(ctx, stage, python_module(ctx, "bench.serve", *args), timeout_s)
+    return json.loads(out.read_text()) if out.is_file() else {"error": result}
 
 
 def memory(ctx: StageContext) -> dict[str, Any]:
@@ -277,25 +278,11 @@ def serve_e2e(ctx: StageContext) -> dict[str, Any]:
     )
     for name, (graph_flag, fronts, measured) in SERVE_E2E_CONFIGS.items():
         out = ctx.work / f"serve-e2e-{name.replace(' ', '-').replace(',', '').replace('+', 'and')}.json"
-        out.unlink(missing_ok=True)
         flags = f"{base} {graph_flag}" if on_gpu else base
         flags += f" --workers {fronts}" if fronts > 1 else ""
-        args = ["--model", str(ckpt), "--backend", "torch", f"--server-args={flags}", "--data", str(data)]
-        args += [
-            "--questions",
-            "60",
-            "--clients",
-            ctx.clients,
-            "--seconds",
-            str(ctx.seconds),
-            "--warmup",
-            "1",
-        ]
-        args += ["--modes", "batched", "--max-batch-size", str(ctx.max_batch_size), "--json", str(out)]
-        args += ["--log-dir", str(ctx.work)]
-        args += {"all": [], "stages": ["--skip-bare"], "load": ["--skip-overhead"]}[measured]
-        result = run_child(ctx, "serve-e2e", python_module(ctx, "bench.serve", *args), 400)
-        results[name] = json.loads(out.read_text()) if out.is_file() else {"error": result}
+        extra = ["--data", str(data), "--questions", "60"]
+        extra += {"all": [], "stages": ["--skip-bare"], "load": ["--skip-overhead"]}[measured]
+        results[name] = bench_serve(ctx, "serve-e2e", ckpt, "torch", flags, out, extra, 400)
     return results
 
 

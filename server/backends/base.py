@@ -93,13 +93,17 @@ def dummy_batch(batch_size: int, length: int) -> dict[str, np.ndarray]:
     return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": types}
 
 
+# What pad_batch writes past a window's tokens, per input.
+PAD_VALUES = {"input_ids": PAD_ID, "attention_mask": 0, "token_type_ids": SEG_ID_PAD}
+
+
 def padded_to(batch: Mapping[str, np.ndarray], length: int) -> dict[str, np.ndarray]:
     """``batch`` with every window padded on the right to ``length`` tokens as ``pad_batch`` pads (the
     padding is masked, so the real tokens' outputs do not change): how a backend runs a window shorter
     than its graph's least length (``ModelSpec.min_engine_seq_len``)."""
     rows, short = batch["input_ids"].shape
     out = {}
-    for name, fill in (("input_ids", PAD_ID), ("attention_mask", 0), ("token_type_ids", SEG_ID_PAD)):
+    for name, fill in PAD_VALUES.items():
         wide = np.full((rows, length), fill, dtype=np.asarray(batch[name]).dtype)
         wide[:, :short] = batch[name]
         out[name] = wide

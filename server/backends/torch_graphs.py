@@ -35,15 +35,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from qa_core.contract import CLS_ID, PAD_ID, SEG_ID_CLS, SEG_ID_PAD, TOKEN_OUTPUTS
+from qa_core.contract import CLS_ID, SEG_ID_CLS
+from server.backends.base import PAD_VALUES, cut_tokens
 from server.backends.buckets import Bucket, BucketGrid
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 WARMUP_RUNS = 3  # before a capture: lazy cuBLAS/cuDNN set-up must not happen inside the graph
-# What pad_batch writes past a window's tokens, per input.
-PAD_VALUES = {"input_ids": PAD_ID, "attention_mask": 0, "token_type_ids": SEG_ID_PAD}
 # A padding row is a one-token window, "<cls>": every row then has a key to attend to.
 ROW_PAD_FIRST = {"input_ids": CLS_ID, "attention_mask": 1, "token_type_ids": SEG_ID_CLS}
 
@@ -65,38 +64,23 @@ class StaticSlot:
     inputs: dict[str, torch.Tensor]
     outputs: tuple[torch.Tensor, ...]
     replay: Callable[[], None]
-    staging: torch.Tensor | None = None
-    device_inputs: torch.Tensor | None = None
-    host_outputs: tuple[torch.Tensor, ...] = ()
+    staging: torch.Tensor
+    device_inputs: torch.Tensor
+    host_outputs: tuple[torch.Tensor, ...]
 
     def load(self, batch: Mapping[str, np.ndarray]) -> None:
-        """Pad ``batch`` into the staging buffer as :func:`fill` pads, and start its copy to the device."""
-        if self.staging is None or self.device_inputs is None:
-            fill(self.inputs, batch)
-            return
-        host = self.staging.numpy()
-        for k, name in enumerate(self.inputs):
-            rows, length = batch[name].shape
-            host[k, :rows, :length] = batch[name]
-            host[k, :rows, length:] = PAD_VALUES[name]
-            host[k, rows:] = PAD_VALUES[name]
-            host[k, rows:, 0] = ROW_PAD_FIRST[name]
+        """Pad ``batch`` into the staging buffer (:func:`pad_into`) and start its copy to the device."""
+        pad_into(self.staging.numpy(), list(self.inputs), batch)
         self.device_inputs.copy_(self.staging, non_blocking=True)
 
     def read(self, names: Sequence[str], rows: int, length: int) -> dict[str, np.ndarray]:
         """The outputs of the last replay, cut to ``rows`` x ``length`` (host copies of their own)."""
-        if not self.host_outputs:
-            return {
-                name: cut(name, value, rows, length) for name, value in zip(names, self.outputs, strict=True)
-            }
         for host, value in zip(self.host_outputs, self.outputs, strict=True):
             host.copy_(value, non_blocking=True)
         if self.outputs and self.outputs[0].is_cuda:
             torch.cuda.current_stream(self.outputs[0].device).synchronize()
-        return {
-            name: np.array(cut_view(name, host.numpy(), rows, length))
-            for name, host in zip(names, self.host_outputs, strict=True)
-        }
+        kept = {name: host.numpy()[:rows] for name, host in zip(names, self.host_outputs, strict=True)}
+        return {name: np.array(value) for name, value in cut_tokens(kept, length).items()}
 
 
 class Capture(abc.ABC):
@@ -249,7 +233,10 @@ class BucketedRunner:
             staging = torch.empty(shape, dtype=torch.int64, pin_memory=pinned)
             device_inputs = torch.empty(shape, dtype=torch.int64, device=self.device)
             inputs = {name: device_inputs[k] for k, name in enumerate(self.input_names)}
-            fill(inputs, None)  # all padding rows: a valid batch to record with
+            pad_into(
+                staging.numpy(), self.input_names, None
+            )  # all padding rows: a valid batch to record with
+            device_inputs.copy_(staging)
             outputs, replay = self.capture(float_outputs(self.model), list(inputs.values()))
             host_outputs = tuple(torch.empty(o.shape, dtype=o.dtype, pin_memory=pinned) for o in outputs)
             slot = StaticSlot(bucket, inputs, outputs, replay, staging, device_inputs, host_outputs)
@@ -281,16 +268,17 @@ class BucketedRunner:
         return {name: to_numpy(v) for name, v in zip(self.output_names, values, strict=True)}
 
 
-def fill(inputs: Mapping[str, torch.Tensor], batch: Mapping[str, np.ndarray] | None) -> None:
-    """Copy ``batch`` into the top-left of the static ``inputs``; the columns past its tokens get
-    pad_batch's padding, the rows past its rows become one-token ``<cls>`` windows (``None``: every row)."""
-    for name, static in inputs.items():
+def pad_into(host: np.ndarray, names: Sequence[str], batch: Mapping[str, np.ndarray] | None) -> None:
+    """Write ``batch`` into the top-left of ``host`` ([inputs, B, T], in ``names``' order); the columns
+    past its tokens get pad_batch's padding, the rows past its rows become one-token ``<cls>`` windows
+    (``None``: every row)."""
+    for k, name in enumerate(names):
         rows, length = (0, 0) if batch is None else batch[name].shape
         if batch is not None:
-            static[:rows, :length].copy_(torch.from_numpy(np.ascontiguousarray(batch[name], dtype=np.int64)))
-            static[:rows, length:].fill_(PAD_VALUES[name])
-        static[rows:].fill_(PAD_VALUES[name])
-        static[rows:, 0].fill_(ROW_PAD_FIRST[name])
+            host[k, :rows, :length] = batch[name]
+            host[k, :rows, length:] = PAD_VALUES[name]
+        host[k, rows:] = PAD_VALUES[name]
+        host[k, rows:, 0] = ROW_PAD_FIRST[name]
 
 
 def float_outputs(model: Model) -> Model:
@@ -301,16 +289,6 @@ def float_outputs(model: Model) -> Model:
         return tuple(o.float() if o.is_floating_point() else o for o in model(*inputs))
 
     return run
-
-
-def cut_view(name: str, value: np.ndarray, rows: int, length: int) -> np.ndarray:
-    """A bucket's output cut back to the batch: its rows, and its tokens for per-token outputs."""
-    return value[:rows, :length] if name in TOKEN_OUTPUTS else value[:rows]
-
-
-def cut(name: str, value: torch.Tensor, rows: int, length: int) -> np.ndarray:
-    """A bucket's output cut back to the batch: its rows, and its tokens for per-token outputs."""
-    return to_numpy(value[:rows, :length] if name in TOKEN_OUTPUTS else value[:rows])
 
 
 def to_numpy(value: torch.Tensor) -> np.ndarray:
