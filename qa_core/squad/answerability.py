@@ -150,16 +150,19 @@ class Answerability:
             return p, 1.0 - p
         return sigmoid(s), sigmoid(-s)
 
-    def no_answer_threshold(self, feats: Mapping[str, float]) -> float:
+    def expected_f1(self, feats: Mapping[str, float]) -> float | None:
+        """The expected-gain rule's input: E[F1 of the best span] (None under another rule)."""
+        return self.span_f1(feats) if self.rule == "expected_gain" and self.span_f1 is not None else None
+
+    def no_answer_threshold(self, feats: Mapping[str, float], expected_f1: float | None = None) -> float:
         """The threshold on ``1 - P(answerable)`` this question is decided at: the stored one, or for
-        the expected-gain rule ``g / (1 + g)`` with g the span's expected F1 (answer iff p·g > 1 - p);
-        0 for the ``none`` rule (which :meth:`decision` never answers, whatever the probability)."""
+        the expected-gain rule ``g / (1 + g)`` with g the span's expected F1 (answer iff p·g > 1 - p;
+        ``expected_f1``: g when the caller has it already); 0 for the ``none`` rule (which
+        :meth:`decision` never answers, whatever the probability)."""
         if self.rule == NONE_RULE:
             return 0.0
-        if self.rule == "expected_gain" and self.span_f1 is not None:
-            g = self.span_f1(feats)
-            return g / (1.0 + g)
-        return self.threshold
+        g = expected_f1 if expected_f1 is not None else self.expected_f1(feats)
+        return g / (1.0 + g) if g is not None else self.threshold
 
     def decision(
         self, feats: Mapping[str, float], has_span: bool, threshold: float | None = None
@@ -168,11 +171,10 @@ class Answerability:
         question's threshold, when there is no span to answer with, or always under the ``none``
         rule. ``threshold`` (a caller's own, on the no-answer probability) replaces the stored rule."""
         p, no_answer = self.probabilities(feats)
-        thr = self.no_answer_threshold(feats) if threshold is None else threshold
+        g = self.expected_f1(feats) if threshold is None else None  # a caller's threshold replaces the rule
+        thr = self.no_answer_threshold(feats, g) if threshold is None else threshold
         never = threshold is None and self.rule == NONE_RULE
-        gain = threshold is None and self.rule == "expected_gain" and self.span_f1 is not None
-        expected_f1 = self.span_f1(feats) if gain and self.span_f1 is not None else None
-        return Decision(p, no_answer, thr, never or no_answer > thr or not has_span, expected_f1)
+        return Decision(p, no_answer, thr, never or no_answer > thr or not has_span, g)
 
     # -- storing
     def to_dict(self) -> dict[str, Any]:

@@ -39,9 +39,7 @@ class Prediction:
     threshold: float = DEFAULTS.no_answer_threshold  # the threshold on no_answer_prob it was decided at
     null_log_prob: float | None = None  # best window's log P(start = end = <cls>); None for the beam head
     reranked: bool = False  # n_best is in a re-ranker's order (spans snapped to words), not the reader's
-    expected_f1: float | None = (
-        None  # the expected-gain rule's E[F1 of the best span]; None under another rule
-    )
+    expected_f1: float | None = None  # the expected-gain rule's E[F1 of the best span]; else None
 
     @property
     def best_span_text(self) -> str:
