@@ -136,8 +136,9 @@ def match_question(question: str, index: ContextIndex) -> QuestionMatch:
     """The question against every sentence of the context. The re-ranker and the answerability rule both
     ask for it while deciding one question, so the index keeps the last one (one, not a growing map: a
     cached context's memory stays bounded)."""
-    if index._match is not None and index._match[0] == question:
-        return index._match[1]
+    kept = index._match  # read once: another thread may decode another question of this context
+    if kept is not None and kept[0] == question:
+        return kept[1]
     stems = list(dict.fromkeys(content_stems(question)))
     weights = {s: index.idf.get(s, index.unseen_idf) for s in stems}
     total = sum(weights.values()) or 1.0
