@@ -7,7 +7,7 @@ the batcher, the decoder and the HTTP layer are identical whatever runs the mode
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -113,6 +113,18 @@ def padded_to(batch: Mapping[str, np.ndarray], length: int) -> dict[str, np.ndar
 def cut_tokens(outputs: Mapping[str, np.ndarray], length: int) -> dict[str, np.ndarray]:
     """Per-token outputs cut back to ``length`` tokens (the others as they are)."""
     return {n: v[:, :length] if n in TOKEN_OUTPUTS else v for n, v in outputs.items()}
+
+
+def run_at_least(
+    spec: ModelSpec,
+    batch: Mapping[str, np.ndarray],
+    run: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]],
+) -> dict[str, np.ndarray]:
+    """``run(batch)``, a batch shorter than the graph's least length (``spec.min_engine_seq_len``) padded
+    up to it and its outputs cut back: what an engine backend's ``run`` is, for any caller."""
+    length = batch["input_ids"].shape[1]
+    least = spec.min_engine_seq_len or 1
+    return cut_tokens(run(padded_to(batch, least)), length) if length < least else run(batch)
 
 
 def check_outputs(outputs: Mapping[str, np.ndarray], names: tuple[str, ...], batch_size: int) -> None:

@@ -28,8 +28,7 @@ from server.backends.base import (
     BackendUnavailable,
     batch_limit,
     check_outputs,
-    cut_tokens,
-    padded_to,
+    run_at_least,
 )
 from server.settings import ServerSettings
 
@@ -271,10 +270,9 @@ class OnnxBackend(Backend):
         )
 
     def run(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        length = batch["input_ids"].shape[1]
-        least = self.spec.min_engine_seq_len or 1
-        if length < least:  # shorter than the graph runs: padded up to it, the outputs cut back
-            return cut_tokens(self.run(padded_to(batch, least)), length)
+        return run_at_least(self.spec, batch, self._run)
+
+    def _run(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         feeds = {n: np.ascontiguousarray(batch[n], dtype=dt) for n, dt in self._feeds.items()}
         values = self.session.run(list(self.output_names), feeds)
         out = dict(zip(self.output_names, values, strict=True))

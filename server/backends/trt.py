@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from server.answering.model_spec import ModelSpec
-from server.backends.base import Backend, BackendUnavailable, check_outputs, cut_tokens, padded_to
+from server.backends.base import Backend, BackendUnavailable, check_outputs, run_at_least
 from server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -65,10 +65,9 @@ class TrtBackend(Backend):
         )
 
     def run(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        length = batch["input_ids"].shape[1]
-        least = self.spec.min_engine_seq_len or 1
-        if length < least:  # below the engine's profile: padded up to it, the outputs cut back
-            return cut_tokens(self.run(padded_to(batch, least)), length)
+        return run_at_least(self.spec, batch, self._run)
+
+    def _run(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         raw = self.runner.run(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
         out = {n: np.asarray(raw[n]) for n in self.output_names if n in raw}
         check_outputs(out, self.output_names, len(batch["input_ids"]))
