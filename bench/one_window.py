@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from qa_core.text import sentence_bounds
 from qa_core.tokenizer import XLNetTokenizer
 
 SPECIAL_TOKENS = 3  # <sep> after the question, <sep> and <cls> after the context
-SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def fitting_context(tokenizer: XLNetTokenizer, question: str, context: str, max_seq_len: int) -> str:
@@ -29,8 +28,8 @@ def fitting_context(tokenizer: XLNetTokenizer, question: str, context: str, max_
     ('' when not even the first does)."""
     room = max_seq_len - SPECIAL_TOKENS - len(tokenizer.encode(question))
     kept = ""
-    for match in [*SENTENCE_END.finditer(context), None]:
-        candidate = context[: match.start()] if match else context
+    for _, end in sentence_bounds(context):  # the sentences as the answerability features split them
+        candidate = context[:end]
         if len(tokenizer.encode(candidate)) > room:
             break
         kept = candidate
