@@ -216,7 +216,7 @@ def numbers(text: str, tokens: Iterable[str] | None = None) -> set[str]:
     """Numbers written with digits, normalised ("1,000" and "1000" are one), plus number words;
     ``tokens``: ``words(text)`` when the caller has them already."""
     found = {m.group().strip("$£€%").replace(",", "") for m in NUMBER.finditer(text)}
-    return found | {w for w in (words(text) if tokens is None else tokens) if w in _NUMBER_WORDS}
+    return found | _NUMBER_WORDS.intersection(words(text) if tokens is None else tokens)
 
 
 def capitalised(text: str) -> set[str]:
@@ -227,4 +227,4 @@ def capitalised(text: str) -> set[str]:
 
 def has_negation(text: str, tokens: Iterable[str] | None = None) -> bool:
     """Whether ``text`` holds a negation; ``tokens``: its ``words`` (or a set of them) when known."""
-    return any(w in NEGATIONS for w in (words(text) if tokens is None else tokens))
+    return not NEGATIONS.isdisjoint(words(text) if tokens is None else tokens)

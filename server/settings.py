@@ -204,7 +204,7 @@ class ServerSettings(BaseSettings):
         le=MAX_N_BEST,
         description="Spans kept per question when decoding (the n-best list a request's top_k reads); the "
         "answer and the decision read only the best 10, found exactly, so any pool of 10 or more answers "
-        "alike; default: the model's n_best (its sidecar or checkpoint metadata)",
+        "alike; default: the model's n_best (its sidecar or checkpoint metadata), at most the 10 the decision reads",
     )
     load_timeout_s: float | None = Field(
         None,

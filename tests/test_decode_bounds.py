@@ -55,9 +55,11 @@ def shipped():
 def answer(shipped, pools, question: str, context: str):
     """The question through each pool's host path, the engine run once per window."""
     spec, engine, tokenizer = shipped
-    hosts = [
+    hosts = [  # None: the server's default pool
         HostPath.from_settings(
-            spec, tokenizer, load_settings(["--model", str(SHIPPED), "--n-best-pool", str(n)])
+            spec,
+            tokenizer,
+            load_settings(["--model", str(SHIPPED), *([] if n is None else ["--n-best-pool", str(n)])]),
         )
         for n in pools
     ]
@@ -86,15 +88,21 @@ def test_a_12000_letter_word_gives_a_short_best_span_in_bounded_time(shipped) ->
 
 
 def test_pools_of_10_20_and_100_answer_every_sample_question_alike(shipped) -> None:
+    """And so does the server's default, which decodes only the spans the decision reads (the model
+    records n_best 20; spans past the first 10 change no answer)."""
+    spec, _, tokenizer = shipped
+    assert (
+        spec.serving.n_best == 20 and HostPath(spec, tokenizer).n_best_pool == spec.decision.spans_read == 10
+    )
     data = json.loads(SAMPLE_DEV.read_text())
     questions = [
         (qa["question"], p["context"]) for a in data["data"] for p in a["paragraphs"] for qa in p["qas"]
     ]
     assert len(questions) > 200
     for question, context in questions:
-        results, _ = answer(shipped, [10, 20, 100], question, context)
+        results, _ = answer(shipped, [10, 20, 100, None], question, context)
         seen = [
             (p.is_impossible, p.text, p.start, p.end, p.best_span_text, round(p.answerable_prob, 9))
             for p, _ in results
         ]
-        assert seen[0] == seen[1] == seen[2], (question, seen)
+        assert seen[0] == seen[1] == seen[2] == seen[3], (question, seen)

@@ -68,11 +68,24 @@ def align_answer(offsets: np.ndarray, answer_start: int, answer_text: str) -> tu
 def span_text(context: str, token_to_char: np.ndarray, start: int, end: int) -> tuple[str, int, int]:
     """``(text, char_start, char_end)`` of tokens ``start..end``, whitespace trimmed, so that
     ``context[char_start:char_end] == text``."""
-    a, b = int(token_to_char[start, 0]), int(token_to_char[end, 1])
+    return trimmed(context, int(token_to_char[start, 0]), int(token_to_char[end, 1]))
+
+
+def trimmed(context: str, a: int, b: int) -> tuple[str, int, int]:
+    """``(text, a', b')``: characters ``[a, b)`` of ``context`` without leading or trailing whitespace."""
     raw = context[a:b]
     a += len(raw) - len(raw.lstrip())
     b = max(a, b - (len(raw) - len(raw.rstrip())))
     return context[a:b], a, b
+
+
+def cuts_a_word(context: str, a: int, b: int) -> bool:
+    """Whether ``[a, b)`` begins or ends inside a run of letters and digits (a letter or digit on both
+    sides of a boundary). Checked for every n-best span of every question: most cut none."""
+    n = len(context)
+    return (0 < a < n and context[a - 1].isalnum() and context[a].isalnum()) or (
+        0 < b < n and context[b - 1].isalnum() and context[b].isalnum()
+    )
 
 
 def word_extent(
@@ -85,11 +98,7 @@ def word_extent(
     12,000-character answer, and the walk costs tokens of the span's neighbourhood, not the word."""
     a0, b0 = int(token_to_char[start, 0]), int(token_to_char[end, 1])
     n = len(context)
-    # A letter or digit on both sides of a boundary: the span cuts a word there (tested inline: this
-    # runs for every n-best span of every question).
-    if not (0 < a0 < n and context[a0 - 1].isalnum() and context[a0].isalnum()) and not (
-        0 < b0 < n and context[b0 - 1].isalnum() and context[b0].isalnum()
-    ):
+    if not cuts_a_word(context, a0, b0):
         return a0, b0  # already whole words: most spans
     budget = max_tokens - (end - start + 1)
     a, s = a0, start

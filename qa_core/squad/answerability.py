@@ -59,6 +59,7 @@ from .answerability_params import (
     parse_number,
     parse_object,
 )
+from .candidates import TOP_K
 from .rerank import SpanReranker
 
 FORMAT = 1
@@ -132,6 +133,12 @@ class Answerability:
         """Every feature the decision reads (the combining model's, then the span model's)."""
         extra = self.span_f1.score.features if self.span_f1 is not None else ()
         return tuple(dict.fromkeys(self.model.features + extra))
+
+    @property
+    def spans_read(self) -> int:
+        """How many of the reader's best spans deciding reads (the re-ranker's head and the mass a span's
+        share is taken over): spans past these change no answer, so a server need not decode them."""
+        return max(TOP_K, self.reranker.top_k if self.reranker is not None else 0)
 
     @property
     def uses_lexical(self) -> bool:

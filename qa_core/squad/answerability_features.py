@@ -9,9 +9,11 @@ lexical feature is wanted.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -71,13 +73,22 @@ class SpanScores:
     best_end: int = -1
 
 
+class SentenceWords(NamedTuple):
+    """One sentence's words as parallel lists (character starts, ends, stems): bisection finds a span's
+    words without building a list per call."""
+
+    starts: list[int]
+    ends: list[int]
+    stems: list[str]
+
+
 class ContextIndex:
     """Sentences, stems and word rarity of one context, computed once for all its questions."""
 
     def __init__(self, context: str) -> None:
         self.context = context
         self.sentences = sentence_bounds(context) or [(0, len(context))]
-        self.sentence_starts = np.array([a for a, _ in self.sentences], dtype=np.int64)
+        self.sentence_starts = [a for a, _ in self.sentences]  # a list: bisect on it beats numpy per call
         tokens = [words(context[a:b]) for a, b in self.sentences]  # one pass of the word pattern each
         self.word_count = sum(
             len(t) for t in tokens
@@ -97,22 +108,29 @@ class ContextIndex:
         self.idf = {w: math.log(1.0 + n / c) for w, c in df.items()}
         self.unseen_idf = math.log(1.0 + n)  # a word of no sentence is as rare as can be
 
-    def word_positions(self, sentence: int) -> list[tuple[int, int, str]]:
-        """``(start, end, stem)`` of each word of one sentence, computed once per sentence."""
+    def word_positions(self, sentence: int) -> SentenceWords:
+        """Where each word of one sentence starts and ends, and its stem; computed once per sentence."""
         cache = self.__dict__.setdefault("_word_positions", {})
-        if sentence not in cache:
+        found = cache.get(sentence)
+        if found is None:
             a, b = self.sentences[sentence]
-            cache[sentence] = [
-                (w.start(), w.end(), stem(w.group().lower())) for w in WORD.finditer(self.context, a, b)
-            ]
-        return cache[sentence]
+            matches = list(WORD.finditer(self.context, a, b))
+            found = cache[sentence] = SentenceWords(
+                [w.start() for w in matches],
+                [w.end() for w in matches],
+                [stem(w.group().lower()) for w in matches],
+            )
+        return found
 
     def sentence_of(self, start: int, end: int) -> int:
         """Index of the sentence holding most of ``[start, end)`` (the first one if none does). Sentences
         are ordered and disjoint, so only those the span meets and their neighbours can win: found by
         bisection, not a pass over all of them."""
-        lo = max(0, int(np.searchsorted(self.sentence_starts, start, side="right")) - 2)
-        hi = min(len(self.sentences), int(np.searchsorted(self.sentence_starts, end, side="left")) + 1)
+        at = bisect.bisect_right(self.sentence_starts, start) - 1
+        if at >= 0 and start < end <= self.sentences[at][1]:  # within one sentence (most spans): it wins,
+            return at  # the others being disjoint from it
+        lo = max(0, at - 1)
+        hi = min(len(self.sentences), bisect.bisect_left(self.sentence_starts, end) + 1)
         best, overlap = 0, -1  # as a pass over all would: the first sentence unless one comes within -1
         for i in range(lo, hi):
             a, b = self.sentences[i]
@@ -130,6 +148,8 @@ class QuestionMatch:
     weights: dict[str, float]  # their rarity (idf over the context's sentences)
     coverage: list[float]  # per sentence: the share of the question's weight it holds
     best: int  # the best-matching sentence
+    words: list[str]  # the question's words (text.words), read once for every feature that needs them
+    kind: str  # the kind of answer it asks for (answer_kind)
 
 
 def match_question(question: str, index: ContextIndex) -> QuestionMatch:
@@ -139,11 +159,14 @@ def match_question(question: str, index: ContextIndex) -> QuestionMatch:
     kept = index._match  # read once: another thread may decode another question of this context
     if kept is not None and kept[0] == question:
         return kept[1]
-    stems = list(dict.fromkeys(content_stems(question)))
+    q_words = words(question)
+    stems = list(dict.fromkeys(content_stems(question, q_words)))
     weights = {s: index.idf.get(s, index.unseen_idf) for s in stems}
     total = sum(weights.values()) or 1.0
     coverage = [sum(weights[s] for s in stems if s in ss) / total for ss in index.sentence_stems]
-    found = QuestionMatch(stems, weights, coverage, int(np.argmax(coverage)))
+    found = QuestionMatch(
+        stems, weights, coverage, int(np.argmax(coverage)), q_words, answer_kind(question, q_words)
+    )
     index._match = (question, found)
     return found
 
@@ -153,12 +176,12 @@ def question_features(question: str, index: ContextIndex, m: QuestionMatch | Non
     m = m or match_question(question, index)
     b = m.best
     total = sum(m.weights.values()) or 1.0
-    window = set().union(*index.sentence_stems[max(0, b - 1) : b + 2])
+    window = index.sentence_stems[max(0, b - 1) : b + 2]  # the best sentence and its neighbours
     missing = [s for s in m.stems if s not in index.sentence_stems[b]]
     a0, a1 = index.sentences[b]
     sentence = index.context[a0:a1]
     sentence_words = index.sentence_words[b]
-    q_words = words(question)  # once: negation, antonyms and numbers read the same tokens
+    q_words = m.words  # once: negation, antonyms and numbers read the same tokens
     names = capitalised(question)
     ranked = sorted(m.coverage, reverse=True)
     negated = has_negation(question, q_words)
@@ -167,7 +190,7 @@ def question_features(question: str, index: ContextIndex, m: QuestionMatch | Non
         "second_sentence_coverage": ranked[1] if len(ranked) > 1 else 0.0,
         "best_sentence_missing": float(min(6, len(missing))),
         "best_sentence_missing_weight": sum(m.weights[s] for s in missing),
-        "window_coverage": sum(m.weights[s] for s in m.stems if s in window) / total,
+        "window_coverage": sum(m.weights[s] for s in m.stems if any(s in ss for ss in window)) / total,
         "context_coverage": sum(m.weights[s] for s in m.stems if s in index.stems) / total,
         "context_missing": float(min(6, sum(s not in index.stems for s in m.stems))),
         "question_negated": float(negated),
@@ -188,17 +211,29 @@ _WH_NUMBER = ("how many", "how much", "what percentage", "how long", "how old", 
 _TIME_WORDS = frozenset(m.lower() for m in MONTHS) | {"century", "centuries", "decade", "year", "years"}
 
 
-def answer_type_match(question: str, span: str) -> float:
-    """1 when the span holds the kind of answer the question's wh-phrase asks for (a number for "how
-    many", a number or month for "when", a name for "who"), 0 when it does not, 0.5 when the question
-    does not say (what, which, ...)."""
-    q = " ".join(words(question))
-    span_words = set(words(span))
+def answer_kind(question: str, q_words: Sequence[str] | None = None) -> str:
+    """What the question's wh-phrase asks for: "number" (how many), "time" (when), "name" (who), or ""
+    when it does not say (what, which, ...). Once per question; :func:`kind_match` per span.
+    ``q_words``: ``words(question)`` when the caller has them."""
+    q = " ".join(words(question) if q_words is None else q_words)
     if any(f" {p} " in f" {q} " for p in _WH_NUMBER):
-        return float(bool(numbers(span)))
+        return "number"
     if " when " in f" {q} " or "what year" in q or "what century" in q:
-        return float(bool(numbers(span)) or bool(span_words & _TIME_WORDS))
+        return "time"
     if {"who", "whom", "whose"} & set(q.split()):
+        return "name"
+    return ""
+
+
+def kind_match(kind: str, span: str, span_words: Sequence[str] | None = None) -> float:
+    """1 when the span holds an answer of the ``kind`` (:func:`answer_kind`), 0 when it does not, 0.5
+    when the question does not say; ``span_words``: ``words(span)`` when the caller has them."""
+    if kind == "number":
+        return float(bool(numbers(span, span_words)))
+    if kind == "time":
+        tokens = words(span) if span_words is None else span_words
+        return float(bool(numbers(span, tokens)) or not _TIME_WORDS.isdisjoint(tokens))
+    if kind == "name":
         return float(any(w[:1].isupper() and w.lower() not in STOPWORDS for w in WORD.findall(span)))
     return 0.5
 
@@ -210,11 +245,12 @@ def span_features(
     if start < 0:
         return dict.fromkeys(SPAN_FEATURES, 0.0)
     span = index.context[start:end]
-    span_stems = [stem(w) for w in words(span) if w not in STOPWORDS]
+    span_words = words(span)
+    span_stems = [stem(w) for w in span_words if w not in STOPWORDS]
     q_stems = set(m.stems)  # the question's content stems, as match_question found them
     return {
         "span_in_best_sentence": float(index.sentence_of(start, end) == m.best),
-        "answer_type_match": answer_type_match(question, span),
+        "answer_type_match": kind_match(m.kind, span, span_words),
         "span_in_question": sum(s in q_stems for s in span_stems) / len(span_stems) if span_stems else 0.0,
     }
 

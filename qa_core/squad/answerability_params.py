@@ -7,6 +7,7 @@ rule can read them without importing each other.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -71,8 +72,20 @@ class Linear:
     intercept: float
 
     def __call__(self, feats: Mapping[str, float]) -> float:
+        center, scale, coef = self._arrays
         x = np.array([feats[f] for f in self.features], dtype=np.float64)
-        return float(np.dot((x - np.array(self.center)) / np.array(self.scale), self.coef) + self.intercept)
+        return float(np.dot((x - center) / scale, coef) + self.intercept)
+
+    def on_columns(self, x: np.ndarray, names: Sequence[str]) -> np.ndarray:
+        """Each row's value in one product, the columns of ``x`` named by ``names`` (a re-ranker scores
+        ten candidates per question)."""
+        center, scale, coef = self._arrays
+        return (x[:, [names.index(f) for f in self.features]] - center) / scale @ coef + self.intercept
+
+    @functools.cached_property
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """center, scale and coef as arrays, made once (every decided question applies two or three)."""
+        return np.array(self.center), np.array(self.scale), np.array(self.coef)
 
     def to_dict(self) -> dict[str, Any]:
         return {

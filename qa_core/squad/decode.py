@@ -34,7 +34,7 @@ import numpy as np
 
 from qa_core.contract import DEFAULTS, ModelSettings, positive_int, probability
 
-from .alignment import span_text, word_extent
+from .alignment import cuts_a_word, trimmed, word_extent
 from .answerability import Answerability
 from .answerability_features import ContextIndex
 from .candidates import TOP_K
@@ -100,10 +100,11 @@ DEFAULT_DECODING = DecodeOptions()
 
 
 def _masked_log_softmax(logits: np.ndarray, p_mask: np.ndarray) -> np.ndarray:
-    """log-softmax over positions with p_mask == 0 (paragraph and <cls>), as the original head."""
+    """log-softmax of each row over positions with p_mask == 0 (paragraph and <cls>), as the original
+    head; the start and end rows of a window in one call."""
     x = np.where(p_mask.astype(bool), _MASKED, logits.astype(np.float64))
-    m = x.max()
-    return x - (m + np.log(np.exp(x - m).sum()))
+    m = x.max(axis=-1, keepdims=True)
+    return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
 
 
 def _row(values: ArrayLike, i: int, length: int) -> np.ndarray:
@@ -114,46 +115,46 @@ def _row(values: ArrayLike, i: int, length: int) -> np.ndarray:
     return row[:length]
 
 
-def _top(indices: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
-    """The ``k`` indices (from ``indices``) with the highest scores, best first."""
-    if indices.size > k:
-        part = np.argpartition(-scores[indices], k - 1)[:k]
-        indices = indices[part]
-    return indices[np.argsort(-scores[indices], kind="stable")]
-
-
 SPARE_SPANS = 16  # spans kept per window beyond n_best, for those that repeat another's text or are blank
+
+
+def _window_max(values: np.ndarray, width: int) -> np.ndarray:
+    """``out[i] = max(values[i : i + width])`` for every full window, by doubling: log2(width) maxima
+    of whole arrays, not one per position."""
+    span, m = 1, values
+    while 2 * span <= width:
+        m = np.maximum(m[:-span], m[span:])
+        span *= 2
+    return np.maximum(m[: len(values) - width + 1], m[width - span :]) if span < width else m
 
 
 def _best_spans(
     slp: np.ndarray, elp: np.ndarray, f: Feature, max_answer_len: int, k: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` best valid spans of one window, exactly: every start in the paragraph whose max-context
-    window this is, with every end from it to ``max_answer_len`` tokens on (one [P, L] array, no Python
-    loop), best first. Exact, so the first spans do not depend on how many are asked for (``n_best``):
-    a pool of 10 and one of 100 begin alike."""
-    length = min(max_answer_len, f.paragraph_len)
+    window this is, with every end from it to ``max_answer_len`` tokens on, best first. Exact, so the
+    first spans do not depend on how many are asked for (``n_best``): a pool of 10 and one of 100 begin
+    alike. Each start's best span is its log-probability plus the best end within reach (a sliding
+    maximum); the k-th best of those bounds the k-th best span, so only starts at or above it are
+    expanded into their [L] ends (about k rows, not the paragraph's)."""
+    n = f.paragraph_len
+    length = min(max_answer_len, n)
     if length < 1:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    padded = np.full(f.paragraph_len + length - 1, -np.inf)
-    padded[: f.paragraph_len] = elp[: f.paragraph_len]
-    step = padded.strides[0]  # [P, L]: elp[s + d], a view
-    ends = np.lib.stride_tricks.as_strided(padded, (f.paragraph_len, length), (step, step), writeable=False)
-    scores = slp[: f.paragraph_len, None] + ends
-    scores[~np.asarray(f.token_is_max_context[: f.paragraph_len], dtype=bool)] = -np.inf
-    rows = np.arange(f.paragraph_len)
-    if f.paragraph_len > k:  # each start's best span; the k-th best of those bounds the k-th best span,
-        best_of_row = scores.max(axis=1)  # so starts whose best is below it hold none of the k
-        rows = np.flatnonzero(
-            best_of_row >= np.partition(best_of_row, f.paragraph_len - k)[f.paragraph_len - k]
-        )
-        scores = scores[rows]
-    flat = scores.ravel()
-    if flat.size > k:  # the k best (stable among equals, as _top), then only the valid ones
-        best = np.argpartition(-flat, k - 1)[:k]
-        best = best[np.argsort(-flat[best], kind="stable")]
+    padded = np.full(n + length - 1, -np.inf)
+    padded[:n] = elp[:n]
+    start_lp = np.where(np.asarray(f.token_is_max_context[:n], dtype=bool), slp[:n], -np.inf)
+    rows = np.arange(n)
+    if n > k:  # a start whose best span is below the k-th best start's holds none of the k best spans,
+        best_of_row = start_lp + _window_max(padded, length)  # and each of the k best starts holds one
+        bound = np.partition(best_of_row, n - k)[n - k]  # at or above it: the k best spans all reach it
+        rows = np.flatnonzero(best_of_row >= bound)
+        flat = (start_lp[rows, None] + padded[rows[:, None] + np.arange(length)]).ravel()
+        best = np.flatnonzero(flat >= bound)  # a few dozen, sorted here (a selection costs more)
     else:
-        best = np.argsort(-flat, kind="stable")
+        flat = (start_lp[:, None] + padded[rows[:, None] + np.arange(length)]).ravel()
+        best = np.arange(flat.size)
+    best = best[np.argsort(-flat[best], kind="stable")[:k]]  # equals in (start, end) order
     best = best[np.isfinite(flat[best])]
     starts = rows[best // length]
     return starts, starts + best % length
@@ -166,20 +167,39 @@ def _context_and_id(example_or_context: SquadExample | str) -> tuple[str, str]:
 
 
 class _Candidates:
-    """Valid spans of all windows as parallel arrays (ranked once, turned into text lazily)."""
+    """Valid spans of all windows as parallel arrays (ranked once, turned into text lazily), with their
+    characters in the context (untrimmed), gathered per window in one step."""
 
     def __init__(self) -> None:
         self.parts: list[tuple[np.ndarray, ...]] = []
 
     def add(
-        self, window: int, start_lp: np.ndarray, end_lp: np.ndarray, start: np.ndarray, end: np.ndarray
+        self,
+        window: int,
+        feature: Feature,
+        start_lp: np.ndarray,
+        end_lp: np.ndarray,
+        start: np.ndarray,
+        end: np.ndarray,
     ) -> None:
         if start.size:
-            self.parts.append((start_lp + end_lp, start_lp, end_lp, np.full(start.size, window), start, end))
+            chars = feature.token_to_char
+            self.parts.append(
+                (
+                    start_lp + end_lp,
+                    start_lp,
+                    end_lp,
+                    np.full(start.size, window),
+                    start,
+                    end,
+                    chars[start, 0],
+                    chars[end, 1],
+                )
+            )
 
-    def ranked(self) -> Iterator[tuple[float, float, float, int, int, int]]:
-        """``(score, start_lp, end_lp, window, start_tok, end_tok)``, best score first (stable), made
-        as they are read: a decode reads a few dozen of the hundreds of candidates."""
+    def ranked(self) -> Iterator[tuple[float, float, float, int, int, int, int, int]]:
+        """``(score, start_lp, end_lp, window, start_tok, end_tok, start_char, end_char)``, best score
+        first (stable), made as they are read: a decode reads a few dozen of the hundreds of candidates."""
         if not self.parts:
             return
         cols = [np.concatenate(c) for c in zip(*self.parts, strict=True)]
@@ -205,25 +225,32 @@ def _finish(
     n_best = options.n_best
     entries: list[NBestEntry] = []
     seen: set[tuple[int, int]] = set()
-    for score, slp, elp, w, s, e in candidates.ranked():
+    for score, slp, elp, w, s, e, a, b in candidates.ranked():
         if len(entries) >= n_best:
             break
-        text, a, b = span_text(context, features[w].token_to_char, s, e)
+        text = context[a:b]
+        whole = bool(text) and not text[0].isspace() and not text[-1].isspace()
+        if not whole:  # rare: trim as span_text does
+            text, a, b = trimmed(context, a, b)
         if not text or (a, b) in seen:  # whitespace-only spans say nothing; equal spans count once
             continue
         seen.add((a, b))
-        f = features[w]
-        wa, wb = word_extent(context, f.token_to_char, s, e, 0, f.paragraph_len - 1, options.max_answer_len)
+        if whole and not cuts_a_word(context, a, b):  # its tokens' own characters: whole words already
+            wa, wb = a, b
+        else:
+            f = features[w]
+            wa, wb = word_extent(
+                context, f.token_to_char, s, e, 0, f.paragraph_len - 1, options.max_answer_len
+            )
         entries.append(NBestEntry(text, a, b, score, 0.0, slp, elp, w, s, e, wa, wb))
     if entries:
         scores = np.array([x.score for x in entries])
         probs = np.exp(scores - scores.max())
         probs /= probs.sum()
-        for x, p in zip(entries, probs, strict=True):
-            x.probability = float(p)
         weights = np.exp(scores - scores[0])  # entries are best first
-        for x, weight in zip(entries, weights / weights[:TOP_K].sum(), strict=True):
-            x.share = float(weight)
+        shares = weights / weights[:TOP_K].sum()
+        for x, p, share in zip(entries, probs.tolist(), shares.tolist(), strict=True):
+            x.probability, x.share = p, share
     undecided = Prediction(
         qas_id=qas_id,
         text="",
@@ -269,11 +296,12 @@ def decode(
     null_log_prob = -np.inf
     for w, f in enumerate(features):
         length = len(f.input_ids)
-        slp = _masked_log_softmax(_row(start_logits, w, length), f.p_mask)
-        elp = _masked_log_softmax(_row(end_logits, w, length), f.p_mask)
+        slp, elp = _masked_log_softmax(
+            np.stack([_row(start_logits, w, length), _row(end_logits, w, length)]), f.p_mask
+        )
         null_log_prob = max(null_log_prob, float(slp[f.cls_index] + elp[f.cls_index]))
         s, e = _best_spans(slp, elp, f, options.max_answer_len, options.n_best + SPARE_SPANS)
-        candidates.add(w, slp[s], elp[e], s, e)
+        candidates.add(w, f, slp[s], elp[e], s, e)
     deciding = _deciding(example_or_context, question, options, context_index)
     return _finish(context, qas_id, features, candidates, float(cls.min()), null_log_prob, options, deciding)
 
@@ -317,7 +345,7 @@ def decode_beam(
         in_para = (s >= 0) & (s < f.paragraph_len) & (e_ix >= 0) & (e_ix < f.paragraph_len)
         ok = in_para & (e_ix >= s) & (e_ix - s + 1 <= options.max_answer_len)
         ok[ok] = f.token_is_max_context[s[ok]]
-        candidates.add(w, slp[ok], e_lp[ok], s[ok], e_ix[ok])
+        candidates.add(w, f, slp[ok], e_lp[ok], s[ok], e_ix[ok])
     deciding = _deciding(example_or_context, question, options, context_index)
     return _finish(context, qas_id, features, candidates, float(cls.min()), None, options, deciding)
 

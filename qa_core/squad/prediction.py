@@ -48,15 +48,7 @@ class Prediction:
 
     def span_scores(self) -> SpanScores:
         """The decoder's numbers for this question: what an answerability model reads."""
-        best = self.n_best[0] if self.n_best else None
-        return SpanScores(
-            cls_logit=self.null_logit,
-            null_log_prob=self.null_log_prob,
-            best_log_prob=best.score if best is not None else None,
-            best_probability=best.share if best is not None else 0.0,
-            best_start=best.start if best is not None else -1,
-            best_end=best.end if best is not None else -1,
-        )
+        return _span_scores(self.n_best, self.null_logit, self.null_log_prob)
 
     def reranked_by(self, reranker: SpanReranker, question: str, context: str | ContextIndex) -> Prediction:
         """The spans in the re-ranker's order (once: the reader's order is what it reads)."""
@@ -68,17 +60,22 @@ class Prediction:
     def redecided(self, deciding: Deciding, context: str) -> Prediction:
         """This prediction decided again under another answerability model or threshold (the spans
         and scores are kept: no model run is needed to compare decision rules). A rule that holds a
-        re-ranker orders the spans first, unless they already are."""
+        re-ranker orders the spans first, unless they already are. One copy of the prediction is made:
+        decoding calls this for every question the server answers."""
         rule = deciding.rule()
         where: str | ContextIndex = deciding.index or context
-        p = self
-        if rule.reranker is not None and not self.reranked and self.n_best:
+        spans, reranked = self.n_best, self.reranked
+        if rule.reranker is not None and not reranked and spans:
             where = where if isinstance(where, ContextIndex) else ContextIndex(where)
-            p = self.reranked_by(rule.reranker, deciding.question, where)
-        d = decide(rule, deciding.question, where, p.span_scores(), deciding.threshold)
-        best = None if d.is_impossible or not p.n_best else p.n_best[0]
+            spans, reranked = rule.reranker.rerank(deciding.question, where, spans), True
+        scores = _span_scores(spans, self.null_logit, self.null_log_prob)
+        d = decide(rule, deciding.question, where, scores, deciding.threshold)
+        best = None if d.is_impossible or not spans else spans[0]
         return replace(
-            p,
+            self,
+            n_best=spans,
+            score=spans[0].score if spans is not self.n_best else self.score,  # re-ranked here: its best's
+            reranked=reranked,
             text=best.text if best is not None else "",
             start=best.start if best is not None else -1,
             end=best.end if best is not None else -1,
@@ -123,6 +120,18 @@ class Prediction:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (plain Python numbers)."""
         return asdict(self)
+
+
+def _span_scores(n_best: list[NBestEntry], null_logit: float, null_log_prob: float | None) -> SpanScores:
+    best = n_best[0] if n_best else None
+    return SpanScores(
+        cls_logit=null_logit,
+        null_log_prob=null_log_prob,
+        best_log_prob=best.score if best is not None else None,
+        best_probability=best.share if best is not None else 0.0,
+        best_start=best.start if best is not None else -1,
+        best_end=best.end if best is not None else -1,
+    )
 
 
 @dataclass(frozen=True)

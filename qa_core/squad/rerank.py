@@ -22,9 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from qa_core.text import STOPWORDS, stem, words
 
-from .answerability_features import ContextIndex, QuestionMatch, answer_type_match, match_question
+from .answerability_features import ContextIndex, QuestionMatch, kind_match, match_question
 from .answerability_params import AnswerabilityError, Linear, check_format, parse_number, parse_object
 from .candidates import TOP_K, NBestEntry
 
@@ -73,51 +75,67 @@ def snapped(context: str, entries: Sequence[NBestEntry]) -> list[NBestEntry]:
     return out
 
 
-def _near_question(index: ContextIndex, m: QuestionMatch, sentence: int, start: int, end: int) -> float:
-    """How close the span sits to a question word of its own sentence (1: adjacent; 0: none there).
-    Distances count words between them; one pass over the sentence's cached word positions."""
-    q_stems = set(m.stems)
-    positions = index.word_positions(sentence)
-    first = bisect.bisect_left([w[1] for w in positions], start + 1)  # first word ending inside or after
-    last = bisect.bisect_left([w[0] for w in positions], end)  # words before it start before the span ends
-    gap = math.inf
-    for i, (_, _, s) in enumerate(positions):
-        if s not in q_stems or first <= i < last:
-            continue
-        gap = min(gap, first - i - 1 if i < first else i - last)
-    return 0.0 if math.isinf(gap) else 1.0 / (1.0 + gap)
+class _QuestionNearness:
+    """Where the question's words sit in each sentence, found once per sentence a candidate lies in: a
+    question's ten candidates share a few sentences."""
+
+    def __init__(self, index: ContextIndex, q_stems: set[str]) -> None:
+        self.index, self.q_stems = index, q_stems
+        self._hits: dict[int, list[int]] = {}
+
+    def __call__(self, sentence: int, start: int, end: int) -> float:
+        """How close ``[start, end)`` sits to a question word of its own sentence (1: adjacent; 0: none
+        there). Distances count words between them."""
+        words_of = self.index.word_positions(sentence)
+        hits = self._hits.get(sentence)
+        if hits is None:
+            hits = self._hits[sentence] = [i for i, s in enumerate(words_of.stems) if s in self.q_stems]
+        first = bisect.bisect_left(words_of.ends, start + 1)  # first word ending inside or after the span
+        last = bisect.bisect_left(words_of.starts, end)  # words before it start before the span ends
+        gap = math.inf
+        for i in hits:
+            if i < first:
+                gap = min(gap, first - i - 1)
+            elif i >= last:
+                gap = min(gap, i - last)
+        return 0.0 if math.isinf(gap) else 1.0 / (1.0 + gap)
 
 
 def candidate_features(
     question: str, index: ContextIndex, m: QuestionMatch, entries: Sequence[NBestEntry]
-) -> list[dict[str, float]]:
-    """The evidence about each candidate, in the order given (entries[0] is the reader's best)."""
+) -> np.ndarray:
+    """The evidence about each candidate, one row each in the order given (entries[0] is the reader's
+    best), one column per name of ``CANDIDATE_FEATURES``. What depends on the question alone (its stems,
+    the kind of answer it asks for) is read once."""
     best_score = entries[0].score if entries else 0.0
     best_coverage = max(m.coverage) if m.coverage else 0.0
     q_stems = set(m.stems)
-    out = []
+    kind = m.kind
+    near = _QuestionNearness(index, q_stems)
+    context = index.context
+    rows = []
     for rank, e in enumerate(entries):
-        span = index.context[e.start : e.end]
+        span = context[e.start : e.end]
         span_words = words(span)
         content = [stem(w) for w in span_words if w not in STOPWORDS]
         sentence = index.sentence_of(e.start, e.end)
         coverage = m.coverage[sentence] if m.coverage else 0.0
-        out.append(
-            {
-                "score_gap": max(e.score - best_score, -30.0),
-                "log_rank": math.log1p(rank),
-                "probability": e.share,
-                "span_words": math.log1p(len(span_words)),
-                "in_best_sentence": float(sentence == m.best),
-                "sentence_coverage": coverage,
-                "coverage_gap": best_coverage - coverage,
-                "in_question": sum(s in q_stems for s in content) / len(content) if content else 0.0,
-                "type_match": answer_type_match(question, span),
-                "near_question": _near_question(index, m, sentence, e.start, e.end),
-                "content_free": float(not content),
-            }
+        rows.append(
+            (
+                max(e.score - best_score, -30.0),  # score_gap
+                math.log1p(rank),  # log_rank
+                e.share,  # probability
+                math.log1p(len(span_words)),  # span_words
+                float(sentence == m.best),  # in_best_sentence
+                coverage,  # sentence_coverage
+                best_coverage - coverage,  # coverage_gap
+                sum(s in q_stems for s in content) / len(content) if content else 0.0,  # in_question
+                kind_match(kind, span, span_words),  # type_match
+                near(sentence, e.start, e.end),  # near_question
+                float(not content),  # content_free
+            )
         )
-    return out
+    return np.array(rows, dtype=np.float64).reshape(len(rows), len(CANDIDATE_FEATURES))
 
 
 @dataclass(frozen=True)
@@ -145,7 +163,9 @@ class SpanReranker:
 
     def scores(self, question: str, index: ContextIndex, head: Sequence[NBestEntry]) -> list[float]:
         m = match_question(question, index)
-        return [self.model(f) for f in candidate_features(question, index, m, head)]
+        return self.model.on_columns(
+            candidate_features(question, index, m, head), CANDIDATE_FEATURES
+        ).tolist()
 
     def summary(self) -> str:
         """One line: what it was fitted on and, per article, the span F1 it gave out of fold."""

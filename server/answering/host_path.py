@@ -16,6 +16,7 @@ the engine; ``bench.serve`` times it in-process as "the server's work minus HTTP
 
 from __future__ import annotations
 
+import functools
 import time
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -102,8 +103,10 @@ class Question:
 
 def decoding_n_best(spec: ModelSpec, server_pool: int | None) -> int:
     """Spans kept per question when decoding: ``--n-best-pool`` when the server sets one, else the
-    model's own n_best (its sidecar or checkpoint metadata)."""
-    return server_pool or spec.serving.n_best
+    model's own n_best (its sidecar or checkpoint metadata) but no more than deciding reads
+    (``Answerability.spans_read``): the spans past those change no answer (tests/test_decode_bounds.py)
+    and a request's top_k asks for more when it wants them."""
+    return server_pool or min(spec.serving.n_best, spec.decision.spans_read)
 
 
 class HostPath:
@@ -223,12 +226,20 @@ class HostPath:
 
     def decode_options(self, q: Question) -> DecodeOptions:
         """How ``q`` is decoded: enough spans for its top_k, its own longest span and threshold if it
-        sets them, else the model's (and the server's threshold)."""
+        sets them, else the model's (and the server's threshold). A question that sets none of them
+        (most) shares one value, made once."""
+        n_best = max(self.n_best_pool, q.top_k)
+        longest = q.max_answer_len or self.spec.serving.max_answer_len
+        threshold = q.threshold if q.threshold is not None else self.threshold
+        usual = self._usual_options
+        if (n_best, longest, threshold) == (usual.n_best, usual.max_answer_len, usual.threshold):
+            return usual
+        return DecodeOptions.spans(n_best, longest, threshold, self.spec.decision)
+
+    @functools.cached_property
+    def _usual_options(self) -> DecodeOptions:
         return DecodeOptions.spans(
-            max(self.n_best_pool, q.top_k),
-            q.max_answer_len or self.spec.serving.max_answer_len,
-            self.decided_by(q)[0],
-            self.spec.decision,
+            self.n_best_pool, self.spec.serving.max_answer_len, self.threshold, self.spec.decision
         )
 
     def decode_answers(

@@ -55,7 +55,7 @@ class CandidateTable:
             self.questions.append(ex)
             raw.append(best_exact_f1(ex.answer_texts, p.n_best[0].text)[1])
             for rank, (e, f) in enumerate(zip(head, feats, strict=True)):
-                rows.append([f[n] for n in CANDIDATE_FEATURES])
+                rows.append(f.tolist())
                 labels.append(best_exact_f1(ex.answer_texts, e.text)[1])
                 qrow.append(q)
                 ranks.append(rank)
