@@ -261,8 +261,9 @@ def ask_shipped(model_dir: Path) -> tuple[str, dict[str, str]]:
     scores = provenance["held_out"]
     lines.append(
         f"{right} of {asked} right (exact match), F1 {100 * f1_sum / max(asked, 1):.1f} on these questions: "
-        f"{right_silent} of them unanswerable questions left unanswered, {right - right_silent} answers"
-        + ("" if said_something else " (it answered none of the questions: its rule answers nothing)")
+        f"{right_silent} of the {asked - answerable} unanswerable questions left unanswered; "
+        f"{said_something} answered, {right - right_silent} of them right"
+        + ("" if said_something else " (its rule answers nothing)")
         + f"; the best span is the gold answer on {span_right} of the {answerable} answerable ones. "
         f"On all {scores['questions']:,} questions of its {len(scores['articles'])} held-out articles: "
         f"F1 {scores['f1']:.2f} against {scores['none_f1']:.2f} for answering none, span F1 "

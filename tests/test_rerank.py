@@ -7,7 +7,9 @@ import json
 import math
 import random
 import re
+from collections import Counter
 
+import numpy as np
 import pytest
 
 from qa_core.squad import Prediction, SquadExample, read_squad
@@ -18,7 +20,13 @@ from qa_core.squad.rerank import CANDIDATE_FEATURES, SpanReranker, snap_to_words
 from train.answerability.fit import fit_for
 from train.answerability.rerank_fit import CandidateTable, fit_reranker, reranked
 from train.evaluation.predict import redecide
-from train.experiments.article_stats import sign_test, smallest_sign_test_p, summary, t_interval
+from train.experiments.article_stats import (
+    compare_by_article,
+    sign_test,
+    smallest_sign_test_p,
+    summary,
+    t_interval,
+)
 
 CONTEXT = "The Normans came from Normandy in 911. Their leader Rollo swore fealty to Charles III of France."
 
@@ -178,12 +186,29 @@ def test_sign_test_and_t_interval() -> None:
 
 def test_credible_only_when_every_view_agrees() -> None:
     eight_up = {f"a{i}": 2.0 + 0.1 * i for i in range(8)}
-    assert summary(eight_up, (2.3, 1.0, 3.5), 800)["credible"] == "better"
+    hundred = dict.fromkeys(eight_up, 100)
+    assert summary(eight_up, hundred, (2.3, 1.0, 3.5))["credible"] == "better"
     four_up = dict(list(eight_up.items())[:4])
-    s = summary(four_up, (2.1, 1.0, 3.0), 400)
+    s = summary(four_up, {k: 100 for k in four_up}, (2.1, 1.0, 3.0))
     assert s["credible"] == "no" and s["sign_test_p"] == pytest.approx(0.125)  # 4 articles cannot carry it
     mixed = eight_up | {"a0": -3.0}
-    assert summary(mixed, (1.5, 0.2, 2.9), 800)["credible"] == "no"  # the sign test disagrees
+    assert summary(mixed, hundred, (1.5, 0.2, 2.9))["credible"] == "no"  # the sign test disagrees
+    # the bootstrap disagreeing alone is enough to refuse
+    assert summary(eight_up, hundred, (2.3, -0.1, 3.5))["credible"] == "no"
+
+
+def test_without_a_bootstrap_from_questions_the_articles_give_one() -> None:
+    """No view is ever dropped: with only per-article means, the cluster bootstrap is computed from them
+    and their sizes, the same numbers as resampling the articles' questions."""
+    rng = np.random.default_rng(3)
+    articles = [f"a{i}" for i in range(6) for _ in range(20 + 5 * i)]
+    a, b = rng.random(len(articles)), rng.random(len(articles))
+    from_questions = compare_by_article(a, b, articles)
+    from_articles = summary(from_questions["per_article"], Counter(articles))
+    assert from_articles["bootstrap"] == pytest.approx(from_questions["bootstrap"], abs=1e-9)
+    assert from_articles["mean"] == pytest.approx(from_questions["mean"], abs=1e-9)
+    with pytest.raises(ValueError, match="number of questions"):
+        summary({"a": 1.0, "b": 2.0}, {"a": 10})
 
 
 def test_a_decision_answers_with_the_reranked_span() -> None:

@@ -65,44 +65,69 @@ def compare_by_article(
     av, bv = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     groups = np.asarray(articles)
     per_article = {k: scale * v for k, v in per_group_means(av - bv, list(articles)).items()}
+    sizes = {str(k): int(n) for k, n in zip(*np.unique(groups, return_counts=True), strict=True)}
     diff, low, high = paired_bootstrap(av, bv, groups=groups)
-    return summary(per_article, (scale * diff, scale * low, scale * high), int(av.size))
+    return summary(per_article, sizes, (scale * diff, scale * low, scale * high))
+
+
+def cluster_bootstrap(
+    per_article: Mapping[str, float],
+    sizes: Mapping[str, int],
+    samples: int = 2000,
+    seed: int = 0,
+    level: float = LEVEL,
+) -> tuple[float, float, float]:
+    """``(mean, low, high)``: the question-weighted mean of per-article differences and its percentile
+    interval with whole articles resampled, from each article's mean and question count alone (what a
+    resampling of the articles' questions gives: ``train.squad.paired_bootstrap`` with groups)."""
+    names = sorted(per_article, key=str)
+    n = np.array([float(sizes[k]) for k in names])
+    sums = np.array([per_article[k] for k in names]) * n
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(names), size=(samples, len(names)))
+    means = sums[picks].sum(axis=1) / n[picks].sum(axis=1)
+    tail = (1.0 - level) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return float(sums.sum() / n.sum()), float(low), float(high)
 
 
 def summary(
-    per_article: Mapping[str, float], bootstrap: tuple[float, float, float] | None, questions: int
+    per_article: Mapping[str, float],
+    sizes: Mapping[str, int],
+    bootstrap: tuple[float, float, float] | None = None,
 ) -> dict[str, Any]:
-    """The three views of per-article differences (points) and whether they agree."""
+    """The three views of per-article differences (points; ``sizes``: each article's questions) and
+    whether they agree. ``bootstrap``: the cluster bootstrap's ``(mean, low, high)`` when the caller has
+    it from the questions; otherwise it is computed from the articles' means and sizes. All three views
+    are always computed: none is dropped."""
+    if set(sizes) != set(per_article):
+        raise ValueError("summary: every article needs its number of questions")
     diffs = list(per_article.values())
     t_mean, t_low, t_high = t_interval(diffs)
     p = sign_test(diffs)
-    out: dict[str, Any] = {
+    mean, b_low, b_high = bootstrap if bootstrap is not None else cluster_bootstrap(per_article, sizes)
+    agree_up = t_low > 0 and p < 0.05 and b_low > 0
+    agree_down = t_high < 0 and p < 0.05 and b_high < 0
+    return {
         "articles": len(diffs),
-        "questions": questions,
+        "questions": int(sum(sizes.values())),
         "per_article": dict(per_article),
         "better": sum(d > 0 for d in diffs),
         "worse": sum(d < 0 for d in diffs),
+        "mean": mean,
+        "bootstrap": [b_low, b_high],
         "article_mean": t_mean,
         "t_interval": [t_low, t_high],
         "sign_test_p": p,
         "smallest_possible_p": smallest_sign_test_p(len(diffs)),
+        "credible": "better" if agree_up else "worse" if agree_down else "no",
     }
-    agree_up = t_low > 0 and p < 0.05
-    agree_down = t_high < 0 and p < 0.05
-    if bootstrap is not None:
-        out["mean"], out["bootstrap"] = bootstrap[0], [bootstrap[1], bootstrap[2]]
-        agree_up = agree_up and bootstrap[1] > 0
-        agree_down = agree_down and bootstrap[2] < 0
-    out["credible"] = "better" if agree_up else "worse" if agree_down else "no"
-    return out
 
 
 def describe(s: Mapping[str, Any]) -> str:
     """One line: mean, both intervals, the sign test and what they carry together."""
-    parts = []
-    if "mean" in s:
-        lo, hi = s["bootstrap"]
-        parts.append(f"{s['mean']:+.2f} [{lo:+.2f}, {hi:+.2f}] (articles resampled)")
+    lo, hi = s["bootstrap"]
+    parts = [f"{s['mean']:+.2f} [{lo:+.2f}, {hi:+.2f}] (articles resampled)"]
     lo, hi = s["t_interval"]
     parts.append(f"article mean {s['article_mean']:+.2f}, t interval [{lo:+.2f}, {hi:+.2f}]")
     parts.append(

@@ -12,6 +12,7 @@ with the scored articles: every article there was ranked by a model that never s
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -120,13 +121,18 @@ def build_report(rows: Sequence[Mapping[str, Any]], cross_fitted: Mapping[str, A
     }
     if cross_fitted:
         cal = {t: v["reranked"] - v["reader"] for t, v in cross_fitted.items()}
-        report["calibration_cross_fitted"] = summary(
-            cal, None, sum(v["questions"] for v in cross_fitted.values())
-        )
-        pooled = cal | report["reranked_vs_reader"]["per_article"]
-        report["pooled_out_of_fold"] = summary(
-            pooled, None, report["calibration_cross_fitted"]["questions"] + len(spans)
-        )
+        cal_sizes = {t: int(v["questions"]) for t, v in cross_fitted.items()}
+        report["calibration_cross_fitted"] = summary(cal, cal_sizes)
+        held = report["reranked_vs_reader"]
+        pooled = cal | held["per_article"]
+        held_sizes = {t: int(n) for t, n in Counter(articles).items()}
+        report["pooled_out_of_fold"] = summary(pooled, cal_sizes | held_sizes)
+        # what the pool mixes: the calibration articles each ranked by a re-ranker fitted on the other
+        # calibration articles, the held-out ones by the shipped re-ranker (fitted on all of them)
+        report["pooled_out_of_fold"]["rankers"] = {
+            "leave_one_article_out": sorted(cal),
+            "shipped": sorted(held["per_article"]),
+        }
     return report
 
 

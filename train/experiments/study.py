@@ -230,8 +230,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             name = f"{r.name} ensemble of {len(members)} seeds"
             comparisons.append((name, _compare_rules(study, name, members, fit_examples, held_examples)))
     baseline = no_answer_baseline(held_examples)
+    pretrained = any(r.base == "pretrained" for r in runs)
     write_report(
-        out, args, rows, baseline, stages.seconds, len(fit_examples), held_examples, honest_threshold
+        out,
+        args,
+        rows,
+        baseline,
+        stages.seconds,
+        len(fit_examples),
+        held_examples,
+        honest_threshold,
+        pretrained,
     )
     with open(out / "RESULTS.md", "a") as fh:
         articles = len({ex.title for ex in held_examples})

@@ -73,7 +73,16 @@ def span_quality(examples, nbest: dict) -> dict:
 KEYS = ("exact", "f1", "HasAns_f1", "NoAns_f1", "best_f1", "span_exact", "span_f1")
 
 
-def write_report(out: Path, args, rows, baseline, seconds, n_fit: int, held_examples, honest: bool) -> None:
+def pretraining_line(args, pretrained: bool) -> str:
+    """What the report says of pretraining: its size only when a run started from it."""
+    if not pretrained:
+        return "Pretraining: none (every run starts from random weights)"
+    return f"Pretraining: {args.pretrain_steps} steps x {args.pretrain_batch} x {args.seq_len} tokens"
+
+
+def write_report(
+    out: Path, args, rows, baseline, seconds, n_fit: int, held_examples, honest: bool, pretrained: bool
+) -> None:
     lines = [
         "| run | " + " | ".join(KEYS) + " |",
         "| --- |" + " --- |" * len(KEYS),
@@ -91,8 +100,8 @@ def write_report(out: Path, args, rows, baseline, seconds, n_fit: int, held_exam
         f"# End-to-end study ({args.config} preset, {args.head} head)",
         "",
         f"Fine-tuned on {n_fit} questions; evaluated on {len(held_examples)} questions never trained on "
-        f"({n_ans} answerable). Answerability fitted on {where}. Pretraining: {args.pretrain_steps} "
-        f"steps x {args.pretrain_batch} x {args.seq_len} tokens; synthetic stage: {args.synth_steps} steps; "
+        f"({n_ans} answerable). Answerability fitted on {where}. {pretraining_line(args, pretrained)}; "
+        f"synthetic stage: {args.synth_steps} steps; "
         f"fine-tuning: {args.finetune_steps} steps x {args.finetune_batch} windows of {args.max_seq_len}.",
         "",
         *lines,
