@@ -166,7 +166,8 @@ def results_markdown(report: Mapping[str, Any], rule: str) -> str:
         c, p = report["calibration_cross_fitted"], report["pooled_out_of_fold"]
         lines += [
             f"- on the calibration articles, each ranked by a model fitted on the others: {describe(c)}",
-            f"- pooled, every article ranked by a model that never saw it: {describe(p)}",
+            f"- pooled, every article ranked by a model that never saw it (the calibration articles by "
+            f"leave-one-article-out re-rankers, the held-out ones by the shipped one): {describe(p)}",
         ]
     auc = "–" if d["roc_auc"] is None else f"{d['roc_auc']:.3f}"
     lines += [
