@@ -1,0 +1,79 @@
+"""`python -m train.crossfit` on a tiny budget: every article is scored by readers, a re-ranker and a rule
+that never saw it, and the report carries all three views of every difference."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from paths import REPO
+
+from qa_core.squad import read_squad
+from train.crossfit import main
+from train.experiments.pipeline_crossfit import assign_folds
+
+SAMPLE = REPO / "data" / "sample"
+TINY = ["--config", "tiny", "--vocab", "1000", "--synth-steps", "2", "--synth-per-sentence", "1"]
+TINY += ["--finetune-steps", "3", "--finetune-batch", "2", "--max-seq-len", "96", "--doc-stride", "48"]
+TINY += ["--no-progress"]
+
+
+def labelled_cut(path: Path, paragraphs: int = 2) -> Path:
+    """The sample's five labelled articles, each cut to its first paragraphs (a tiny budget)."""
+    data = {"version": "v2.0", "data": []}
+    for name in ("train", "calibration", "dev"):
+        for article in json.loads((SAMPLE / f"{name}.json").read_text())["data"]:
+            data["data"].append({**article, "paragraphs": article["paragraphs"][:paragraphs]})
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_folds_are_balanced_deterministic_and_refuse_impossible_counts() -> None:
+    data = {
+        "data": [
+            {"title": t, "paragraphs": [{"qas": [{}] * n}]}
+            for t, n in zip("abcde", (9, 7, 5, 3, 1), strict=True)
+        ]
+    }
+    folds = assign_folds(data, 2)
+    assert folds == {"a": 0, "b": 1, "c": 1, "d": 0, "e": 0}  # 9 + 3 + 1 = 13 against 7 + 5 = 12
+    assert assign_folds(data, 2) == folds
+    for bad in (1, 6):
+        with pytest.raises(ValueError, match="--folds"):
+            assign_folds(data, bad)
+
+
+def test_every_article_is_scored_out_of_fold_with_every_view(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "crossfit"
+    labelled = labelled_cut(tmp_path / "labelled.json")
+    args = [*TINY, "--labelled", str(labelled), "--corpus", str(SAMPLE / "corpus.json"), "--folds", "2"]
+    assert main([*args, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    folds = json.loads((out / "folds.json").read_text())
+    titles = {ex.title for ex in read_squad(labelled)}
+    assert set(folds) == titles and set(folds.values()) == {0, 1}
+    for f in (0, 1):  # each reader trained on the other fold's articles only; each fold scored by its own
+        trained = {ex.title for ex in read_squad(out / f"fold-{f}" / "train.json")}
+        held = {ex.title for ex in read_squad(out / f"fold-{f}" / "heldout.json")}
+        assert held == {t for t, g in folds.items() if g == f} and not trained & held
+        assert trained | held == titles
+        meta = json.loads((out / f"fold-{f}" / "reader" / "metadata.json").read_text())
+        assert meta["step"] == 3
+    synthetic = {a["title"] for a in json.loads((out / "synthetic.json").read_text())["data"]}
+    assert synthetic.isdisjoint(titles)  # the shared stages read no labelled text
+    report = json.loads((out / "crossfit.json").read_text())
+    assert set(report["per_article"]) == titles and report["articles"] == len(titles)
+    assert report["questions"] == len(read_squad(labelled))
+    for summary in (report["reranked_vs_reader"], report["decision"]["vs_none"]):  # no view dropped
+        assert {"bootstrap", "t_interval", "sign_test_p", "credible"} <= set(summary)
+        low, high = summary["bootstrap"]
+        assert low <= summary["mean"] <= high
+    assert set(report["rules"]) == {"0", "1"}
+    page = (out / "RESULTS.md").read_text()
+    assert page in printed and "re-ranked vs reader" in page and "sign test" in page
+    assert all(f"| {t} |" in page for t in titles)
+    assert (out / "crossfit.png").stat().st_size > 5000
+    # a second call reuses every trained stage
+    assert main([*args, "--out", str(out)]) == 0
+    assert "done in" not in capsys.readouterr().out

@@ -1,0 +1,364 @@
+"""`python -m train.crossfit`: every labelled article scored by a pipeline that never saw it.
+
+A study that holds out a few articles can say little (three articles: the smallest sign-test p is 0.25)
+and spends the rest on fitting. Here the labelled articles are split into ``--folds`` folds of about
+equal questions, and every stage that reads labels is cross-fitted by fold:
+
+1. A tokenizer and a synthetic-question stage on the unlabelled ``--corpus`` only (shared by every fold:
+   they read no labelled text, so no fold's articles are in them).
+2. Per fold, a reader fine-tuned from that stage on the other folds' articles; its n-best spans for the
+   fold's own questions are the out-of-fold outputs.
+3. Per fold, nested: the span re-ranker and the answerability rule (question verifier included) fitted on
+   the *other* folds' out-of-fold outputs, then applied unchanged to the fold. So every question's answer
+   comes from a reader, a re-ranker and a rule none of which saw its article.
+
+Reported per article and over all of them, each difference with the cluster bootstrap, Student's t over
+articles and the exact sign test (`train.experiments.article_stats`): span F1 of the reader's best span and
+of the re-ranked one on the answerable questions, the decided answers against answering none, and the ROC
+AUC of P(answerable). Stages are reused when their outputs exist (``--resume``-safe by construction), so an
+interrupted run continues where it stopped. The cost is the synthetic stage once plus ``--folds`` readers
+(then a few minutes of predicting and fitting): reader-v3's stages took 45 min (3,000 synthetic steps) and
+35 min (3,000 fine-tuning steps) on 2 cores of an AVX-512 EPYC, so 5 folds are about 3.5 hours there, and
+about twice that on the AVX2-only machine (docs/study.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qa_core.squad import (
+    Answerability,
+    Prediction,
+    SquadExample,
+    load_dataset,
+    merge_datasets,
+    read_squad,
+    write_squad,
+)
+from train.answerability.estimators import roc_auc
+from train.answerability.fit import fit_for
+from train.common.cli import Parser
+from train.common.dataclass_flags import add_flags
+from train.evaluation.predict import redecide
+from train.experiments.article_stats import compare_by_article, describe
+from train.experiments.heldout import predict_files
+from train.experiments.runs import given
+from train.experiments.study import Stages
+from train.experiments.study_flags import short_batch_flag
+from train.experiments.synth import SynthConfig, write_synthetic
+from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
+from train.squad.metrics import best_exact_f1
+from train.tokenizer import train_spm
+
+# The reader-v3 recipe (docs/study/reader-v3/run.sh): random init, synthetic questions with hard negatives,
+# the exact-match feature, plausible answers as span targets.
+HARD_NEGATIVES = 0.5
+SYNTH_KEEP_OUT_OF_WINDOW = 0.2
+LAYER_DECAY = 0.9
+
+
+def assign_folds(dataset: Mapping[str, Any], folds: int) -> dict[str, int]:
+    """Each article's fold: the largest articles first, each into the fold with the fewest questions so
+    far (the lowest fold on ties), so folds hold about equal questions; deterministic."""
+    sizes = {a["title"]: sum(len(p["qas"]) for p in a["paragraphs"]) for a in dataset["data"]}
+    if not 2 <= folds <= len(sizes):
+        raise ValueError(f"--folds must be from 2 to the number of articles ({len(sizes)}), got {folds}")
+    load = [0] * folds
+    out: dict[str, int] = {}
+    for title in sorted(sizes, key=lambda t: (-sizes[t], t)):
+        f = min(range(folds), key=lambda i: (load[i], i))
+        out[title] = f
+        load[f] += sizes[title]
+    return out
+
+
+def _subset(dataset: Mapping[str, Any], titles: set[str]) -> dict[str, Any]:
+    return {"version": "v2.0", "data": [a for a in dataset["data"] if a["title"] in titles]}
+
+
+@dataclass(frozen=True)
+class FoldOutputs:
+    """One fold's questions with the out-of-fold reader's predictions and the nested rule's decisions."""
+
+    examples: list[SquadExample]
+    reader: dict[str, Prediction]  # the fold's reader, decided by nothing fitted (its spans as decoded)
+    decided: dict[str, Prediction]  # re-ranked and decided by the rule fitted on the other folds
+
+
+def question_rows(outputs: Sequence[FoldOutputs], fold_of: Mapping[str, int]) -> list[dict[str, Any]]:
+    """One row per question: its article and fold, the reader's and the re-ranked best span's F1 (answerable
+    questions), the decided answer's F1 and answering none's, P(answerable) and whether it is."""
+    rows = []
+    for out in outputs:
+        for ex in out.examples:
+            golds = ex.answer_texts or [""]
+            reader, decided = out.reader[ex.qas_id], out.decided[ex.qas_id]
+            rows.append(
+                {
+                    "article": ex.title,
+                    "fold": fold_of[ex.title],
+                    "answerable": bool(ex.answers),
+                    "reader_f1": best_exact_f1(golds, reader.best_span_text)[1],
+                    "reranked_f1": best_exact_f1(golds, decided.best_span_text)[1],
+                    "decided_f1": best_exact_f1(golds, decided.text)[1],
+                    "none_f1": best_exact_f1(golds, "")[1],
+                    "answered": not decided.is_impossible,
+                    "answerable_prob": decided.answerable_prob,
+                }
+            )
+    return rows
+
+
+def report(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Span F1 (reader vs re-ranked), the decision vs answering none and the ROC AUC, over every article
+    and per article, each difference with its three views over articles."""
+
+    def column(rs: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
+        return np.array([r[key] for r in rs], dtype=np.float64)
+
+    spans = [r for r in rows if r["answerable"]]
+    articles = sorted({r["article"] for r in rows})
+    per_article = {}
+    for title in articles:
+        mine = [r for r in rows if r["article"] == title]
+        mine_spans = [r for r in mine if r["answerable"]]
+        labels = column(mine, "answerable")
+        per_article[title] = {
+            "fold": mine[0]["fold"],
+            "questions": len(mine),
+            "answerable": len(mine_spans),
+            "reader_span_f1": 100 * float(column(mine_spans, "reader_f1").mean()) if mine_spans else None,
+            "reranked_span_f1": 100 * float(column(mine_spans, "reranked_f1").mean()) if mine_spans else None,
+            "decided_f1": 100 * float(column(mine, "decided_f1").mean()),
+            "none_f1": 100 * float(column(mine, "none_f1").mean()),
+            "answered": sum(bool(r["answered"]) for r in mine),
+            "roc_auc": roc_auc(column(mine, "answerable_prob"), labels)
+            if 0 < labels.sum() < len(mine)
+            else None,
+        }
+    return {
+        "articles": len(articles),
+        "questions": len(rows),
+        "answerable": len(spans),
+        "span_f1": {
+            "reader": 100 * float(column(spans, "reader_f1").mean()),
+            "reranked": 100 * float(column(spans, "reranked_f1").mean()),
+        },
+        "reranked_vs_reader": compare_by_article(
+            column(spans, "reranked_f1"), column(spans, "reader_f1"), [r["article"] for r in spans]
+        ),
+        "decision": {
+            "answered": sum(bool(r["answered"]) for r in rows),
+            "f1": 100 * float(column(rows, "decided_f1").mean()),
+            "none_f1": 100 * float(column(rows, "none_f1").mean()),
+            "vs_none": compare_by_article(
+                column(rows, "decided_f1"), column(rows, "none_f1"), [r["article"] for r in rows]
+            ),
+            "roc_auc": roc_auc(column(rows, "answerable_prob"), column(rows, "answerable")),
+        },
+        "per_article": per_article,
+    }
+
+
+def results_markdown(r: Mapping[str, Any], folds: int) -> str:
+    """The report as a page: the three claims over all articles, then one row per article."""
+    s, d = r["span_f1"], r["decision"]
+    lines = [
+        f"# Cross-fitted over {r['articles']} articles ({folds} folds)",
+        "",
+        f"{r['questions']} questions, {r['answerable']} answerable; every answer from a reader, re-ranker "
+        "and rule fitted without its article.",
+        "",
+        f"- span F1, answerable questions, decision off: reader {s['reader']:.2f}, re-ranked "
+        f"{s['reranked']:.2f}; re-ranked vs reader: {describe(r['reranked_vs_reader'])}",
+        f"- decided: F1 {d['f1']:.2f} against {d['none_f1']:.2f} for answering none ({d['answered']} "
+        f"answered); vs none: {describe(d['vs_none'])}",
+        f"- ROC AUC of P(answerable): {d['roc_auc']:.3f}",
+        "",
+        "| article | fold | questions | answerable | reader span F1 | re-ranked span F1 | decided F1 | none F1 "
+        "| answered | ROC AUC |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for title, a in r["per_article"].items():
+        cells = [
+            title,
+            str(a["fold"]),
+            str(a["questions"]),
+            str(a["answerable"]),
+            *(
+                "–" if a[k] is None else f"{a[k]:.2f}"
+                for k in ("reader_span_f1", "reranked_span_f1", "decided_f1", "none_f1")
+            ),
+            str(a["answered"]),
+            "–" if a["roc_auc"] is None else f"{a['roc_auc']:.3f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_articles(path: Path, r: Mapping[str, Any]) -> None:
+    """Per article: the reader's and the re-ranked span F1, and the decision's gain over answering none."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    titles = list(r["per_article"])
+    a = r["per_article"]
+    x = np.arange(len(titles))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(7, 0.6 * len(titles)), 7), sharex=True)
+    for offset, key, label in ((-0.2, "reader_span_f1", "reader"), (0.2, "reranked_span_f1", "re-ranked")):
+        top.bar(x + offset, [a[t][key] or 0.0 for t in titles], 0.4, label=label)
+    top.set_ylabel("span F1 (answerable)")
+    top.legend()
+    bottom.bar(x, [a[t]["decided_f1"] - a[t]["none_f1"] for t in titles], 0.6, color="tab:green")
+    bottom.axhline(0.0, color="black", linewidth=0.8)
+    bottom.set_ylabel("decided F1 - none F1")
+    bottom.set_xticks(x, titles, rotation=60, ha="right", fontsize=8)
+    fig.suptitle("each article scored out of fold")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m train.crossfit", description=(__doc__ or "").splitlines()[0])
+    p.add_argument(
+        "--labelled", nargs="+", required=True, help="SQuAD 2.0 files whose every article is scored"
+    )
+    p.add_argument(
+        "--corpus",
+        nargs="+",
+        required=True,
+        help="unlabelled text: the tokenizer's and the synthetic questions'",
+    )
+    p.add_argument("--folds", type=int, default=5, help="folds of articles (readers trained)")
+    p.add_argument("--vocab", type=int, default=4000, help="the tokenizer's vocabulary")
+    p.add_argument("--config", default="small", help="the readers' model preset")
+    p.add_argument("--seed", type=int, default=0)
+    add_flags(p, FinetuneConfig, ("steps", "lr"), {"steps": 3000, "lr": 5e-4}, prefix="synth")
+    add_flags(p, SynthConfig, ("per_sentence",), {"per_sentence": 4}, prefix="synth")
+    add_flags(
+        p,
+        FinetuneConfig,
+        ("steps", "batch_size", "lr"),
+        {"steps": 3000, "batch_size": 16, "lr": 5e-4},
+        prefix="finetune",
+        spell=short_batch_flag("finetune"),
+    )
+    add_flags(
+        p,
+        FinetuneConfig,
+        ("max_seq_len", "doc_stride", "threads", "no_progress"),
+        {"max_seq_len": 192, "doc_stride": 128},
+    )
+    p.add_argument("--out", default="runs/crossfit", help="where every stage and the report go")
+    return p
+
+
+def _finetune(args, stages: Stages, name: str, settings: Mapping[str, Any]) -> Path:
+    out = Path(settings["out"])
+    common = {"max_seq_len": args.max_seq_len, "doc_stride": args.doc_stride, "seed": args.seed}
+    common |= {"threads": args.threads} if args.threads else {}
+    common |= {"no_progress": True} if args.no_progress else {}
+    common |= {
+        "layer_decay": LAYER_DECAY,
+        "plausible_spans": True,
+        "answerability": "cls",
+    }  # a rule is fitted here, nested
+    config = given(FinetuneConfig, **{**common, **settings})
+    stages.run(name, out / "metadata.json", FinetuneRecipe(config).run)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    labelled = merge_datasets(args.labelled)
+    fold_of = assign_folds(labelled, args.folds)
+    (out / "folds.json").write_text(json.dumps(fold_of, indent=2, ensure_ascii=False) + "\n")
+    stages = Stages()
+    corpus = [str(c) for c in args.corpus]
+    tok = out / "tokenizer"
+    stages.run(
+        "tokenizer (corpus only)", tok / "spiece.model", partial(train_spm, corpus, str(tok), args.vocab)
+    )
+    synthetic = out / "synthetic.json"
+    cfg = SynthConfig(per_sentence=args.synth_per_sentence, hard_negatives=HARD_NEGATIVES, seed=args.seed)
+    stages.run(
+        "synthetic questions (corpus only)", synthetic, partial(write_synthetic, corpus, str(synthetic), cfg)
+    )
+    generated = load_dataset(synthetic)
+    synth_dev = write_squad(_subset(generated, {generated["data"][0]["title"]}), out / "synthetic-dev.json")
+    stage = _finetune(
+        args,
+        stages,
+        "synthetic stage",
+        {
+            "config": args.config,
+            "spm": str(tok),
+            "question_match": True,
+            "keep_out_of_window": SYNTH_KEEP_OUT_OF_WINDOW,
+            "train_file": str(synthetic),
+            "dev_file": str(synth_dev),
+            "out": str(out / "synth-stage"),
+            "steps": args.synth_steps,
+            "lr": args.synth_lr,
+            "batch_size": args.finetune_batch,
+            "eval_every": args.synth_steps,
+            "save_every": args.synth_steps,
+        },
+    )
+    examples: dict[int, list[SquadExample]] = {}
+    titles = {f: {t for t, g in fold_of.items() if g == f} for f in range(args.folds)}
+    readers: dict[int, dict[str, Prediction]] = {}
+    for f in range(args.folds):
+        fold_dir = out / f"fold-{f}"
+        train = _subset(labelled, set(fold_of) - titles[f])
+        write_squad(train, fold_dir / "train.json")
+        write_squad(_subset(train, {train["data"][0]["title"]}), fold_dir / "dev.json")  # a training article
+        held = write_squad(_subset(labelled, titles[f]), fold_dir / "heldout.json")
+        reader = _finetune(
+            args,
+            stages,
+            f"reader {f} ({len(titles[f])} articles held out)",
+            {
+                "init": str(stage),
+                "train_file": str(fold_dir / "train.json"),
+                "dev_file": str(fold_dir / "dev.json"),
+                "out": str(fold_dir / "reader"),
+                "steps": args.finetune_steps,
+                "lr": args.finetune_lr,
+                "batch_size": args.finetune_batch,
+                "eval_every": args.finetune_steps,
+                "save_every": args.finetune_steps,
+            },
+        )
+        examples[f] = read_squad(held)
+        readers[f] = predict_files([reader], examples[f], progress=not args.no_progress).predictions
+    outputs = []
+    rules: dict[int, Any] = {}
+    for f in range(args.folds):
+        others = [ex for g in range(args.folds) if g != f for ex in examples[g]]
+        other_preds = {q: p for g in range(args.folds) if g != f for q, p in readers[g].items()}
+        try:
+            rule = fit_for("auto", others, others, other_preds, rerank=True)
+        except ValueError as exc:  # too few questions of either kind to fit on: the reader's cls decides
+            print(f"[fold {f}] no rule fitted ({exc}): sigmoid(cls_logit) at 0.5 decides", flush=True)
+            rule = Answerability.cls_only(0.5)
+        rules[f] = rule.report.get("decision", "cls only (not fitted)")
+        outputs.append(FoldOutputs(examples[f], readers[f], redecide(examples[f], readers[f], rule)))
+    r = report(question_rows(outputs, fold_of)) | {"folds": fold_of, "rules": rules}
+    (out / "crossfit.json").write_text(json.dumps(r, indent=2, ensure_ascii=False) + "\n")
+    (out / "RESULTS.md").write_text(results_markdown(r, args.folds))
+    plot_articles(out / "crossfit.png", r)
+    print((out / "RESULTS.md").read_text())
+    return 0
