@@ -14,7 +14,7 @@ product here, not a product per chunk (six nodes a chunk): each chunk's window o
 table is one Gather of rows by an index built once per forward (`chunk_rows`), and the relative shift of
 every chunk is the same slices of the product read flat (`train.model.fused.PositionChunk`). Chunks of
 equal rows need a length that is a multiple of their count: the model pads its inputs up to one with
-masked padding tokens (`pad_inputs`) and cuts its output back, once per forward. 22 nodes a layer as
+masked padding tokens (`pad_inputs`) and cuts its output back, once per forward. 23 nodes a layer as
 onnxruntime runs the int8 graph, against 54 for the plain one.
 
 Used only while exporting the CPU graph (`exporting`): eager and the graph runners keep the plain
