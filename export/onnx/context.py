@@ -48,4 +48,7 @@ class ExportContext:
         self.reference = run_all(torch_runner(module), self.batches) if options.verify else []
         self.record: dict[str, Any] = {}
         self.raw = self.work / "raw.onnx"
-        self.fp32_result: Comparison | None = None
+        self.fp32_result: Comparison | None = None  # the portable graph's verification
+        self.cpu_result: Comparison | None = None  # the fused-attention CPU graph's, when there is one
+        self.trace_len = 0  # the export's trace shape [2, trace_len] (`ExportSteps.graph`)
+        self.trace: dict[str, Any] = {}

@@ -91,6 +91,11 @@ class OnnxExportOptions:
         help="also verify on this onnxruntime provider (cuda, tensorrt, cpu; repeatable): the graph it would "
         "serve, on that provider; a session that falls back to another provider fails the export",
     )
+    fused_attention: bool = flag(
+        False,
+        help="fp32/int8: the CPU graph (model.onnx) runs each layer's attention as onnxruntime's "
+        "com.microsoft::MultiHeadAttention; the standard-ops graph stays beside it for other runtimes",
+    )
 
     def __post_init__(self) -> None:
         names = tuple(dict.fromkeys(canonical_provider(p) for p in self.verify_providers))

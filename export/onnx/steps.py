@@ -24,6 +24,9 @@ from export.onnx.precision import quantize_int8, to_fp16
 from export.onnx.torch_export import export_graph
 from export.onnx.verify import DEFAULT_TOLERANCE, Comparison, compare, run_all, sample_batches
 from qa_core.runtime.sessions import runner, session
+from train.model.contrib_attention import DOMAIN, OP_TYPE
+
+CONTRIB_ATTENTION = f"{DOMAIN}.{OP_TYPE}"  # as `op_counts` and `nonstandard_ops` name it
 
 
 class ExportSteps(ExportContext):
@@ -34,10 +37,11 @@ class ExportSteps(ExportContext):
         c = self.config
         dims = {c.d_model, c.n_head, c.d_head, c.d_inner, c.vocab_size, 2 * c.d_model}
         dims |= {c.start_n_top, c.end_n_top, c.start_n_top * c.end_n_top, 64, 128, 256, 384, 512}
-        trace_len = trace_length_for(dims)
-        trace = sample_batches(self.tokenizer, [(2, trace_len)], c.vocab_size, seed=1)[0]
+        self.trace_len = trace_len = trace_length_for(dims)
+        self.trace = sample_batches(self.tokenizer, [(2, trace_len)], c.vocab_size, seed=1)[0]
         portable = self.work / "portable.onnx"
-        self.record["exporter"] = export_graph(self.module, self.raw, self.options.opset, trace)
+        self.record["exporter"] = export_graph(self.module, self.raw, self.options.opset, self.trace)
+        self.record["exporter"]["cpu_attention"] = "standard ops"
         optimize_offline(self.raw, portable, level="basic", threads=self.threads)
         model = onnx.load(str(portable))
         if nonstandard_ops(model):
@@ -49,6 +53,25 @@ class ExportSteps(ExportContext):
         )
         self.fp32_result = self.check("fp32 graph (onnxruntime) vs PyTorch", portable, "fp32", fatal=True)
         return portable
+
+    def cpu_graph(self, portable: Path) -> Path:
+        """The graph the CPU main graph is made from: the portable one, or with `fused_attention` a second
+        export whose attention is onnxruntime's contrib operator, checked and verified as the first."""
+        if not self.options.fused_attention:
+            return portable
+        raw, path = self.work / "raw-contrib.onnx", self.work / "contrib.onnx"
+        export_graph(self.module, raw, self.options.opset, self.trace, contrib_attention=True)
+        optimize_offline(raw, path, level="basic", threads=self.threads)
+        model = onnx.load(str(path))
+        if nonstandard_ops(model) != [CONTRIB_ATTENTION]:
+            raise RuntimeError(f"the fused-attention graph has contrib ops {nonstandard_ops(model)}")
+        check_graph(model, self.trace_len)
+        self.record["exporter"]["cpu_attention"] = CONTRIB_ATTENTION
+        self.report(f"exported the CPU graph on {CONTRIB_ATTENTION}: {len(model.graph.node)} nodes")
+        self.cpu_result = self.check(
+            "fused-attention graph (onnxruntime) vs PyTorch", path, "fp32", fatal=True
+        )
+        return path
 
     def check(self, label: str, path: Path, precision: str, fatal: bool) -> Comparison | None:
         """Verify `path` against PyTorch fp32 and report per output."""
@@ -71,10 +94,12 @@ class ExportSteps(ExportContext):
         return result
 
     def fp32(self, portable: Path) -> tuple[Path, Comparison | None, str]:
+        cpu = self.cpu_graph(portable)
+        kept = PORTABLE_FILE if cpu != portable else MODEL_FILE  # the portable graph beside a CPU-only one
         if not self.options.optimize:
-            return portable, self.fp32_result, MODEL_FILE
+            return cpu, self.fp32_result if cpu == portable else self.cpu_result, kept
         optimized = self.work / "optimized.onnx"
-        info = self.record["optimization"] = optimize_offline(portable, optimized, threads=self.threads)
+        info = self.record["optimization"] = optimize_offline(cpu, optimized, threads=self.threads)
         self.report(
             f"optimised offline ({info['level']}): {info['nodes_before']} -> {info['nodes_after']} nodes, "
             f"new ops {info['fused_ops'] or 'none'}"
@@ -84,9 +109,13 @@ class ExportSteps(ExportContext):
             return optimized, result, PORTABLE_FILE
         self.warn("WARNING: the optimised graph does not verify; model.onnx is the unoptimised one")
         info["used"] = False
-        return portable, self.fp32_result, MODEL_FILE
+        return cpu, self.fp32_result if cpu == portable else self.cpu_result, kept
 
     def fp16(self, portable: Path) -> tuple[Path, Comparison | None, str]:
+        if self.options.fused_attention:
+            self.report(
+                "fp16: standard ops (GPU providers and TensorRT serve it; --fused-attention is for the CPU)"
+            )
         path = self.work / "fp16.onnx"
         onnx.save(to_fp16(onnx.load(str(portable))), str(path))
         self.report(
@@ -102,7 +131,10 @@ class ExportSteps(ExportContext):
     def int8(self, portable: Path) -> tuple[Path, Comparison | None, None]:
         path = self.work / "int8.onnx"
         q = self.record["quantization"] = quantize_int8(
-            portable, path, per_channel=self.options.per_channel, heads=self.options.quantize_heads
+            self.cpu_graph(portable),
+            path,
+            per_channel=self.options.per_channel,
+            heads=self.options.quantize_heads,
         )
         kept = f"; kept float: {len(q['excluded'])} ({', '.join(q['excluded'])})" if q["excluded"] else ""
         self.report(

@@ -16,6 +16,7 @@ from qa_core.contract import INPUT_NAMES
 from qa_core.runtime.runner import Feeds, Runner
 from train.model import HEADS
 from train.model import checkpoint as ckpt_io
+from train.model import contrib_attention as contrib
 from train.model.inference import QAInference
 
 PER_TOKEN_OUTPUTS = ("start_logits", "end_logits")
@@ -65,14 +66,18 @@ def torch_runner(module: QAInference) -> Runner:
     return run_torch
 
 
-def export_graph(module: QAInference, path: Path, opset: int, trace_feeds: Feeds) -> dict[str, Any]:
-    """TorchScript ONNX export with dynamic batch/sequence axes, then If folding; returns facts for the sidecar."""
+def export_graph(
+    module: QAInference, path: Path, opset: int, trace_feeds: Feeds, *, contrib_attention: bool = False
+) -> dict[str, Any]:
+    """TorchScript ONNX export with dynamic batch/sequence axes, then If folding; returns facts for the sidecar.
+    With `contrib_attention`, each layer's attention is onnxruntime's ``com.microsoft::MultiHeadAttention``
+    (`train.model.contrib_attention`: a CPU graph, not a portable one)."""
     names = list(module.names)
     axes: dict[str, dict[int, str]] = {n: {0: "batch", 1: "sequence"} for n in INPUT_NAMES}
     for n in names:
         axes[n] = {0: "batch", 1: "sequence"} if n in PER_TOKEN_OUTPUTS else {0: "batch"}
     args = tuple(torch.from_numpy(trace_feeds[n]) for n in INPUT_NAMES)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), contrib.exporting(contrib_attention):
         warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter is a deliberate choice
         torch.onnx.export(
             module,
@@ -84,6 +89,7 @@ def export_graph(module: QAInference, path: Path, opset: int, trace_feeds: Feeds
             opset_version=opset,
             do_constant_folding=True,
             dynamo=False,
+            custom_opsets={contrib.DOMAIN: contrib.OPSET} if contrib_attention else None,
         )
     model = onnx.load(str(path))
     model, folded = fold_static_ifs(model)

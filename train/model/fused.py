@@ -36,7 +36,7 @@ see themselves), and no real token reads a padding row.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple, cast
 
 import torch
@@ -239,12 +239,21 @@ def position_scores(q: torch.Tensor, kr: torch.Tensor, inputs: FusedInputs, n_he
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
 
-def fused_attention(attn: RelativeAttention, h: torch.Tensor, inputs: FusedInputs) -> torch.Tensor:
+# What attends instead of the formulation below: (q, k, v) as the projection gives them ([B, T, N E] and
+# [B, T, N Dh]) -> the attended values [B, T, N Dh] (`train.model.contrib_attention` for the CPU graph).
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def fused_attention(
+    attn: RelativeAttention, h: torch.Tensor, inputs: FusedInputs, attend: Attend | None = None
+) -> torch.Tensor:
     """One layer's content-stream attention, residual and LayerNorm (see the module docstring)."""
     w = cast(FusedAttentionWeights, attn.fused)  # set by XLNetModel.cache_positions(fused=True)
     b, t, n, dh, width = inputs.batch, inputs.length, w.n_head, w.d_head, w.width
     proj = nn.functional.linear(h, w.w_in, w.b_in)
     q, k, v = proj.split([n * width, n * width, n * dh], dim=-1)
+    if attend is not None:
+        return _output(attn, h, w, attend(q, k, v))
     q = q.reshape(b, t, n, width) * inputs.query_mask  # [B, T, N, E]
     k = k.reshape(b, t, n, width) + inputs.key_add
     v = v.reshape(b, t, n, dh)
@@ -258,6 +267,13 @@ def fused_attention(attn: RelativeAttention, h: torch.Tensor, inputs: FusedInput
         scores = q @ k.permute(0, 2, 3, 1) + position_scores(q, w.kr, inputs, n)
         probs = torch.softmax(scores, dim=-1)
         attended = (probs @ v.transpose(1, 2)).transpose(1, 2).reshape(b, t, n * dh)
+    return _output(attn, h, w, attended)
+
+
+def _output(
+    attn: RelativeAttention, h: torch.Tensor, w: FusedAttentionWeights, attended: torch.Tensor
+) -> torch.Tensor:
+    """The output projection, attention-on-attention where the model has it, residual and LayerNorm."""
     out = nn.functional.linear(attended, w.w_out)
     if attn.aoa is not None:
         out = attn.aoa(h, out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import cast
@@ -11,9 +12,17 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from train.model import contrib_attention
 from train.model.attention import additive_mask, masked_fill_value
 from train.model.config import XLNetConfig
-from train.model.fused import FusedAttentionWeights, fused_attention, fused_inputs, segment_gain
+from train.model.fused import (
+    Attend,
+    FusedAttentionWeights,
+    FusedInputs,
+    fused_attention,
+    fused_inputs,
+    segment_gain,
+)
 from train.model.layers import XLNetLayer
 from train.model.layout import question_match
 from train.model.position import attention_masks, relative_positions, segment_difference
@@ -137,6 +146,12 @@ class XLNetModel(nn.Module):
         output_hidden_states: bool,
     ) -> XLNetModelOutput:
         """Content stream, no memory, cached positions: see `train.model.fused`."""
+        contrib = contrib_attention.wanted()
+        real_length = input_ids.shape[1]
+        if contrib:  # its chunks need a multiple of their count: padded here, cut at the end
+            input_ids, attention_mask, token_type_ids = contrib_attention.pad_inputs(
+                input_ids, attention_mask, token_type_ids
+            )
         h = self.embed(input_ids, token_type_ids, attention_mask)
         batch, length = input_ids.shape
         cfg = self.config
@@ -153,16 +168,33 @@ class XLNetModel(nn.Module):
             dtype=h.dtype,
             device=h.device,
         )
+        layers = list(cast("Iterable[XLNetLayer]", self.layer))
+        attends: list[Attend | None] = [None] * len(layers)
+        if contrib:
+            attends = list(self._contrib_attends(layers, inputs))
         hidden: list[torch.Tensor] = []
-        for layer in cast("Iterable[XLNetLayer]", self.layer):
+        for layer, attend in zip(layers, attends, strict=True):
             if output_hidden_states:
-                hidden.append(h)
-            h = layer.ff(fused_attention(layer.rel_attn, h, inputs))
+                hidden.append(h[:, :real_length])
+            h = layer.ff(fused_attention(layer.rel_attn, h, inputs, attend))
+        h = h[:, :real_length] if contrib else h
         if output_hidden_states:
             hidden.append(h)
         return XLNetModelOutput(
             last_hidden_state=h, mems=None, hidden_states=hidden if output_hidden_states else None
         )
+
+    def _contrib_attends(self, layers: list[XLNetLayer], inputs: FusedInputs) -> list[Attend]:
+        """Each layer's attention on onnxruntime's contrib operator (the exporter's CPU graph)."""
+        tables = [cast(FusedAttentionWeights, layer.rel_attn.fused).kr for layer in layers]
+        n_head = self.config.n_head
+        shared = contrib_attention.contrib_inputs(inputs, n_head, tables[0].shape[-1])
+        return [
+            functools.partial(
+                contrib_attention.attention, table=table, shared=shared, inputs=inputs, n_head=n_head
+            )
+            for table in tables
+        ]
 
     def tie_relative_biases(self) -> None:
         """untie_r=False: one r_w/r_r/r_s bias shared by all layers (the original's default)."""
