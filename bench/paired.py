@@ -69,6 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--backend", default="onnx", choices=SERVER_BACKENDS)
     p.add_argument("--repo", type=Path, required=True, help='the other checkout ("before")')
     p.add_argument("--server-python", help="the other checkout's interpreter (its own dependencies)")
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=DEV,
+        help="SQuAD JSON whose questions are asked (bench.one_window: one window each)",
+    )
     p.add_argument("--questions", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20, help="questions sent first and not counted")
     p.add_argument("--threads", type=int, default=1)
@@ -80,12 +86,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     if any(m not in MODES for m in modes):
         p.error(f"--modes: choose from {sorted(MODES)}")
-    pairs = load_pairs(DEV)
+    pairs = load_pairs(args.data)
     asked = (pairs * (args.questions // len(pairs) + 1))[: args.questions]
     warm = asked[: args.warmup]
     _, engine = bare_latencies(args.model, args.backend, args.threads, warm + asked, args.server_args)
     engine = engine[len(warm) :]
-    report: dict = {"machine": cpu_summary(), "questions": len(asked), "modes": {}}
+    report: dict = {"machine": cpu_summary(), "data": str(args.data), "questions": len(asked), "modes": {}}
     print(f"# bench.paired: {args.backend} backend, {args.threads} thread(s); after = this tree, "
           f"before = {args.repo}; {cpu_summary()}\n")  # fmt: skip
     for mode in modes:
