@@ -96,6 +96,11 @@ class OnnxExportOptions:
         help="fp32/int8: the CPU graph (model.onnx) runs each layer's attention as onnxruntime's "
         "com.microsoft::MultiHeadAttention; the standard-ops graph stays beside it for other runtimes",
     )
+    int8_attention: bool = flag(
+        False,
+        help="int8: also the attention products (two activations, each quantized per call), not only the "
+        "MatMuls with constant weights (slower than float products on a 2-core AVX-512 EPYC: BENCHMARKS.md)",
+    )
 
     def __post_init__(self) -> None:
         names = tuple(dict.fromkeys(canonical_provider(p) for p in self.verify_providers))

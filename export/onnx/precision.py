@@ -98,19 +98,31 @@ def _drop_duplicate_nodes(model: onnx.ModelProto) -> None:
 
 
 def quantize_int8(
-    src: str | os.PathLike, dst: str | os.PathLike, *, per_channel: bool = False, heads: bool = False
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    per_channel: bool = False,
+    heads: bool = False,
+    activations: bool = False,
 ) -> dict[str, Any]:
     """Dynamic int8 quantization of `src` into `dst`; returns counts of what was quantized.
 
     Every backbone MatMul with a constant weight is quantized; the QA heads' own MatMuls only with
     `heads` (see the module doc). Per-channel scales exist only for 2-D weights in onnxruntime's
     MatMulInteger kernels, so with `per_channel` a batched (3-D) weight stays float (the fused layers have
-    none; a graph that has one, e.g. a reference layer's segment term, keeps it float).
+    none; a graph that has one, e.g. a reference layer's segment term, keeps it float). With `activations`
+    the backbone's products of two activations (the attention's scores and value products) are quantized
+    too, both operands per call (onnxruntime's MatMulConstBOnly off).
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     model = onnx.load(str(src))
     excluded = (batched_weight_matmuls(model) if per_channel else []) + ([] if heads else head_matmuls(model))
+    if activations and not heads:  # the heads' products of two activations stay float too
+        excluded += [
+            n.name for n in model.graph.node if n.op_type == "MatMul" and "/transformer/" not in n.name
+        ]
+        excluded = list(dict.fromkeys(excluded))
     with _quiet_root_logger():  # "consider pre-processing": the input is already constant-folded
         quantize_dynamic(
             str(src),
@@ -121,7 +133,7 @@ def quantize_int8(
             # quantize_dynamic first rewrites a Gemm as "<name>_MatMul" + Add: exclude it by both names
             nodes_to_exclude=excluded + [f"{name}_MatMul" for name in excluded],
             # Tensors produced by contrib ops have no inferred type; they are float here.
-            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True},
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": not activations},
         )
     total, const = matmul_weights(model)
     quantized = sum(
@@ -135,6 +147,7 @@ def quantize_int8(
         "matmuls_with_constant_weight": const,
         "quantized": quantized,
         "heads_quantized": heads,
+        "activation_products_quantized": activations,
         "excluded": excluded,
     }
 

@@ -135,6 +135,7 @@ class ExportSteps(ExportContext):
             path,
             per_channel=self.options.per_channel,
             heads=self.options.quantize_heads,
+            activations=self.options.int8_attention,
         )
         kept = f"; kept float: {len(q['excluded'])} ({', '.join(q['excluded'])})" if q["excluded"] else ""
         self.report(
