@@ -74,6 +74,8 @@ def test_every_article_is_scored_out_of_fold_with_every_view(tmp_path: Path, cap
     assert page in printed and "re-ranked vs reader" in page and "sign test" in page
     assert all(f"| {t} |" in page for t in titles)
     assert (out / "crossfit.png").stat().st_size > 5000
-    # a second call reuses every trained stage
+    # a second call reuses every trained stage and reproduces the report byte for byte from them
+    first = {name: (out / name).read_bytes() for name in ("RESULTS.md", "crossfit.json")}
     assert main([*args, "--out", str(out)]) == 0
     assert "done in" not in capsys.readouterr().out
+    assert {name: (out / name).read_bytes() for name in first} == first
