@@ -268,11 +268,9 @@ def _finetune(args, stages: Stages, name: str, settings: Mapping[str, Any]) -> P
     common = {"max_seq_len": args.max_seq_len, "doc_stride": args.doc_stride, "seed": args.seed}
     common |= {"threads": args.threads} if args.threads else {}
     common |= {"no_progress": True} if args.no_progress else {}
-    common |= {
-        "layer_decay": LAYER_DECAY,
-        "plausible_spans": True,
-        "answerability": "cls",
-    }  # a rule is fitted here, nested
+    # the reader-v3 recipe's settings; no rule here (it is fitted later, nested); a stage an interruption
+    # left unfinished continues from its last checkpoint
+    common |= {"layer_decay": LAYER_DECAY, "plausible_spans": True, "answerability": "cls", "resume": True}
     config = given(FinetuneConfig, **{**common, **settings})
     stages.run(name, out / "metadata.json", FinetuneRecipe(config).run)
     return out
