@@ -26,6 +26,11 @@ from train.squad import paired_bootstrap, per_group_means
 LEVEL = 0.95
 
 
+def column(rows: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
+    """One per-question field of report rows as floats (the reports' per-question tables)."""
+    return np.array([r[key] for r in rows], dtype=np.float64)
+
+
 def sign_test(diffs: Sequence[float]) -> float:
     """Exact two-sided sign test p-value of the differences (zeros dropped; 1.0 when none is left)."""
     d = [x for x in diffs if x != 0.0]

@@ -47,7 +47,7 @@ from train.answerability.fit import fit_for
 from train.common.cli import Parser
 from train.common.dataclass_flags import add_flags
 from train.evaluation.predict import redecide
-from train.experiments.article_stats import compare_by_article, describe
+from train.experiments.article_stats import column, compare_by_article, describe
 from train.experiments.heldout import predict_files
 from train.experiments.runs import given
 from train.experiments.study import Stages
@@ -119,9 +119,6 @@ def question_rows(outputs: Sequence[FoldOutputs], fold_of: Mapping[str, int]) ->
 def report(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Span F1 (reader vs re-ranked), the decision vs answering none and the ROC AUC, over every article
     and per article, each difference with its three views over articles."""
-
-    def column(rs: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
-        return np.array([r[key] for r in rs], dtype=np.float64)
 
     spans = [r for r in rows if r["answerable"]]
     articles = sorted({r["article"] for r in rows})

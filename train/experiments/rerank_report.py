@@ -25,7 +25,7 @@ from qa_core.squad.rerank import snap_to_words
 from train.answerability.estimators import roc_auc
 from train.common.cli import Parser
 from train.evaluation.predict import predict_checkpoint, redecide
-from train.experiments.article_stats import compare_by_article, describe, summary
+from train.experiments.article_stats import column, compare_by_article, describe, summary
 from train.model import checkpoint
 from train.squad.metrics import best_exact_f1
 
@@ -82,10 +82,6 @@ def question_rows(
     return rows
 
 
-def _column(rows: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
-    return np.array([r[key] for r in rows], dtype=np.float64)
-
-
 def build_report(rows: Sequence[Mapping[str, Any]], cross_fitted: Mapping[str, Any] | None) -> dict[str, Any]:
     spans = [r for r in rows if "reader_f1" in r]
     articles = [r["article"] for r in spans]
@@ -94,30 +90,28 @@ def build_report(rows: Sequence[Mapping[str, Any]], cross_fitted: Mapping[str, A
         "questions": len(rows),
         "answerable": len(spans),
         "span_f1": {
-            k: 100 * float(_column(spans, f"{k}_f1").mean()) for k in ("reader", "snapped", "reranked")
+            k: 100 * float(column(spans, f"{k}_f1").mean()) for k in ("reader", "snapped", "reranked")
         },
-        "reranked_span_exact": 100 * float(_column(spans, "reranked_exact").mean()),
-        "oracle_span_f1": {
-            f"top{k}": 100 * float(_column(spans, f"top{k}_f1").mean()) for k in ORACLE_DEPTHS
-        },
+        "reranked_span_exact": 100 * float(column(spans, "reranked_exact").mean()),
+        "oracle_span_f1": {f"top{k}": 100 * float(column(spans, f"top{k}_f1").mean()) for k in ORACLE_DEPTHS},
         "reranked_vs_reader": compare_by_article(
-            _column(spans, "reranked_f1"), _column(spans, "reader_f1"), articles
+            column(spans, "reranked_f1"), column(spans, "reader_f1"), articles
         ),
         "snapped_vs_reader": compare_by_article(
-            _column(spans, "snapped_f1"), _column(spans, "reader_f1"), articles
+            column(spans, "snapped_f1"), column(spans, "reader_f1"), articles
         ),
         "reranked_vs_snapped": compare_by_article(
-            _column(spans, "reranked_f1"), _column(spans, "snapped_f1"), articles
+            column(spans, "reranked_f1"), column(spans, "snapped_f1"), articles
         ),
     }
     all_articles = [r["article"] for r in rows]
     report["decision"] = {
         "answered": sum(bool(r["answered"]) for r in rows),
-        "f1": 100 * float(_column(rows, "decided_f1").mean()),
-        "exact": 100 * float(_column(rows, "decided_exact").mean()),
-        "none_f1": 100 * float(_column(rows, "none_f1").mean()),
-        "vs_none": compare_by_article(_column(rows, "decided_f1"), _column(rows, "none_f1"), all_articles),
-        "roc_auc": roc_auc(_column(rows, "answerable_prob"), np.array([r["answerable"] for r in rows])),
+        "f1": 100 * float(column(rows, "decided_f1").mean()),
+        "exact": 100 * float(column(rows, "decided_exact").mean()),
+        "none_f1": 100 * float(column(rows, "none_f1").mean()),
+        "vs_none": compare_by_article(column(rows, "decided_f1"), column(rows, "none_f1"), all_articles),
+        "roc_auc": roc_auc(column(rows, "answerable_prob"), np.array([r["answerable"] for r in rows])),
     }
     if cross_fitted:
         cal = {t: v["reranked"] - v["reader"] for t, v in cross_fitted.items()}
