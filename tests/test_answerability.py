@@ -74,6 +74,13 @@ def test_question_features_on_crafted_pairs() -> None:
     assert number["numbers_missing_in_sentence"] == 1
     negated = _q("Who did not swear fealty to King Charles III in 911?")  # negation
     assert negated["question_negated"] == negated["negation_mismatch"] == 1
+    assert base["numbers_contradicted"] == 0 and number["numbers_contradicted"] == 1  # 912 where it says 911
+    assert base["bigram_coverage"] == 1.0 and base["key_phrase_elsewhere"] == 0
+    reordered = _q("Who swore Charles fealty to King III in 911?")  # the same words, their relations broken
+    assert reordered["best_sentence_coverage"] == pytest.approx(1.0) and reordered["bigram_coverage"] < 0.5
+    # most of its words are in the second sentence, its phrase "first half" in the third
+    moved = _q("Who swore fealty to King Charles in the first half?")
+    assert moved["key_phrase_elsewhere"] > 0 and base["key_phrase_elsewhere"] == 0
     antonym = _q("When did the duchy emerge in the last half of the 10th century?")  # first -> last
     assert antonym["antonym_in_sentence"] == 1
     assert _q("When did the duchy emerge in the first half of the 10th century?")["antonym_in_sentence"] == 0
@@ -87,6 +94,7 @@ def test_span_features_and_model_features() -> None:
     feats = all_features("Who swore fealty to King Charles III?", index, near, MODEL_FEATURES + SPAN_FEATURES)
     assert feats["cls_logit"] == -1.5 and feats["null_margin"] == -3.0 and feats["span_log_prob"] == -1.0
     assert feats["span_in_best_sentence"] == 1.0 and feats["answer_type_match"] == 1.0  # who -> a name
+    assert feats["span_sentence_coverage"] == pytest.approx(1.0)  # its sentence holds every question word
     far = replace(scores, best_start=0, best_end=len("The Normans"))
     assert all_features("Who swore fealty?", index, far, SPAN_FEATURES)["span_in_best_sentence"] == 0.0
     when = all_features("When did Rollo swear fealty?", index, near, ("answer_type_match",))
@@ -143,7 +151,8 @@ def test_expected_gain_rule(p_answerable: float, span_log_prob: float, answered:
 
 
 def _fitted_example() -> Answerability:
-    verifier = Linear(QUESTION_FEATURES, (0.1,) * 14, (2.0,) * 14, tuple(np.linspace(-1, 1, 14)), 0.2)
+    n = len(QUESTION_FEATURES)
+    verifier = Linear(QUESTION_FEATURES, (0.1,) * n, (2.0,) * n, tuple(np.linspace(-1, 1, n)), 0.2)
     model = Linear((VERIFIER_LOGIT, "cls_logit"), (0.0, -1.0), (1.0, 3.0), (1.3, -0.4), -0.1)
     span = SpanF1(
         Linear(("span_log_prob", "span_in_best_sentence"), (0, 0), (1, 1), (0.1, 0.3), 0.5),
@@ -199,7 +208,12 @@ def _table(n_articles: int = 4, per: int = 60, seed: int = 0) -> Table:
     n = n_articles * per
     y = rng.random(n) < 0.5
     x = np.column_stack(
-        [y + rng.normal(0, 0.8, n), rng.normal(0, 1, n), rng.normal(-2, 1, n), rng.random((n, 4))]
+        [
+            y + rng.normal(0, 0.8, n),
+            rng.normal(0, 1, n),
+            rng.normal(-2, 1, n),
+            rng.random((n, len(SPAN_FEATURES) + 1)),
+        ]
     )
     return Table(
         qids=[f"q{i}" for i in range(n)],

@@ -10,12 +10,11 @@ lexical feature is wanted.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
-
-import numpy as np
 
 from qa_core.text import (
     ANTONYMS,
@@ -53,9 +52,14 @@ QUESTION_FEATURES = (
     "names_missing_in_context",
     "numbers_missing_in_sentence",
     "question_words",
+    # what SQuAD 2.0's unanswerable questions are made of: a plausible question written from a sentence
+    # with one thing changed (a number swapped, the words reordered, the key word moved to another sentence)
+    "numbers_contradicted",
+    "bigram_coverage",
+    "key_phrase_elsewhere",
 )
 # Evidence about the best span (how likely it is to be right, for the expected-gain rule).
-SPAN_FEATURES = ("span_in_best_sentence", "answer_type_match", "span_in_question")
+SPAN_FEATURES = ("span_in_best_sentence", "answer_type_match", "span_in_question", "span_sentence_coverage")
 VERIFIER_LOGIT = "verifier_logit"  # the question verifier's output, an input of the combining model
 FEATURES = MODEL_FEATURES + QUESTION_FEATURES + SPAN_FEATURES + (VERIFIER_LOGIT,)
 NO_SPAN_LOG_PROB = -30.0  # span_log_prob when no valid span exists (far below any real span)
@@ -122,6 +126,40 @@ class ContextIndex:
             )
         return found
 
+    @functools.cached_property
+    def postings(self) -> dict[str, list[int]]:
+        """Each content stem's sentences, in order: a question's coverage of every sentence is then a
+        pass over its own stems, not over every sentence."""
+        out: dict[str, list[int]] = {}
+        for i, stems in enumerate(self.sentence_stems):
+            for s in stems:
+                out.setdefault(s, []).append(i)
+        return out
+
+    def sentence_numbers(self, sentence: int) -> set[str]:
+        """The numbers one sentence names (text.numbers), found once per sentence."""
+        cache = self.__dict__.setdefault("_sentence_numbers", {})
+        found = cache.get(sentence)
+        if found is None:
+            a, b = self.sentences[sentence]
+            found = cache[sentence] = numbers(self.context[a:b], self.sentence_words[sentence])
+        return found
+
+    @functools.cached_property
+    def _sentence_pairs(self) -> list[set[tuple[str, str]]]:
+        sequences = [content_stems(self.context[a:b]) for a, b in self.sentences]
+        return [set(zip(q, q[1:], strict=False)) for q in sequences]
+
+    def sentence_pairs(self, sentence: int) -> set[tuple[str, str]]:
+        """One sentence's adjacent content-stem pairs, in the order written; built for every sentence
+        when a question first asks (a cached context's questions share them)."""
+        return self._sentence_pairs[sentence]
+
+    @functools.cached_property
+    def pairs(self) -> set[tuple[str, str]]:
+        """Every sentence's adjacent content-stem pairs."""
+        return set().union(*self._sentence_pairs)
+
     def sentence_of(self, start: int, end: int) -> int:
         """Index of the sentence holding most of ``[start, end)`` (the first one if none does). Sentences
         are ordered and disjoint, so only those the span meets and their neighbours can win: found by
@@ -150,6 +188,8 @@ class QuestionMatch:
     best: int  # the best-matching sentence
     words: list[str]  # the question's words (text.words), read once for every feature that needs them
     kind: str  # the kind of answer it asks for (answer_kind)
+    sequence: list[str]  # its content stems as written (repeats kept): word pairs are read off it
+    numbers: set[str]  # the numbers it names (text.numbers)
 
 
 def match_question(question: str, index: ContextIndex) -> QuestionMatch:
@@ -160,12 +200,27 @@ def match_question(question: str, index: ContextIndex) -> QuestionMatch:
     if kept is not None and kept[0] == question:
         return kept[1]
     q_words = words(question)
-    stems = list(dict.fromkeys(content_stems(question, q_words)))
+    sequence = content_stems(question, q_words)
+    stems = list(dict.fromkeys(sequence))
     weights = {s: index.idf.get(s, index.unseen_idf) for s in stems}
     total = sum(weights.values()) or 1.0
-    coverage = [sum(weights[s] for s in stems if s in ss) / total for ss in index.sentence_stems]
+    held = [0.0] * len(index.sentences)
+    postings = index.postings
+    for s in stems:  # each sentence's sum in the question's order, as a pass per sentence would add it
+        w = weights[s]
+        for i in postings.get(s, ()):
+            held[i] += w
+    coverage = [h / total for h in held]
+    best = max(range(len(coverage)), key=coverage.__getitem__)  # the first of equals, as numpy's argmax
     found = QuestionMatch(
-        stems, weights, coverage, int(np.argmax(coverage)), q_words, answer_kind(question, q_words)
+        stems,
+        weights,
+        coverage,
+        best,
+        q_words,
+        answer_kind(question, q_words),
+        sequence,
+        numbers(question, q_words),
     )
     index._match = (question, found)
     return found
@@ -185,6 +240,7 @@ def question_features(question: str, index: ContextIndex, m: QuestionMatch | Non
     names = capitalised(question)
     ranked = sorted(m.coverage, reverse=True)
     negated = has_negation(question, q_words)
+    q_numbers, s_numbers = m.numbers, index.sentence_numbers(b)
     return {
         "best_sentence_coverage": ranked[0],
         "second_sentence_coverage": ranked[1] if len(ranked) > 1 else 0.0,
@@ -200,11 +256,27 @@ def question_features(question: str, index: ContextIndex, m: QuestionMatch | Non
         ),
         "names_missing_in_sentence": float(min(3, sum(n not in sentence_words for n in names))),
         "names_missing_in_context": float(min(3, sum(n not in index.words for n in names))),
-        "numbers_missing_in_sentence": float(
-            min(3, len(numbers(question, q_words) - numbers(sentence, sentence_words)))
-        ),
+        "numbers_missing_in_sentence": float(min(3, len(q_numbers - s_numbers))),
         "question_words": float(min(20, len(m.stems))),
+        "numbers_contradicted": float(
+            bool(q_numbers) and bool(s_numbers) and q_numbers.isdisjoint(s_numbers)
+        ),
+        **_pair_features(m.sequence, index, b),
     }
+
+
+def _pair_features(question: Sequence[str], index: ContextIndex, best: int) -> dict[str, float]:
+    """The question's adjacent content-word pairs (order kept) against the sentences'. ``bigram_coverage``:
+    the share the best sentence also has adjacent (a question that reuses its words but not their
+    relations scores low; 1.0 for a question of fewer than two content words: nothing to contradict).
+    ``key_phrase_elsewhere``: the share found in another sentence but not in the best one (the sentence
+    matching most of the question's words is not the one that says what it asks)."""
+    pairs = set(zip(question, question[1:], strict=False))
+    if not pairs:
+        return {"bigram_coverage": 1.0, "key_phrase_elsewhere": 0.0}
+    in_best = pairs & index.sentence_pairs(best)
+    elsewhere = (pairs - in_best) & index.pairs
+    return {"bigram_coverage": len(in_best) / len(pairs), "key_phrase_elsewhere": len(elsewhere) / len(pairs)}
 
 
 _WH_NUMBER = ("how many", "how much", "what percentage", "how long", "how old", "how far", "how large")
@@ -248,10 +320,12 @@ def span_features(
     span_words = words(span)
     span_stems = [stem(w) for w in span_words if w not in STOPWORDS]
     q_stems = set(m.stems)  # the question's content stems, as match_question found them
+    sentence = index.sentence_of(start, end)
     return {
-        "span_in_best_sentence": float(index.sentence_of(start, end) == m.best),
+        "span_in_best_sentence": float(sentence == m.best),
         "answer_type_match": kind_match(m.kind, span, span_words),
         "span_in_question": sum(s in q_stems for s in span_stems) / len(span_stems) if span_stems else 0.0,
+        "span_sentence_coverage": m.coverage[sentence],
     }
 
 
