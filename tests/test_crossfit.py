@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from paths import REPO
 
-from qa_core.squad import read_squad
+from qa_core.squad import Prediction, read_squad
 from train.crossfit import main
 from train.experiments.pipeline_crossfit import assign_folds
 
@@ -74,6 +74,11 @@ def test_every_article_is_scored_out_of_fold_with_every_view(tmp_path: Path, cap
     assert page in printed and "re-ranked vs reader" in page and "sign test" in page
     assert all(f"| {t} |" in page for t in titles)
     assert (out / "crossfit.png").stat().st_size > 5000
+    # each reader's spans are decoded once and kept: what is read back is what was decoded
+    kept = json.loads((out / "fold-0" / "predictions.json").read_text())
+    assert set(kept) == {ex.qas_id for ex in read_squad(out / "fold-0" / "heldout.json")}
+    one = next(iter(kept.values()))
+    assert Prediction.from_dict(one).to_dict() == one and one["n_best"]
     # a second call reuses every trained stage and reproduces the report byte for byte from them
     first = {name: (out / name).read_bytes() for name in ("RESULTS.md", "crossfit.json")}
     assert main([*args, "--out", str(out)]) == 0

@@ -121,6 +121,12 @@ class Prediction:
         """JSON-ready dict (plain Python numbers)."""
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Prediction:
+        """The prediction :meth:`to_dict` wrote (a study's cached out-of-fold outputs are re-read so,
+        not decoded again)."""
+        return cls(**{**d, "n_best": [NBestEntry(**e) for e in d.get("n_best", [])]})
+
 
 def _span_scores(n_best: list[NBestEntry], null_logit: float, null_log_prob: float | None) -> SpanScores:
     best = n_best[0] if n_best else None

@@ -273,6 +273,22 @@ def _finetune(args, stages: Stages, name: str, settings: Mapping[str, Any]) -> P
     return out
 
 
+def _out_of_fold(
+    stages: Stages, fold: int, reader: Path, examples: list[SquadExample], path: Path, args
+) -> dict[str, Prediction]:
+    """The fold reader's n-best spans for its held-out questions, decoded once and kept as a stage: the
+    re-ranker and the rule are then fitted again (new features, new rules) without running a reader."""
+
+    def decode() -> None:
+        found = predict_files([reader], examples, progress=not args.no_progress).predictions
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({q: p.to_dict() for q, p in found.items()}, ensure_ascii=False))
+        tmp.replace(path)  # whole or absent: an interrupted decode is done again, never half read
+
+    stages.run(f"out-of-fold spans {fold}", path, decode)
+    return {q: Prediction.from_dict(d) for q, d in json.loads(path.read_text()).items()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out = Path(args.out)
@@ -338,22 +354,51 @@ def main(argv: Sequence[str] | None = None) -> int:
             },
         )
         examples[f] = read_squad(held)
-        readers[f] = predict_files([reader], examples[f], progress=not args.no_progress).predictions
+        readers[f] = _out_of_fold(stages, f, reader, examples[f], fold_dir / "predictions.json", args)
+    fit_and_report(examples, readers, fold_of, out)
+    print((out / "RESULTS.md").read_text())
+    return 0
+
+
+def fit_and_report(
+    examples: Mapping[int, list[SquadExample]],
+    readers: Mapping[int, Mapping[str, Prediction]],
+    fold_of: Mapping[str, int],
+    out: Path,
+) -> dict[str, Any]:
+    """Stage 3 and the report: per fold, the re-ranker and the rule fitted on the other folds'
+    out-of-fold outputs and applied to the fold; RESULTS.md, crossfit.json and the plot written to ``out``."""
+    folds = sorted(examples)
     outputs = []
     rules: dict[int, Any] = {}
-    for f in range(args.folds):
-        others = [ex for g in range(args.folds) if g != f for ex in examples[g]]
-        other_preds = {q: p for g in range(args.folds) if g != f for q, p in readers[g].items()}
+    for f in folds:
+        others = [ex for g in folds if g != f for ex in examples[g]]
+        other_preds = {q: p for g in folds if g != f for q, p in readers[g].items()}
         try:
             rule = fit_for("auto", others, others, other_preds, rerank=True)
         except ValueError as exc:  # too few questions of either kind to fit on: the reader's cls decides
             print(f"[fold {f}] no rule fitted ({exc}): sigmoid(cls_logit) at 0.5 decides", flush=True)
             rule = Answerability.cls_only(0.5)
         rules[f] = rule.report.get("decision", "cls only (not fitted)")
-        outputs.append(FoldOutputs(examples[f], readers[f], redecide(examples[f], readers[f], rule)))
-    r = report(question_rows(outputs, fold_of)) | {"folds": fold_of, "rules": rules}
+        outputs.append(FoldOutputs(examples[f], dict(readers[f]), redecide(examples[f], readers[f], rule)))
+    r = report(question_rows(outputs, fold_of)) | {"folds": dict(fold_of), "rules": rules}
+    out.mkdir(parents=True, exist_ok=True)
     (out / "crossfit.json").write_text(json.dumps(r, indent=2, ensure_ascii=False) + "\n")
-    (out / "RESULTS.md").write_text(results_markdown(r, args.folds))
+    (out / "RESULTS.md").write_text(results_markdown(r, len(folds)))
     plot_articles(out / "crossfit.png", r)
-    print((out / "RESULTS.md").read_text())
-    return 0
+    return r
+
+
+def load_outputs(
+    run: Path, folds: int
+) -> tuple[dict[int, list[SquadExample]], dict[int, dict[str, Prediction]], dict[str, int]]:
+    """A finished run's held-out questions, out-of-fold spans and folds, read back (no reader is run)."""
+    examples = {f: read_squad(run / f"fold-{f}" / "heldout.json") for f in range(folds)}
+    readers = {
+        f: {
+            q: Prediction.from_dict(d)
+            for q, d in json.loads((run / f"fold-{f}" / "predictions.json").read_text()).items()
+        }
+        for f in range(folds)
+    }
+    return examples, readers, json.loads((run / "folds.json").read_text())
