@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from paths import REPO
 
-from qa_core.squad import Prediction, read_squad
+from qa_core.squad import Prediction, SquadExample, read_squad
 from train.crossfit import main
-from train.experiments.pipeline_crossfit import assign_folds
+from train.experiments.pipeline_crossfit import assign_folds, mixed_articles
 
 SAMPLE = REPO / "data" / "sample"
 TINY = ["--config", "tiny", "--vocab", "1000", "--synth-steps", "2", "--synth-per-sentence", "1"]
@@ -44,6 +44,17 @@ def test_folds_are_balanced_deterministic_and_refuse_impossible_counts() -> None
             assign_folds(data, bad)
 
 
+def test_mixed_articles_are_those_holding_both_kinds() -> None:
+    """The rule's articles: an article of answerable questions only (as SQuAD 2.0's first training
+    articles are) is left out, as is one of unanswerable questions only."""
+    rows = [("a", True), ("a", False), ("b", True), ("b", True), ("c", False)]
+    examples = [
+        SquadExample(f"q{i}", t, "q?", "x y", [("x", 0)] if answerable else [], not answerable)
+        for i, (t, answerable) in enumerate(rows)
+    ]
+    assert mixed_articles(examples) == {"a"}
+
+
 def test_every_article_is_scored_out_of_fold_with_every_view(tmp_path: Path, capsys) -> None:
     out = tmp_path / "crossfit"
     labelled = labelled_cut(tmp_path / "labelled.json")
@@ -69,7 +80,12 @@ def test_every_article_is_scored_out_of_fold_with_every_view(tmp_path: Path, cap
         assert {"bootstrap", "t_interval", "sign_test_p", "credible"} <= set(summary)
         low, high = summary["bootstrap"]
         assert low <= summary["mean"] <= high
-    assert set(report["rules"]) == {"0", "1"}
+    assert set(report["rules"]) == {"0", "1"} and report["rule_articles"] == "mixed"
+    assert set(report["per_fold"]) == {"0", "1"}
+    assert sum(f["questions"] for f in report["per_fold"].values()) == report["questions"]
+    mixed = report["decision_mixed"]
+    assert set(report["mixed_articles"]) <= titles and mixed["articles"] == len(report["mixed_articles"])
+    assert {"bootstrap", "t_interval", "sign_test_p"} <= set(mixed["vs_none"])
     page = (out / "RESULTS.md").read_text()
     assert page in printed and "re-ranked vs reader" in page and "sign test" in page
     assert all(f"| {t} |" in page for t in titles)

@@ -325,13 +325,17 @@ def fit_for(
     predictions: Mapping[str, Prediction],
     calibration: str = "platt",
     rerank: bool = False,
+    rule_examples: Sequence[SquadExample] | None = None,
 ) -> Answerability:
     """The answerability ``choice`` names: the question verifier from the fine-tuning questions, the
     rest cross-fitted on the held-out questions (ValueError when they cannot support a fit). With
     ``rerank``, a span re-ranker is fitted on the held-out questions first and the rule is fitted on
-    the re-ranked spans, which is what it will decide on; it is stored with the rule."""
+    the re-ranked spans, which is what it will decide on; it is stored with the rule. ``rule_examples``
+    (a subset of the held-out questions): the ones the rule is fitted on, when not all of them are drawn
+    from the mix of answerable and unanswerable questions it will decide on."""
     if choice not in ANSWERABILITY_CHOICES or choice == "cls":
         raise ValueError(f"nothing to fit for --answerability {choice}")
+    rule_examples = heldout_examples if rule_examples is None else rule_examples
     reranker, not_reranked = None, None
     if rerank:
         try:
@@ -345,10 +349,10 @@ def fit_for(
         verifier, verifier_report = fit_question_verifier(train_examples)
     if choice == "auto":
         assert verifier is not None
-        a = fit_auto(heldout_examples, predictions, verifier, calibration)
+        a = fit_auto(rule_examples, predictions, verifier, calibration)
     else:
         a = fit_answerability(
-            heldout_examples, predictions, FitOptions(FEATURE_SETS[choice], calibration), verifier
+            rule_examples, predictions, FitOptions(FEATURE_SETS[choice], calibration), verifier
         )
     if verifier_report is not None:
         a.report["verifier"] = verifier_report

@@ -140,10 +140,12 @@ def report(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             if 0 < labels.sum() < len(mine)
             else None,
         }
+    mixed = {t for t, a in per_article.items() if 0 < a["answerable"] < a["questions"]}
     return {
         "articles": len(articles),
         "questions": len(rows),
         "answerable": len(spans),
+        "mixed_articles": sorted(mixed),
         "span_f1": {
             "reader": 100 * float(column(spans, "reader_f1").mean()),
             "reranked": 100 * float(column(spans, "reranked_f1").mean()),
@@ -160,8 +162,32 @@ def report(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             ),
             "roc_auc": roc_auc(column(rows, "answerable_prob"), column(rows, "answerable")),
         },
+        # the articles that hold both kinds, SQuAD 2.0's evaluation mix (its training articles may hold no
+        # unanswerable question, where answering anything beats answering none)
+        "decision_mixed": _decision([r for r in rows if r["article"] in mixed]) if mixed else None,
+        "per_fold": {
+            str(f): _decision([r for r in rows if r["fold"] == f], intervals=False)
+            for f in sorted({r["fold"] for r in rows})
+        },
         "per_article": per_article,
     }
+
+
+def _decision(rows: Sequence[Mapping[str, Any]], intervals: bool = True) -> dict[str, Any]:
+    """The decided answers against answering none over ``rows`` (and its three views over their articles)."""
+    out: dict[str, Any] = {
+        "articles": len({r["article"] for r in rows}),
+        "questions": len(rows),
+        "answered": sum(bool(r["answered"]) for r in rows),
+        "f1": 100 * float(column(rows, "decided_f1").mean()),
+        "none_f1": 100 * float(column(rows, "none_f1").mean()),
+    }
+    if intervals:
+        out["vs_none"] = compare_by_article(
+            column(rows, "decided_f1"), column(rows, "none_f1"), [r["article"] for r in rows]
+        )
+        out["roc_auc"] = roc_auc(column(rows, "answerable_prob"), column(rows, "answerable"))
+    return out
 
 
 def results_markdown(r: Mapping[str, Any], folds: int) -> str:
@@ -178,6 +204,20 @@ def results_markdown(r: Mapping[str, Any], folds: int) -> str:
         f"- decided: F1 {d['f1']:.2f} against {d['none_f1']:.2f} for answering none ({d['answered']} "
         f"answered); vs none: {describe(d['vs_none'])}",
         f"- ROC AUC of P(answerable): {d['roc_auc']:.3f}",
+    ]
+    m = r.get("decision_mixed")
+    if m is not None:
+        lines.append(
+            f"- decided, on the {m['articles']} articles that hold unanswerable questions too: F1 {m['f1']:.2f} "
+            f"against {m['none_f1']:.2f} for answering none ({m['answered']} answered); vs none: "
+            f"{describe(m['vs_none'])}; ROC AUC {m['roc_auc']:.3f}"
+        )
+    per_fold = ", ".join(
+        f"fold {f} {v['f1'] - v['none_f1']:+.2f} ({v['answered']} of {v['questions']} answered)"
+        for f, v in r["per_fold"].items()
+    )
+    lines += [
+        f"- decided minus none, each fold's articles taken together: {per_fold}",
         "",
         "| article | fold | questions | answerable | reader span F1 | re-ranked span F1 | decided F1 | none F1 "
         "| answered | ROC AUC |",
@@ -255,6 +295,13 @@ def build_parser() -> Parser:
         FinetuneConfig,
         ("max_seq_len", "doc_stride", "threads", "no_progress"),
         {"max_seq_len": 192, "doc_stride": 128},
+    )
+    p.add_argument(
+        "--rule-articles",
+        choices=("mixed", "all"),
+        default="mixed",
+        help="the articles the answerability rule is fitted on: those holding unanswerable questions too "
+        "(mixed), or all",
     )
     p.add_argument("--out", default="runs/crossfit", help="where every stage and the report go")
     return p
@@ -355,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         examples[f] = read_squad(held)
         readers[f] = _out_of_fold(stages, f, reader, examples[f], fold_dir / "predictions.json", args)
-    fit_and_report(examples, readers, fold_of, out)
+    fit_and_report(examples, readers, fold_of, out, args.rule_articles)
     print((out / "RESULTS.md").read_text())
     return 0
 
@@ -365,28 +412,50 @@ def fit_and_report(
     readers: Mapping[int, Mapping[str, Prediction]],
     fold_of: Mapping[str, int],
     out: Path,
+    rule_articles: str = "mixed",
 ) -> dict[str, Any]:
     """Stage 3 and the report: per fold, the re-ranker and the rule fitted on the other folds'
-    out-of-fold outputs and applied to the fold; RESULTS.md, crossfit.json and the plot written to ``out``."""
+    out-of-fold outputs and applied to the fold; RESULTS.md, crossfit.json and the plot written to ``out``.
+    ``rule_articles``: "mixed" fits the rule on the articles that hold unanswerable questions too (the
+    re-ranker and the question verifier still read every article); "all" on every article."""
     folds = sorted(examples)
+    mixed = mixed_articles([ex for f in folds for ex in examples[f]])
     outputs = []
     rules: dict[int, Any] = {}
     for f in folds:
         others = [ex for g in folds if g != f for ex in examples[g]]
         other_preds = {q: p for g in folds if g != f for q, p in readers[g].items()}
+        on = others if rule_articles == "all" else [ex for ex in others if ex.title in mixed]
         try:
-            rule = fit_for("auto", others, others, other_preds, rerank=True)
+            rule = fit_for("auto", others, others, other_preds, rerank=True, rule_examples=on)
         except ValueError as exc:  # too few questions of either kind to fit on: the reader's cls decides
             print(f"[fold {f}] no rule fitted ({exc}): sigmoid(cls_logit) at 0.5 decides", flush=True)
             rule = Answerability.cls_only(0.5)
         rules[f] = rule.report.get("decision", "cls only (not fitted)")
         outputs.append(FoldOutputs(examples[f], dict(readers[f]), redecide(examples[f], readers[f], rule)))
-    r = report(question_rows(outputs, fold_of)) | {"folds": dict(fold_of), "rules": rules}
+    rows = question_rows(outputs, fold_of)
+    r = report(rows) | {
+        "folds": dict(fold_of),
+        "rules": rules,
+        "rule_articles": rule_articles,
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "crossfit.json").write_text(json.dumps(r, indent=2, ensure_ascii=False) + "\n")
     (out / "RESULTS.md").write_text(results_markdown(r, len(folds)))
+    # every question's row, for comparisons between refits (question by question, articles as the unit)
+    (out / "questions.json").write_text(json.dumps(rows, ensure_ascii=False) + "\n")
     plot_articles(out / "crossfit.png", r)
     return r
+
+
+def mixed_articles(examples: Sequence[SquadExample]) -> set[str]:
+    """The articles that hold both answerable and unanswerable questions. SQuAD 2.0's training articles
+    may hold none of the second kind (the first ten of train-v2.0 hold none): a rule fitted with them
+    learns a share of answerable questions that the evaluation articles (about half) do not have."""
+    kinds: dict[str, set[bool]] = {}
+    for ex in examples:
+        kinds.setdefault(ex.title, set()).add(bool(ex.answers))
+    return {t for t, k in kinds.items() if len(k) == 2}
 
 
 def load_outputs(
