@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -226,8 +226,15 @@ def match_question(question: str, index: ContextIndex) -> QuestionMatch:
     return found
 
 
-def question_features(question: str, index: ContextIndex, m: QuestionMatch | None = None) -> dict[str, float]:
-    """The question verifier's evidence (no QA model involved)."""
+# computed only when a model reads them (their per-context pairs cost a pass over the context)
+_PAIR_FEATURES = frozenset({"bigram_coverage", "key_phrase_elsewhere"})
+
+
+def question_features(
+    question: str, index: ContextIndex, m: QuestionMatch | None = None, wanted: Collection[str] | None = None
+) -> dict[str, float]:
+    """The question verifier's evidence (no QA model involved); ``wanted``: the names a model reads
+    (None: all), so that a model fitted before a feature existed does not pay for it."""
     m = m or match_question(question, index)
     b = m.best
     total = sum(m.weights.values()) or 1.0
@@ -261,7 +268,11 @@ def question_features(question: str, index: ContextIndex, m: QuestionMatch | Non
         "numbers_contradicted": float(
             bool(q_numbers) and bool(s_numbers) and q_numbers.isdisjoint(s_numbers)
         ),
-        **_pair_features(m.sequence, index, b),
+        **(
+            _pair_features(m.sequence, index, b)
+            if wanted is None or not _PAIR_FEATURES.isdisjoint(wanted)
+            else {}
+        ),
     }
 
 
@@ -357,7 +368,7 @@ def all_features(
     if wanted - set(MODEL_FEATURES):
         index = context if isinstance(context, ContextIndex) else ContextIndex(context)
         m = match_question(question, index)
-        out |= question_features(question, index, m)
+        out |= question_features(question, index, m, wanted)
         out |= span_features(question, index, m, scores.best_start, scores.best_end)
     if VERIFIER_LOGIT in names:
         if verifier is None:
