@@ -11,7 +11,7 @@ from paths import REPO
 
 from qa_core.squad import Prediction, SquadExample, read_squad
 from train.crossfit import main
-from train.experiments.pipeline_crossfit import assign_folds, mixed_articles
+from train.experiments.pipeline_crossfit import assign_folds, fit_and_report, load_outputs, mixed_articles
 
 SAMPLE = REPO / "data" / "sample"
 TINY = ["--config", "tiny", "--vocab", "1000", "--synth-steps", "2", "--synth-per-sentence", "1"]
@@ -100,3 +100,9 @@ def test_every_article_is_scored_out_of_fold_with_every_view(tmp_path: Path, cap
     assert main([*args, "--out", str(out)]) == 0
     assert "done in" not in capsys.readouterr().out
     assert {name: (out / name).read_bytes() for name in first} == first
+    # stage 3 refitted from the kept spans alone, the rule on every article this time
+    examples, readers, fold_of = load_outputs(out, 2)
+    refit = fit_and_report(examples, readers, fold_of, tmp_path / "refit", "all")
+    assert refit["rule_articles"] == "all" and refit["span_f1"] == report["span_f1"]  # the same spans
+    rows = json.loads((tmp_path / "refit" / "questions.json").read_text())
+    assert len(rows) == report["questions"]
