@@ -27,6 +27,7 @@ from qa_core.squad.answerability_features import (
     ContextIndex,
     SpanScores,
     all_features,
+    match_question,
     question_features,
 )
 from qa_core.squad.answerability_params import AnswerabilityError, Linear
@@ -84,6 +85,30 @@ def test_question_features_on_crafted_pairs() -> None:
     antonym = _q("When did the duchy emerge in the last half of the 10th century?")  # first -> last
     assert antonym["antonym_in_sentence"] == 1
     assert _q("When did the duchy emerge in the first half of the 10th century?")["antonym_in_sentence"] == 0
+
+
+def test_coverage_from_postings_equals_a_pass_over_every_sentence() -> None:
+    """Each sentence's share of the question's weight, as a sum per sentence in the question's order
+    would give it (the same floats, the first of equal sentences as the best)."""
+    index = ContextIndex(CONTEXT + " Rollo and the Normans and Charles met again in France in 912.")
+    for question in ("Who swore fealty to King Charles III in 911?", "Normans France Rollo?", "Zebra?"):
+        m = match_question(question, index)
+        total = sum(m.weights.values()) or 1.0
+        expected = [sum(m.weights[s] for s in m.stems if s in ss) / total for ss in index.sentence_stems]
+        assert m.coverage == expected and m.best == int(np.argmax(expected))
+
+
+def test_a_model_that_does_not_read_the_pair_features_does_not_build_them() -> None:
+    """A verifier fitted before the word-pair features existed reads 14 features: deciding with it builds
+    no per-context pairs, and its logit is what it was."""
+    old = QUESTION_FEATURES[:14]
+    n = len(old)
+    verifier = Linear(old, (0.1,) * n, (2.0,) * n, tuple(np.linspace(-1, 1, n)), 0.2)
+    index = ContextIndex(CONTEXT)
+    scores = SpanScores(cls_logit=-1.0, null_log_prob=-3.0, best_log_prob=-1.0, best_probability=0.6)
+    logit = all_features("Who swore fealty?", index, scores, (VERIFIER_LOGIT,), verifier)[VERIFIER_LOGIT]
+    assert "_sentence_pairs" not in index.__dict__ and "pairs" not in index.__dict__
+    assert logit == pytest.approx(verifier(question_features("Who swore fealty?", ContextIndex(CONTEXT))))
 
 
 def test_span_features_and_model_features() -> None:
@@ -182,7 +207,7 @@ def test_json_round_trip_and_the_same_decisions() -> None:
         (lambda d: d["model"].update(intercept=float("nan")), "non-finite"),
         (lambda d: d["model"].update(features=["cls_logit", "shoe_size"]), "features"),
         (lambda d: d.pop("verifier"), "no verifier"),
-        (lambda d: d["verifier"].update(scale=[0.0] * 14), "scale"),
+        (lambda d: d["verifier"].update(scale=[0.0] * len(QUESTION_FEATURES)), "positive"),
         (lambda d: d.update(threshold=1.5), "threshold"),
         (lambda d: d.update(calibration="magic"), "calibration"),
         (lambda d: d.update(rule="always"), "rule"),

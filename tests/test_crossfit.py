@@ -100,8 +100,10 @@ def test_every_article_is_scored_out_of_fold_with_every_view(tmp_path: Path, cap
     assert main([*args, "--out", str(out)]) == 0
     assert "done in" not in capsys.readouterr().out
     assert {name: (out / name).read_bytes() for name in first} == first
-    # stage 3 refitted from the kept spans alone, the rule on every article this time
-    examples, readers, fold_of = load_outputs(out, 2)
+    # stage 3 refitted from the kept spans alone: the same report; then the rule on every article
+    examples, readers, fold_of = load_outputs(out)
+    fit_and_report(examples, readers, fold_of, tmp_path / "same")
+    assert (tmp_path / "same" / "crossfit.json").read_bytes() == first["crossfit.json"]
     refit = fit_and_report(examples, readers, fold_of, tmp_path / "refit", "all")
     assert refit["rule_articles"] == "all" and refit["span_f1"] == report["span_f1"]  # the same spans
     rows = json.loads((tmp_path / "refit" / "questions.json").read_text())

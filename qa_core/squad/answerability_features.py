@@ -204,13 +204,13 @@ def match_question(question: str, index: ContextIndex) -> QuestionMatch:
     stems = list(dict.fromkeys(sequence))
     weights = {s: index.idf.get(s, index.unseen_idf) for s in stems}
     total = sum(weights.values()) or 1.0
-    held = [0.0] * len(index.sentences)
+    held: list[list[float]] = [[] for _ in index.sentences]
     postings = index.postings
-    for s in stems:  # each sentence's sum in the question's order, as a pass per sentence would add it
-        w = weights[s]
+    for s in stems:  # each sentence's weights in the question's order, summed by sum() as a pass per
+        w = weights[s]  # sentence would (Python 3.12's sum() compensates: the same floats on every version)
         for i in postings.get(s, ()):
-            held[i] += w
-    coverage = [h / total for h in held]
+            held[i].append(w)
+    coverage = [sum(h) / total for h in held]
     best = max(range(len(coverage)), key=coverage.__getitem__)  # the first of equals, as numpy's argmax
     found = QuestionMatch(
         stems,

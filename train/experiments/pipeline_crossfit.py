@@ -326,6 +326,9 @@ def _out_of_fold(
     """The fold reader's n-best spans for its held-out questions, decoded once and kept as a stage: the
     re-ranker and the rule are then fitted again (new features, new rules) without running a reader."""
 
+    if path.exists() and _stale(path, reader, examples):
+        path.unlink()  # decoded by another reader or for other questions: decoded again
+
     def decode() -> None:
         found = predict_files([reader], examples, progress=not args.no_progress).predictions
         tmp = path.with_suffix(".tmp")
@@ -334,6 +337,14 @@ def _out_of_fold(
 
     stages.run(f"out-of-fold spans {fold}", path, decode)
     return {q: Prediction.from_dict(d) for q, d in json.loads(path.read_text()).items()}
+
+
+def _stale(path: Path, reader: Path, examples: Sequence[SquadExample]) -> bool:
+    """Kept spans older than their reader (retrained since), or not for exactly these questions (another
+    ``--labelled``). An mtime a copy reset can only cost a decode, never reuse a wrong one."""
+    if path.stat().st_mtime < (reader / "metadata.json").stat().st_mtime:
+        return True
+    return set(json.loads(path.read_text())) != {ex.qas_id for ex in examples}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -459,9 +470,11 @@ def mixed_articles(examples: Sequence[SquadExample]) -> set[str]:
 
 
 def load_outputs(
-    run: Path, folds: int
+    run: Path,
 ) -> tuple[dict[int, list[SquadExample]], dict[int, dict[str, Prediction]], dict[str, int]]:
-    """A finished run's held-out questions, out-of-fold spans and folds, read back (no reader is run)."""
+    """A finished run's held-out questions, out-of-fold spans and folds (its folds.json), read back (no
+    reader is run)."""
+    folds = max(json.loads((run / "folds.json").read_text()).values()) + 1
     examples = {f: read_squad(run / f"fold-{f}" / "heldout.json") for f in range(folds)}
     readers = {
         f: {

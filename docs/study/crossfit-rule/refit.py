@@ -2,7 +2,7 @@
 answerability features as they were before issue 59 added four (``--features before``) or as they are,
 and the rule fitted on every article or on those holding unanswerable questions too.
 
-    python docs/study/crossfit-rule/refit.py RUN FOLDS {before,now} {all,mixed} OUT
+    python docs/study/crossfit-rule/refit.py RUN {before,now} {all,mixed} OUT
 
 "before": the question verifier reads the first 14 question features and the span-F1 model the first
 3 span features (the lists as they stood at 0da9f8e); nothing else differs.
@@ -23,14 +23,14 @@ BEFORE_SPAN_FEATURES = features.SPAN_FEATURES[:3]
 
 
 def main() -> int:
-    run, folds, which, rule_articles, out = sys.argv[1:6]
+    run, which, rule_articles, out = sys.argv[1:5]
     if which == "before":
         estimators.QUESTION_FEATURES = table.QUESTION_FEATURES = BEFORE_QUESTION_FEATURES
         span_f1 = ("span_log_prob", "span_top_prob", *BEFORE_SPAN_FEATURES)
         estimators.SPAN_F1_FEATURES = table.SPAN_F1_FEATURES = span_f1
     elif which != "now":
         raise SystemExit("features: before or now")
-    examples, readers, fold_of = load_outputs(Path(run), int(folds))
+    examples, readers, fold_of = load_outputs(Path(run))
     fit_and_report(examples, readers, fold_of, Path(out), rule_articles)
     print((Path(out) / "RESULTS.md").read_text().split("| article")[0])
     return 0

@@ -8,7 +8,7 @@ cd "$(git rev-parse --show-toplevel)"
 export PYTHONPATH=.
 for features in before now; do
   for articles in all mixed; do
-    .venv/bin/python docs/study/crossfit-rule/refit.py runs/crossfit-4fold 4 $features $articles \
+    .venv/bin/python docs/study/crossfit-rule/refit.py runs/crossfit-4fold $features $articles \
       runs/crossfit-rule/$features-$articles > /dev/null
   done
 done
