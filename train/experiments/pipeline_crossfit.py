@@ -153,15 +153,7 @@ def report(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "reranked_vs_reader": compare_by_article(
             column(spans, "reranked_f1"), column(spans, "reader_f1"), [r["article"] for r in spans]
         ),
-        "decision": {
-            "answered": sum(bool(r["answered"]) for r in rows),
-            "f1": 100 * float(column(rows, "decided_f1").mean()),
-            "none_f1": 100 * float(column(rows, "none_f1").mean()),
-            "vs_none": compare_by_article(
-                column(rows, "decided_f1"), column(rows, "none_f1"), [r["article"] for r in rows]
-            ),
-            "roc_auc": roc_auc(column(rows, "answerable_prob"), column(rows, "answerable")),
-        },
+        "decision": _decision(rows),
         # the articles that hold both kinds, SQuAD 2.0's evaluation mix (its training articles may hold no
         # unanswerable question, where answering anything beats answering none)
         "decision_mixed": _decision([r for r in rows if r["article"] in mixed]) if mixed else None,
@@ -326,8 +318,15 @@ def _out_of_fold(
     """The fold reader's n-best spans for its held-out questions, decoded once and kept as a stage: the
     re-ranker and the rule are then fitted again (new features, new rules) without running a reader."""
 
-    if path.exists() and _stale(path, reader, examples):
-        path.unlink()  # decoded by another reader or for other questions: decoded again
+    kept = _read_predictions(path) if path.exists() else None
+    # kept spans older than their reader (retrained since) or not for exactly these questions (another
+    # --labelled) are decoded again; an mtime a copy reset can only cost a decode, never reuse a wrong one
+    if kept is not None and (
+        path.stat().st_mtime < (reader / "metadata.json").stat().st_mtime
+        or set(kept) != {ex.qas_id for ex in examples}
+    ):
+        path.unlink()
+        kept = None
 
     def decode() -> None:
         found = predict_files([reader], examples, progress=not args.no_progress).predictions
@@ -336,15 +335,12 @@ def _out_of_fold(
         tmp.replace(path)  # whole or absent: an interrupted decode is done again, never half read
 
     stages.run(f"out-of-fold spans {fold}", path, decode)
+    return kept if kept is not None else _read_predictions(path)
+
+
+def _read_predictions(path: Path) -> dict[str, Prediction]:
+    """Kept out-of-fold spans (fold-N/predictions.json), by question id."""
     return {q: Prediction.from_dict(d) for q, d in json.loads(path.read_text()).items()}
-
-
-def _stale(path: Path, reader: Path, examples: Sequence[SquadExample]) -> bool:
-    """Kept spans older than their reader (retrained since), or not for exactly these questions (another
-    ``--labelled``). An mtime a copy reset can only cost a decode, never reuse a wrong one."""
-    if path.stat().st_mtime < (reader / "metadata.json").stat().st_mtime:
-        return True
-    return set(json.loads(path.read_text())) != {ex.qas_id for ex in examples}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -474,13 +470,8 @@ def load_outputs(
 ) -> tuple[dict[int, list[SquadExample]], dict[int, dict[str, Prediction]], dict[str, int]]:
     """A finished run's held-out questions, out-of-fold spans and folds (its folds.json), read back (no
     reader is run)."""
-    folds = max(json.loads((run / "folds.json").read_text()).values()) + 1
-    examples = {f: read_squad(run / f"fold-{f}" / "heldout.json") for f in range(folds)}
-    readers = {
-        f: {
-            q: Prediction.from_dict(d)
-            for q, d in json.loads((run / f"fold-{f}" / "predictions.json").read_text()).items()
-        }
-        for f in range(folds)
-    }
-    return examples, readers, json.loads((run / "folds.json").read_text())
+    fold_of = json.loads((run / "folds.json").read_text())
+    folds = range(max(fold_of.values()) + 1)
+    examples = {f: read_squad(run / f"fold-{f}" / "heldout.json") for f in folds}
+    readers = {f: _read_predictions(run / f"fold-{f}" / "predictions.json") for f in folds}
+    return examples, readers, fold_of

@@ -19,10 +19,7 @@ from train.experiments.article_stats import compare_by_article, describe
 def main() -> int:
     a, b = (json.loads((Path(d) / "questions.json").read_text()) for d in sys.argv[1:3])
     assert [r["article"] for r in a] == [r["article"] for r in b]  # the same questions, in one order
-    kinds: dict[str, set[bool]] = {}
-    for r in a:
-        kinds.setdefault(r["article"], set()).add(r["answerable"])
-    mixed = {t for t, k in kinds.items() if len(k) == 2}
+    mixed = set(json.loads((Path(sys.argv[1]) / "crossfit.json").read_text())["mixed_articles"])
     for name, keep in (
         ("all articles", lambda r: True),
         (f"the {len(mixed)} mixed articles", lambda r: r["article"] in mixed),
