@@ -4,6 +4,7 @@ that never saw it, and the report carries all three views of every difference.""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,21 @@ def test_every_article_is_scored_out_of_fold_with_every_view(tmp_path: Path, cap
     first = {name: (out / name).read_bytes() for name in ("RESULTS.md", "crossfit.json")}
     assert main([*args, "--out", str(out)]) == 0
     assert "done in" not in capsys.readouterr().out
+    assert {name: (out / name).read_bytes() for name in first} == first
+    # kept spans that cannot be read (a kill -9 cannot leave half a file, as they are written whole and
+    # renamed; a damaged disk or a hand edit can) or that are older than their reader are decoded again
+    (out / "fold-0" / "predictions.json").write_text('{"cut off": {"qas_id": ')
+    older = (out / "fold-1" / "reader" / "metadata.json").stat().st_mtime - 60
+    os.utime(out / "fold-1" / "predictions.json", (older, older))
+    assert main([*args, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"{out / 'fold-0' / 'predictions.json'} cannot be read (JSONDecodeError" in printed
+    assert f"{out / 'fold-1' / 'predictions.json'} is older than its reader" in printed
+    assert "Traceback" not in printed
+    assert {name: (out / name).read_bytes() for name in first} == first
+    (out / "fold-0" / "predictions.json").write_text("{}")  # read well, but for other questions
+    assert main([*args, "--out", str(out)]) == 0
+    assert "fold-0/predictions.json holds other questions" in capsys.readouterr().out
     assert {name: (out / name).read_bytes() for name in first} == first
     # stage 3 refitted from the kept spans alone: the same report; then the rule on every article
     examples, readers, fold_of = load_outputs(out)

@@ -318,15 +318,7 @@ def _out_of_fold(
     """The fold reader's n-best spans for its held-out questions, decoded once and kept as a stage: the
     re-ranker and the rule are then fitted again (new features, new rules) without running a reader."""
 
-    kept = _read_predictions(path) if path.exists() else None
-    # kept spans older than their reader (retrained since) or not for exactly these questions (another
-    # --labelled) are decoded again; an mtime a copy reset can only cost a decode, never reuse a wrong one
-    if kept is not None and (
-        path.stat().st_mtime < (reader / "metadata.json").stat().st_mtime
-        or set(kept) != {ex.qas_id for ex in examples}
-    ):
-        path.unlink()
-        kept = None
+    kept = _kept_predictions(path, reader, examples)
 
     def decode() -> None:
         found = predict_files([reader], examples, progress=not args.no_progress).predictions
@@ -336,6 +328,32 @@ def _out_of_fold(
 
     stages.run(f"out-of-fold spans {fold}", path, decode)
     return kept if kept is not None else _read_predictions(path)
+
+
+def _kept_predictions(
+    path: Path, reader: Path, examples: Sequence[SquadExample]
+) -> dict[str, Prediction] | None:
+    """The spans a previous run kept for this fold, or None (and the file removed, so the stage decodes
+    again) when there are none, they cannot be read (a disk's damage, a hand edit), are older than their
+    reader (retrained since) or are not for exactly these questions (another --labelled). An mtime that
+    a copy reset can only cost a decode, never the reuse of wrong spans."""
+    if not path.exists():
+        return None
+    why = ""
+    try:
+        kept = _read_predictions(path)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # json's errors are ValueErrors
+        why = f"cannot be read ({type(e).__name__}: {str(e)[:120]})"
+    else:
+        if path.stat().st_mtime < (reader / "metadata.json").stat().st_mtime:
+            why = "is older than its reader"
+        elif set(kept) != {ex.qas_id for ex in examples}:
+            why = "holds other questions than this fold's"
+    if not why:
+        return kept
+    print(f"{path} {why}: decoding its spans again", flush=True)
+    path.unlink()
+    return None
 
 
 def _read_predictions(path: Path) -> dict[str, Prediction]:
