@@ -24,3 +24,5 @@ done
 for v in before-all before-mixed now-all now-mixed; do
   cp runs/crossfit-rule/$v/RESULTS.md docs/study/crossfit-rule/RESULTS-$v.md
 done
+# the same features under a nonlinear model (boosted trees) against a logistic one: ROC AUC out of fold
+.venv/bin/python docs/study/crossfit-rule/nonlinear.py runs/crossfit-4fold > docs/study/crossfit-rule/NONLINEAR.md

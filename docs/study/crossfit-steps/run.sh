@@ -14,3 +14,8 @@ done
   --folds 4 --synth-steps 600 --finetune-steps 1600 --threads 2 --no-progress --out runs/crossfit-4fold-1600
 PYTHONPATH=. .venv/bin/python docs/study/crossfit-steps/compare_readers.py runs/crossfit-4fold \
   runs/crossfit-4fold-1600 > docs/study/crossfit-steps/READERS.md
+# the whole pipeline on the longer-trained readers (re-ranker and rule refitted on their spans), and its
+# decision against the first run's, question by question with articles as the unit
+for f in RESULTS.md crossfit.json crossfit.png; do cp runs/crossfit-4fold-1600/$f docs/study/crossfit-steps/$f; done
+PYTHONPATH=. .venv/bin/python docs/study/crossfit-rule/compare.py runs/crossfit-4fold runs/crossfit-4fold-1600 \
+  > docs/study/crossfit-steps/DECIDED.md
