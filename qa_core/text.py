@@ -219,6 +219,13 @@ def numbers(text: str, tokens: Iterable[str] | None = None) -> set[str]:
     return found | _NUMBER_WORDS.intersection(words(text) if tokens is None else tokens)
 
 
+def has_number(text: str, tokens: Iterable[str] | None = None) -> bool:
+    """Whether ``text`` names a number (``bool(numbers(text))``, without building the set)."""
+    return not _NUMBER_WORDS.isdisjoint(words(text) if tokens is None else tokens) or bool(
+        NUMBER.search(text)
+    )
+
+
 def capitalised(text: str) -> set[str]:
     """Lower-cased words written with a capital, except a text's first word (names, mostly)."""
     tokens = WORD.findall(text)

@@ -3,6 +3,7 @@ and that every decision path (evaluation's redecide, decode) answers with the re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -223,6 +224,19 @@ def test_a_decision_answers_with_the_reranked_span() -> None:
     assert d.score == -2.0  # the answered span's own score
     plain = p.redecided(Deciding(Answerability.cls_only(0.99), question), CONTEXT)
     assert plain.text == "Normandy" and not plain.reranked
+    # what the decision does not set is carried over, every field (a field added later included)
+    decided = {"text", "start", "end", "score", "no_answer_prob", "is_impossible", "n_best"}
+    decided |= {"answerable_prob", "threshold", "reranked", "expected_f1"}
+    given = Prediction("q", "", -1, -1, -1.0, 1.0, -5.0, True, entries, null_log_prob=-7.5)
+    again = given.redecided(Deciding(Answerability.cls_only(0.99), question), CONTEXT)
+    for f in dataclasses.fields(Prediction):
+        if f.name not in decided:
+            assert getattr(again, f.name) == getattr(given, f.name), f.name
+    assert {f.name for f in dataclasses.fields(Prediction)} - decided == {
+        "qas_id",
+        "null_logit",
+        "null_log_prob",
+    }
 
 
 def test_calibrate_stores_a_reranker_and_the_report_scores_what_evaluate_answers(

@@ -34,6 +34,7 @@ This module holds the rule and its stored form; the evidence is computed in
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -96,7 +97,12 @@ class SpanF1:
     curve: tuple[tuple[float, ...], tuple[float, ...]]
 
     def __call__(self, feats: Mapping[str, float]) -> float:
-        return float(np.interp(self.score(feats), self.curve[0], self.curve[1]))
+        return float(np.interp(self.score(feats), *self._curve))
+
+    @functools.cached_property
+    def _curve(self) -> tuple[np.ndarray, np.ndarray]:
+        """The curve as arrays, made once (np.interp would convert the stored tuples per question)."""
+        return np.array(self.curve[0]), np.array(self.curve[1])
 
     def to_dict(self) -> dict[str, Any]:
         return self.score.to_dict() | {"x": list(self.curve[0]), "y": list(self.curve[1])}
@@ -128,11 +134,16 @@ class Answerability:
         model = Linear(("cls_logit",), (0.0,), (1.0,), (-1.0,), 0.0)
         return cls(model, threshold=threshold, reranker=reranker, report={"kind": "cls"})
 
-    @property
+    @functools.cached_property
     def features(self) -> tuple[str, ...]:
-        """Every feature the decision reads (the combining model's, then the span model's)."""
+        """Every feature the decision reads (the combining model's, then the span model's); once, as
+        every decided question asks."""
         extra = self.span_f1.score.features if self.span_f1 is not None else ()
         return tuple(dict.fromkeys(self.model.features + extra))
+
+    @functools.cached_property
+    def _isotonic(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.array(self.isotonic[0]), np.array(self.isotonic[1])
 
     @property
     def spans_read(self) -> int:
@@ -153,7 +164,7 @@ class Answerability:
             a, b = self.platt
             return sigmoid(-(a * s + b)), sigmoid(a * s + b)
         if self.calibration == "isotonic":
-            p = min(1.0, max(0.0, float(np.interp(s, self.isotonic[0], self.isotonic[1]))))
+            p = min(1.0, max(0.0, float(np.interp(s, *self._isotonic))))
             return p, 1.0 - p
         return sigmoid(s), sigmoid(-s)
 

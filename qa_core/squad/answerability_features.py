@@ -24,6 +24,7 @@ from qa_core.text import (
     capitalised,
     content_stems,
     has_negation,
+    has_number,
     numbers,
     sentence_bounds,
     stem,
@@ -312,10 +313,10 @@ def kind_match(kind: str, span: str, span_words: Sequence[str] | None = None) ->
     """1 when the span holds an answer of the ``kind`` (:func:`answer_kind`), 0 when it does not, 0.5
     when the question does not say; ``span_words``: ``words(span)`` when the caller has them."""
     if kind == "number":
-        return float(bool(numbers(span, span_words)))
+        return float(has_number(span, span_words))
     if kind == "time":
         tokens = words(span) if span_words is None else span_words
-        return float(bool(numbers(span, tokens)) or not _TIME_WORDS.isdisjoint(tokens))
+        return float(has_number(span, tokens) or not _TIME_WORDS.isdisjoint(tokens))
     if kind == "name":
         return float(any(w[:1].isupper() and w.lower() not in STOPWORDS for w in WORD.findall(span)))
     return 0.5

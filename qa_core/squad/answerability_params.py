@@ -80,7 +80,17 @@ class Linear:
         """Each row's value in one product, the columns of ``x`` named by ``names`` (a re-ranker scores
         ten candidates per question)."""
         center, scale, coef = self._arrays
-        return (x[:, [names.index(f) for f in self.features]] - center) / scale @ coef + self.intercept
+        # np.dot, not @: the same BLAS product, without matmul's dispatch (a few µs per question)
+        return np.dot((x[:, self._columns(tuple(names))] - center) / scale, coef) + self.intercept
+
+    def _columns(self, names: tuple[str, ...]) -> np.ndarray:
+        """Where this model's features sit among ``names``, found once per layout (the re-ranker's
+        candidates always come in the same columns)."""
+        cache = self.__dict__.setdefault("_column_cache", {})
+        found = cache.get(names)
+        if found is None:
+            found = cache[names] = np.array([names.index(f) for f in self.features], dtype=np.intp)
+        return found
 
     @functools.cached_property
     def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

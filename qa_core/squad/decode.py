@@ -102,17 +102,23 @@ DEFAULT_DECODING = DecodeOptions()
 def _masked_log_softmax(logits: np.ndarray, p_mask: np.ndarray) -> np.ndarray:
     """log-softmax of each row over positions with p_mask == 0 (paragraph and <cls>), as the original
     head; the start and end rows of a window in one call."""
-    x = np.where(p_mask.astype(bool), _MASKED, logits.astype(np.float64))
+    x = np.where(p_mask.astype(bool), _MASKED, np.asarray(logits, dtype=np.float64))  # no copy of float64
     m = x.max(axis=-1, keepdims=True)
     return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
 
 
-def _row(values: ArrayLike, i: int, length: int) -> np.ndarray:
-    """Feature ``i``'s row of a [F, T] array or a list of per-feature arrays, cut to its length."""
-    row = np.asarray(values[i], dtype=np.float64).reshape(-1)
-    if row.shape[0] < length:
-        raise ValueError(f"logits for feature {i} have {row.shape[0]} positions, the feature has {length}")
-    return row[:length]
+def _start_end(start_logits: ArrayLike, end_logits: ArrayLike, i: int, length: int) -> np.ndarray:
+    """Feature ``i``'s start and end rows (each of a [F, T] array or a list of per-feature arrays), cut
+    to its length, as one [2, length] float64 array (converted in one step, only the positions read)."""
+    rows = []
+    for values in (start_logits, end_logits):
+        row = np.asarray(values[i]).reshape(-1)
+        if row.shape[0] < length:
+            raise ValueError(
+                f"logits for feature {i} have {row.shape[0]} positions, the feature has {length}"
+            )
+        rows.append(row[:length])
+    return np.array(rows, dtype=np.float64)
 
 
 SPARE_SPANS = 16  # spans kept per window beyond n_best, for those that repeat another's text or are blank
@@ -202,11 +208,17 @@ class _Candidates:
         first (stable), made as they are read: a decode reads a few dozen of the hundreds of candidates."""
         if not self.parts:
             return
-        cols = [np.concatenate(c) for c in zip(*self.parts, strict=True)]
-        order = np.argsort(-cols[0], kind="stable")
+        cols: Sequence[np.ndarray] = (
+            self.parts[0]
+            if len(self.parts) == 1
+            else [np.concatenate(c) for c in zip(*self.parts, strict=True)]
+        )
+        # one window's exact best spans (most questions) come best first already: the stable sort is
+        # the identity there, so it is skipped
+        order = None if np.all(cols[0][1:] <= cols[0][:-1]) else np.argsort(-cols[0], kind="stable")
         step = 32
-        for lo in range(0, len(order), step):
-            rows = order[lo : lo + step]
+        for lo in range(0, len(cols[0]), step):
+            rows = slice(lo, lo + step) if order is None else order[lo : lo + step]
             yield from zip(*(c[rows].tolist() for c in cols), strict=True)
 
 
@@ -296,9 +308,7 @@ def decode(
     null_log_prob = -np.inf
     for w, f in enumerate(features):
         length = len(f.input_ids)
-        slp, elp = _masked_log_softmax(
-            np.stack([_row(start_logits, w, length), _row(end_logits, w, length)]), f.p_mask
-        )
+        slp, elp = _masked_log_softmax(_start_end(start_logits, end_logits, w, length), f.p_mask)
         null_log_prob = max(null_log_prob, float(slp[f.cls_index] + elp[f.cls_index]))
         s, e = _best_spans(slp, elp, f, options.max_answer_len, options.n_best + SPARE_SPANS)
         candidates.add(w, f, slp[s], elp[e], s, e)

@@ -71,18 +71,20 @@ class Prediction:
         scores = _span_scores(spans, self.null_logit, self.null_log_prob)
         d = decide(rule, deciding.question, where, scores, deciding.threshold)
         best = None if d.is_impossible or not spans else spans[0]
-        return replace(
-            self,
-            n_best=spans,
-            score=spans[0].score if spans is not self.n_best else self.score,  # re-ranked here: its best's
-            reranked=reranked,
+        return Prediction(  # every field named (dataclasses.replace would read them all again by name)
+            qas_id=self.qas_id,
             text=best.text if best is not None else "",
             start=best.start if best is not None else -1,
             end=best.end if best is not None else -1,
+            score=spans[0].score if spans is not self.n_best else self.score,  # re-ranked here: its best's
             no_answer_prob=d.no_answer_prob,
+            null_logit=self.null_logit,
             is_impossible=d.is_impossible,
+            n_best=spans,
             answerable_prob=d.answerable_prob,
             threshold=d.threshold,
+            null_log_prob=self.null_log_prob,
+            reranked=reranked,
             expected_f1=d.expected_f1,
         )
 

@@ -92,13 +92,13 @@ class _QuestionNearness:
             hits = self._hits[sentence] = [i for i, s in enumerate(words_of.stems) if s in self.q_stems]
         first = bisect.bisect_left(words_of.ends, start + 1)  # first word ending inside or after the span
         last = bisect.bisect_left(words_of.starts, end)  # words before it start before the span ends
-        gap = math.inf
-        for i in hits:
-            if i < first:
-                gap = min(gap, first - i - 1)
-            elif i >= last:
-                gap = min(gap, i - last)
-        return 0.0 if math.isinf(gap) else 1.0 / (1.0 + gap)
+        # the nearest question word before the span is the last one before ``first``, the nearest after
+        # it the first one from ``last`` on (hits are in order; those inside the span do not count)
+        before, after = bisect.bisect_left(hits, first), bisect.bisect_left(hits, last)
+        gaps = ([first - hits[before - 1] - 1] if before else []) + (
+            [hits[after] - last] if after < len(hits) else []
+        )
+        return 1.0 / (1.0 + min(gaps)) if gaps else 0.0
 
 
 def candidate_features(
@@ -129,8 +129,8 @@ def candidate_features(
                 float(sentence == m.best),  # in_best_sentence
                 coverage,  # sentence_coverage
                 best_coverage - coverage,  # coverage_gap
-                sum(s in q_stems for s in content) / len(content) if content else 0.0,  # in_question
-                kind_match(kind, span, span_words),  # type_match
+                len([s for s in content if s in q_stems]) / len(content) if content else 0.0,  # in_question
+                kind_match(kind, span, span_words) if kind else 0.5,  # type_match (0.5: not said)
                 near(sentence, e.start, e.end),  # near_question
                 float(not content),  # content_free
             )
