@@ -11,6 +11,7 @@ import pytest
 from paths import REPO
 
 from qa_core.squad import Prediction, SquadExample, read_squad
+from qa_core.squad.answerability import from_metadata
 from train.crossfit import main
 from train.experiments.pipeline_crossfit import assign_folds, fit_and_report, load_outputs, mixed_articles
 
@@ -60,7 +61,7 @@ def test_every_article_is_scored_out_of_fold_with_every_view(tmp_path: Path, cap
     out = tmp_path / "crossfit"
     labelled = labelled_cut(tmp_path / "labelled.json")
     args = [*TINY, "--labelled", str(labelled), "--corpus", str(SAMPLE / "corpus.json"), "--folds", "2"]
-    assert main([*args, "--out", str(out)]) == 0
+    assert main([*args, "--final", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     folds = json.loads((out / "folds.json").read_text())
     titles = {ex.title for ex in read_squad(labelled)}
@@ -72,6 +73,16 @@ def test_every_article_is_scored_out_of_fold_with_every_view(tmp_path: Path, cap
         assert trained | held == titles
         meta = json.loads((out / f"fold-{f}" / "reader" / "metadata.json").read_text())
         assert meta["step"] == 3
+    # the reader to ship: every labelled article, and the rule fitted on every fold's out-of-fold outputs
+    shipped = out / "final" / "reader"
+    assert {ex.title for ex in read_squad(out / "final" / "train.json")} == titles
+    meta = json.loads((shipped / "metadata.json").read_text())
+    assert meta["step"] == 3 and f"export.onnx --checkpoint {shipped}" in printed
+    rule = from_metadata(meta)
+    assert rule.reranker is not None  # fitted, with its re-ranker (not the reader's own cls rule)
+    fitted = rule.report["fitted_on"]["out_of_fold"]
+    assert fitted["folds"] == 2 and fitted["articles"] == len(titles)
+    assert fitted["questions"] == len(read_squad(labelled))
     synthetic = {a["title"] for a in json.loads((out / "synthetic.json").read_text())["data"]}
     assert synthetic.isdisjoint(titles)  # the shared stages read no labelled text
     report = json.loads((out / "crossfit.json").read_text())

@@ -11,6 +11,9 @@ equal questions, and every stage that reads labels is cross-fitted by fold:
 3. Per fold, nested: the span re-ranker and the answerability rule (question verifier included) fitted on
    the *other* folds' out-of-fold outputs, then applied unchanged to the fold. So every question's answer
    comes from a reader, a re-ranker and a rule none of which saw its article.
+4. With ``--final``, the reader to ship: fine-tuned the same way on every labelled article, with the
+   re-ranker and rule fitted on every fold's out-of-fold outputs stored in its metadata. Its quality is
+   what the report says of the pipeline (no labelled article is left to score it on alone).
 
 Reported per article and over all of them, each difference with the cluster bootstrap, Student's t over
 articles and the exact sign test (`train.experiments.article_stats`): span F1 of the reader's best span and
@@ -44,6 +47,7 @@ from qa_core.squad import (
 )
 from train.answerability.estimators import roc_auc
 from train.answerability.fit import fit_for
+from train.common.atomic_dir import atomic_write_text
 from train.common.cli import Parser
 from train.common.dataclass_flags import add_flags
 from train.evaluation.predict import redecide
@@ -295,6 +299,12 @@ def build_parser() -> Parser:
         help="the articles the answerability rule is fitted on: those holding unanswerable questions too "
         "(mixed), or all",
     )
+    p.add_argument(
+        "--final",
+        action="store_true",
+        help="then train the reader to ship on every labelled article (final/reader, the folds' budget) "
+        "and store in it the re-ranker and rule fitted on every fold's out-of-fold outputs",
+    )
     p.add_argument("--out", default="runs/crossfit", help="where every stage and the report go")
     return p
 
@@ -406,30 +416,84 @@ def main(argv: Sequence[str] | None = None) -> int:
     for f in range(args.folds):
         fold_dir = out / f"fold-{f}"
         train = _subset(labelled, set(fold_of) - titles[f])
-        write_squad(train, fold_dir / "train.json")
-        write_squad(_subset(train, {train["data"][0]["title"]}), fold_dir / "dev.json")  # a training article
         held = write_squad(_subset(labelled, titles[f]), fold_dir / "heldout.json")
-        reader = _finetune(
-            args,
-            stages,
-            f"reader {f} ({len(titles[f])} articles held out)",
-            {
-                "init": str(stage),
-                "train_file": str(fold_dir / "train.json"),
-                "dev_file": str(fold_dir / "dev.json"),
-                "out": str(fold_dir / "reader"),
-                "steps": args.finetune_steps,
-                "lr": args.finetune_lr,
-                "batch_size": args.finetune_batch,
-                "eval_every": args.finetune_steps,
-                "save_every": args.finetune_steps,
-            },
-        )
+        name = f"reader {f} ({len(titles[f])} articles held out)"
+        reader = _fine_tuned_reader(args, stages, name, stage, train, fold_dir)
         examples[f] = read_squad(held)
         readers[f] = _out_of_fold(stages, f, reader, examples[f], fold_dir / "predictions.json", args)
     fit_and_report(examples, readers, fold_of, out, args.rule_articles)
     print((out / "RESULTS.md").read_text())
+    if args.final:
+        name = f"the shipped reader ({len(fold_of)} articles, every labelled one)"
+        shipped = _fine_tuned_reader(args, stages, name, stage, labelled, out / "final")
+        try:
+            rule = shipped_rule(examples, readers, args.rule_articles)
+        except ValueError as exc:  # too few questions of either kind: the reader's own cls rule stays
+            print(f"[shipped reader] no rule fitted ({exc}): its own sigmoid(cls_logit) decides", flush=True)
+        else:
+            store_rule(shipped, rule)
+            print(f"[shipped reader] answerability: {rule.report.get('decision', rule.rule)}", flush=True)
+        print(
+            f"{shipped}: trained on every labelled article, its rule fitted on the folds' out-of-fold "
+            f"outputs; export it with: python -m export.onnx --checkpoint {shipped} --precision int8"
+        )
     return 0
+
+
+def _fine_tuned_reader(
+    args, stages: Stages, name: str, stage: Path, train: dict[str, Any], folder: Path
+) -> Path:
+    """A reader fine-tuned from the synthetic stage on ``train``'s articles into ``folder/reader`` (the
+    first article doubles as the dev file fine-tuning asks for: nothing is chosen on it)."""
+    write_squad(train, folder / "train.json")
+    write_squad(_subset(train, {train["data"][0]["title"]}), folder / "dev.json")
+    return _finetune(
+        args,
+        stages,
+        name,
+        {
+            "init": str(stage),
+            "train_file": str(folder / "train.json"),
+            "dev_file": str(folder / "dev.json"),
+            "out": str(folder / "reader"),
+            "steps": args.finetune_steps,
+            "lr": args.finetune_lr,
+            "batch_size": args.finetune_batch,
+            "eval_every": args.finetune_steps,
+            "save_every": args.finetune_steps,
+        },
+    )
+
+
+def shipped_rule(
+    examples: Mapping[int, Sequence[SquadExample]],
+    readers: Mapping[int, Mapping[str, Prediction]],
+    rule_articles: str = "mixed",
+) -> Answerability:
+    """The re-ranker and rule for a reader trained on every article, fitted on every fold's out-of-fold
+    outputs as each fold's rule was on the other folds': what readers that never saw an article made of
+    it is what the shipped reader will make of a new one (stacking's usual assumption: a reader trained
+    on all folds is a little surer than one trained on three quarters of them)."""
+    every = [ex for f in sorted(examples) for ex in examples[f]]
+    predictions = {q: p for f in readers for q, p in readers[f].items()}
+    mixed = mixed_articles(every)
+    on = every if rule_articles == "all" else [ex for ex in every if ex.title in mixed]
+    rule = fit_for("auto", every, every, predictions, rerank=True, rule_examples=on)
+    rule.report.setdefault("fitted_on", {})["out_of_fold"] = {
+        "folds": len(readers),
+        "articles": len({ex.title for ex in every}),
+        "questions": len(every),
+        "rule_articles": sorted({ex.title for ex in on}),
+    }
+    return rule
+
+
+def store_rule(reader: Path, rule: Answerability) -> None:
+    """The rule into the reader's metadata.json, where evaluation, the exporters and the server read it
+    (written whole or not at all, as train.calibrate does)."""
+    meta = json.loads((reader / "metadata.json").read_text())
+    meta["answerability"] = rule.to_dict()
+    atomic_write_text(reader / "metadata.json", json.dumps(meta, indent=2, sort_keys=True))
 
 
 def fit_and_report(
