@@ -26,3 +26,10 @@ for v in before-all before-mixed now-all now-mixed; do
 done
 # the same features under a nonlinear model (boosted trees) against a logistic one: ROC AUC out of fold
 .venv/bin/python docs/study/crossfit-rule/nonlinear.py runs/crossfit-4fold > docs/study/crossfit-rule/NONLINEAR.md
+# boosted trees against the linear re-ranker, span F1 out of fold, on both runs' kept spans (800 and 1,600
+# fine-tuning steps; docs/study/crossfit-steps/run.sh makes the second)
+{
+  .venv/bin/python docs/study/crossfit-rule/reranker_trees.py runs/crossfit-4fold
+  echo
+  .venv/bin/python docs/study/crossfit-rule/reranker_trees.py runs/crossfit-4fold-1600
+} > docs/study/crossfit-rule/RERANKER-TREES.md
