@@ -141,13 +141,23 @@ def _reader_like(examples: list[SquadExample], seed: int = 0) -> dict[str, Predi
     return preds
 
 
-def test_fitting_on_real_questions_beats_the_reader_out_of_fold(sample_dir) -> None:
+@pytest.mark.parametrize("model", ["linear", "trees"])
+def test_fitting_on_real_questions_beats_the_reader_out_of_fold(sample_dir, model: str) -> None:
     """Real questions and contexts (the sample's calibration articles), a reader that ranks the gold span
     anywhere in its top 8: cross-fitted by article, the re-ranked span is right more often on every
-    article, and the stored model is what every decision path then applies."""
+    article, and the stored model is what every decision path then applies (a logistic model or boosted
+    trees, read back from their stored numbers alike)."""
     held = read_squad(sample_dir / "calibration.json")
     preds = _reader_like(held)
-    r = fit_reranker(held, preds)
+    r = fit_reranker(held, preds, model=model)
+    assert r.report["model"] == model
+    stored = SpanReranker.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert stored == r  # the numbers survive JSON, and rank every question's spans the same
+    assert all(
+        stored.rerank(ex.question, ex.context, preds[ex.qas_id].n_best)
+        == r.rerank(ex.question, ex.context, preds[ex.qas_id].n_best)
+        for ex in held[:40]
+    )
     cross = r.report["cross_fitted"]
     assert set(cross) == {ex.title for ex in held}
     for article in cross.values():
@@ -162,8 +172,9 @@ def test_fitting_on_real_questions_beats_the_reader_out_of_fold(sample_dir) -> N
         assert decided[ex.qas_id].best_span_text == by_fit[ex.qas_id].best_span_text
         assert decided[ex.qas_id].reranked
     # a rule fitted with rerank=True holds the re-ranker and decided on the re-ranked spans
-    a = fit_for("auto", read_squad(sample_dir / "train.json"), held, preds, rerank=True)
+    a = fit_for("auto", read_squad(sample_dir / "train.json"), held, preds, rerank=True, reranker_model=model)
     assert a.reranker is not None and a.reranker.report["questions"] == len(t)
+    assert a.reranker.report["model"] == model
     assert all(title in a.reranker.summary() for title in cross)
     no = fit_for("auto", read_squad(sample_dir / "train.json"), held, preds, rerank=False)
     assert no.reranker is None

@@ -29,6 +29,7 @@ from qa_core.text import STOPWORDS, stem, words
 from .answerability_features import ContextIndex, QuestionMatch, kind_match, match_question
 from .answerability_params import AnswerabilityError, Linear, check_format, parse_number, parse_object
 from .candidates import TOP_K, NBestEntry
+from .trees import BoostedTrees, is_trees
 
 FORMAT = 1
 # TOP_K (candidates.py): candidates rescored; the best of the top 10 holds most of what the top 20 does
@@ -142,7 +143,9 @@ def candidate_features(
 class SpanReranker:
     """A fitted re-ranker: the top ``top_k`` spans, whole words, ordered by ``model``'s logit."""
 
-    model: Linear  # logit that a candidate is the right span (trained on its F1 with the gold answers)
+    # a candidate's score, higher for spans likelier right (fitted on its F1 with the gold answers): a
+    # logistic model's logit, or boosted trees' regression of the F1
+    model: Linear | BoostedTrees
     top_k: int = TOP_K
     report: dict[str, Any] | None = None
 
@@ -191,6 +194,11 @@ class SpanReranker:
         top_k = parse_number(raw.get("top_k", TOP_K), "reranker.top_k")
         if top_k != int(top_k) or not 2 <= top_k <= 100:
             raise AnswerabilityError("reranker.top_k must be a whole number from 2 to 100")
-        model = Linear.from_dict(raw.get("model"), "reranker.model", CANDIDATE_FEATURES)
+        stored = raw.get("model")
+        model: Linear | BoostedTrees = (
+            BoostedTrees.from_dict(stored, "reranker.model", CANDIDATE_FEATURES)
+            if is_trees(stored)
+            else Linear.from_dict(stored, "reranker.model", CANDIDATE_FEATURES)
+        )
         report = raw.get("report")
         return cls(model, int(top_k), dict(report) if isinstance(report, Mapping) else None)

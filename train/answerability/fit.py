@@ -326,20 +326,22 @@ def fit_for(
     calibration: str = "platt",
     rerank: bool = False,
     rule_examples: Sequence[SquadExample] | None = None,
+    reranker_model: str = "linear",
 ) -> Answerability:
     """The answerability ``choice`` names: the question verifier from the fine-tuning questions, the
     rest cross-fitted on the held-out questions (ValueError when they cannot support a fit). With
     ``rerank``, a span re-ranker is fitted on the held-out questions first and the rule is fitted on
     the re-ranked spans, which is what it will decide on; it is stored with the rule. ``rule_examples``
     (a subset of the held-out questions): the ones the rule is fitted on, when not all of them are drawn
-    from the mix of answerable and unanswerable questions it will decide on."""
+    from the mix of answerable and unanswerable questions it will decide on. ``reranker_model``: the
+    re-ranker's form (rerank_fit.RERANK_MODELS)."""
     if choice not in ANSWERABILITY_CHOICES or choice == "cls":
         raise ValueError(f"nothing to fit for --answerability {choice}")
     rule_examples = heldout_examples if rule_examples is None else rule_examples
     reranker, not_reranked = None, None
     if rerank:
         try:
-            reranker = fit_reranker(heldout_examples, predictions)
+            reranker = fit_reranker(heldout_examples, predictions, model=reranker_model)
         except ValueError as exc:  # no answerable question with a partly right span: the reader's order
             not_reranked = f"no span re-ranker: {exc}"
         else:

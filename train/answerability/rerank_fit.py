@@ -20,7 +20,9 @@ import numpy as np
 
 from qa_core.squad import Prediction, SquadExample
 from qa_core.squad.answerability_features import match_question
+from qa_core.squad.answerability_params import Linear
 from qa_core.squad.rerank import CANDIDATE_FEATURES, TOP_K, SpanReranker, candidate_features, snapped
+from qa_core.squad.trees import BoostedTrees, Tree
 from train.answerability.estimators import as_linear, logistic
 from train.answerability.table import context_indexes, group_folds
 from train.squad.metrics import best_exact_f1
@@ -70,6 +72,60 @@ class CandidateTable:
         return len(self.questions)
 
 
+RERANK_MODELS = ("linear", "trees")
+# boosted trees' settings: set once before they were measured (docs/study.md), not tuned
+TREES = {"max_depth": 3, "learning_rate": 0.05, "max_iter": 300, "random_state": 0}
+
+
+class _LinearFit:
+    def __init__(self, x: np.ndarray, f1: np.ndarray) -> None:
+        self.model = _fit(x, f1)
+
+    def scores(self, x: np.ndarray) -> np.ndarray:
+        return self.model.decision_function(x)
+
+    def stored(self) -> Linear:
+        return as_linear(self.model, CANDIDATE_FEATURES)
+
+
+class _TreesFit:
+    def __init__(self, x: np.ndarray, f1: np.ndarray) -> None:
+        from sklearn.ensemble import HistGradientBoostingRegressor
+
+        self.model = HistGradientBoostingRegressor(**TREES).fit(x, f1)
+
+    def scores(self, x: np.ndarray) -> np.ndarray:
+        return self.model.predict(x)
+
+    def stored(self) -> BoostedTrees:
+        return as_trees(self.model, CANDIDATE_FEATURES)
+
+
+def as_trees(model, names: Sequence[str]) -> BoostedTrees:
+    """A fitted scikit-learn ``HistGradientBoostingRegressor`` (squared error, numerical features) as the
+    plain numbers the decoder applies."""
+    if getattr(model, "is_categorical_", None) is not None and np.any(model.is_categorical_):
+        raise ValueError("categorical features are not stored")
+    trees = []
+    for (predictor,) in model._predictors:  # one tree per round for a regressor
+        nodes = predictor.nodes
+        leaf = nodes["is_leaf"].astype(bool)
+        trees.append(
+            Tree(
+                feature=tuple(-1 if lf else int(f) for lf, f in zip(leaf, nodes["feature_idx"], strict=True)),
+                threshold=tuple(
+                    0.0 if lf else float(t) for lf, t in zip(leaf, nodes["num_threshold"], strict=True)
+                ),
+                left=tuple(0 if lf else int(c) for lf, c in zip(leaf, nodes["left"], strict=True)),
+                right=tuple(0 if lf else int(c) for lf, c in zip(leaf, nodes["right"], strict=True)),
+                missing_left=tuple(bool(m) for m in nodes["missing_go_to_left"]),
+                value=tuple(float(v) for v in nodes["value"]),
+            )
+        )
+    baseline = float(np.ravel(model._baseline_prediction)[0])
+    return BoostedTrees(tuple(names), baseline, tuple(trees))
+
+
 def _fit(x: np.ndarray, f1: np.ndarray):
     """Logistic regression on F1 as a soft label (each row twice: right with weight F1, wrong with 1 - F1)."""
     xs = np.concatenate([x, x])
@@ -92,21 +148,33 @@ def _chosen_f1(t: CandidateTable, scores: np.ndarray, rows: np.ndarray) -> dict[
 
 
 def fit_reranker(
-    examples: Sequence[SquadExample], predictions: Mapping[str, Prediction], top_k: int = TOP_K
+    examples: Sequence[SquadExample],
+    predictions: Mapping[str, Prediction],
+    top_k: int = TOP_K,
+    model: str = "linear",
 ) -> SpanReranker:
     """The re-ranker fitted on every answerable question, with a report cross-fitted by article:
     span F1 of the reader's best span and of the re-ranked best, per article, on articles the
-    model was not fitted on. ValueError when there is nothing to fit on."""
+    model was not fitted on. ``model``: "linear" (logistic regression on F1 as a soft label) or
+    "trees" (boosted trees regressing F1). ValueError when there is nothing to fit on."""
+    if model not in RERANK_MODELS:
+        raise ValueError(f"the re-ranker's model must be one of {RERANK_MODELS}, not {model!r}")
+    fitter = _TreesFit if model == "trees" else _LinearFit
     t = CandidateTable(examples, predictions, top_k)
     if len(t) == 0 or not (0 < t.f1.sum() < len(t.f1)):
         raise ValueError("the re-ranker needs answerable questions whose candidates are partly right")
-    report: dict[str, Any] = {"questions": len(t), "candidates": int(len(t.f1)), "top_k": top_k}
+    report: dict[str, Any] = {
+        "questions": len(t),
+        "candidates": int(len(t.f1)),
+        "top_k": top_k,
+        "model": model,
+    }
     reader_rank = -t.rank.astype(np.float64)  # the reader's own order as a score: first is highest
     if len(set(t.articles.tolist())) >= 2:
         per_article: dict[str, dict[str, float]] = {}
         for held in group_folds(t.articles, max_folds=len(set(t.articles.tolist()))):
             train = np.setdiff1d(np.arange(len(t.f1)), held)
-            scores = _fit(t.x[train], t.f1[train]).decision_function(t.x[held])
+            scores = fitter(t.x[train], t.f1[train]).scores(t.x[held])
             full = np.full(len(t.f1), -np.inf)
             full[held] = scores
             on, off = _chosen_f1(t, full, held), _chosen_f1(t, reader_rank, held)
@@ -118,8 +186,7 @@ def fit_reranker(
                 "reranked": 100 * float(np.mean(list(on.values()))),
             }
         report["cross_fitted"] = per_article
-    model = as_linear(_fit(t.x, t.f1), CANDIDATE_FEATURES)
-    return SpanReranker(model, top_k, report)
+    return SpanReranker(fitter(t.x, t.f1).stored(), top_k, report)
 
 
 def reranked(

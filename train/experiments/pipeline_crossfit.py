@@ -47,6 +47,7 @@ from qa_core.squad import (
 )
 from train.answerability.estimators import roc_auc
 from train.answerability.fit import fit_for
+from train.answerability.rerank_fit import RERANK_MODELS
 from train.common.atomic_dir import atomic_write_text
 from train.common.cli import Parser
 from train.common.dataclass_flags import add_flags
@@ -192,7 +193,8 @@ def results_markdown(r: Mapping[str, Any], folds: int) -> str:
     lines = [
         f"# Cross-fitted over {r['articles']} articles ({folds} folds)",
         "",
-        f"{r['questions']} questions, {r['answerable']} answerable; every answer from a reader, re-ranker "
+        f"{r['questions']} questions, {r['answerable']} answerable; every answer from a reader, "
+        f"{'re-ranker' if r.get('reranker_model', 'linear') == 'linear' else 're-ranker (boosted trees)'} "
         "and rule fitted without its article.",
         "",
         f"- span F1, answerable questions, decision off: reader {s['reader']:.2f}, re-ranked "
@@ -298,6 +300,12 @@ def build_parser() -> Parser:
         default="mixed",
         help="the articles the answerability rule is fitted on: those holding unanswerable questions too "
         "(mixed), or all",
+    )
+    p.add_argument(
+        "--reranker",
+        choices=RERANK_MODELS,
+        default="linear",
+        help="the span re-ranker's form: a logistic model (linear) or boosted trees regressing F1 (trees)",
     )
     p.add_argument(
         "--final",
@@ -421,13 +429,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         reader = _fine_tuned_reader(args, stages, name, stage, train, fold_dir)
         examples[f] = read_squad(held)
         readers[f] = _out_of_fold(stages, f, reader, examples[f], fold_dir / "predictions.json", args)
-    fit_and_report(examples, readers, fold_of, out, args.rule_articles)
+    fit_and_report(examples, readers, fold_of, out, args.rule_articles, args.reranker)
     print((out / "RESULTS.md").read_text())
     if args.final:
         name = f"the shipped reader ({len(fold_of)} articles, every labelled one)"
         shipped = _fine_tuned_reader(args, stages, name, stage, labelled, out / "final")
         try:
-            rule = shipped_rule(examples, readers, args.rule_articles)
+            rule = shipped_rule(examples, readers, args.rule_articles, args.reranker)
         except ValueError as exc:  # too few questions of either kind: the reader's own cls rule stays
             print(f"[shipped reader] no rule fitted ({exc}): its own sigmoid(cls_logit) decides", flush=True)
         else:
@@ -469,6 +477,7 @@ def shipped_rule(
     examples: Mapping[int, Sequence[SquadExample]],
     readers: Mapping[int, Mapping[str, Prediction]],
     rule_articles: str = "mixed",
+    reranker_model: str = "linear",
 ) -> Answerability:
     """The re-ranker and rule for a reader trained on every article, fitted on every fold's out-of-fold
     outputs as each fold's rule was on the other folds': what readers that never saw an article made of
@@ -478,7 +487,9 @@ def shipped_rule(
     predictions = {q: p for f in readers for q, p in readers[f].items()}
     mixed = mixed_articles(every)
     on = every if rule_articles == "all" else [ex for ex in every if ex.title in mixed]
-    rule = fit_for("auto", every, every, predictions, rerank=True, rule_examples=on)
+    rule = fit_for(
+        "auto", every, every, predictions, rerank=True, rule_examples=on, reranker_model=reranker_model
+    )
     rule.report.setdefault("fitted_on", {})["out_of_fold"] = {
         "folds": len(readers),
         "articles": len({ex.title for ex in every}),
@@ -502,11 +513,13 @@ def fit_and_report(
     fold_of: Mapping[str, int],
     out: Path,
     rule_articles: str = "mixed",
+    reranker_model: str = "linear",
 ) -> dict[str, Any]:
     """Stage 3 and the report: per fold, the re-ranker and the rule fitted on the other folds'
     out-of-fold outputs and applied to the fold; RESULTS.md, crossfit.json and the plot written to ``out``.
     ``rule_articles``: "mixed" fits the rule on the articles that hold unanswerable questions too (the
-    re-ranker and the question verifier still read every article); "all" on every article."""
+    re-ranker and the question verifier still read every article); "all" on every article.
+    ``reranker_model``: the re-ranker's form, "linear" or "trees" (boosted trees)."""
     folds = sorted(examples)
     mixed = mixed_articles([ex for f in folds for ex in examples[f]])
     outputs = []
@@ -516,7 +529,15 @@ def fit_and_report(
         other_preds = {q: p for g in folds if g != f for q, p in readers[g].items()}
         on = others if rule_articles == "all" else [ex for ex in others if ex.title in mixed]
         try:
-            rule = fit_for("auto", others, others, other_preds, rerank=True, rule_examples=on)
+            rule = fit_for(
+                "auto",
+                others,
+                others,
+                other_preds,
+                rerank=True,
+                rule_examples=on,
+                reranker_model=reranker_model,
+            )
         except ValueError as exc:  # too few questions of either kind to fit on: the reader's cls decides
             print(f"[fold {f}] no rule fitted ({exc}): sigmoid(cls_logit) at 0.5 decides", flush=True)
             rule = Answerability.cls_only(0.5)
@@ -527,6 +548,7 @@ def fit_and_report(
         "folds": dict(fold_of),
         "rules": rules,
         "rule_articles": rule_articles,
+        "reranker_model": reranker_model,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "crossfit.json").write_text(json.dumps(r, indent=2, ensure_ascii=False) + "\n")

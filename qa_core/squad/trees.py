@@ -1,0 +1,194 @@
+"""A sum of regression trees (gradient boosting) applied with numpy alone, from stored numbers.
+
+The span re-ranker may be boosted trees instead of a linear model (the same features read nonlinearly
+pick better spans out of fold: docs/study.md). They are fitted on the training side (scikit-learn's
+``HistGradientBoostingRegressor``, :func:`train.answerability.rerank_fit.as_trees`) and stored as plain
+arrays per tree; here every candidate walks every tree at once, one array step per level, so a
+question's ten candidates cost a few array operations per level, not a Python loop over trees.
+
+A node sends a row left when its feature is ``<= threshold`` (a missing value: where the node says), as
+scikit-learn does; the trees' values are added to the baseline in the trees' order (a running sum), so
+the scores equal scikit-learn's to the last bit.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .answerability_params import AnswerabilityError, parse_floats, parse_number, parse_object
+
+KIND = "boosted_trees"
+MAX_TREES = 2000
+MAX_NODES = 4096  # per tree
+MAX_DEPTH = 8  # a tree is applied as a complete binary tree of its depth: 2^depth leaves
+
+
+@dataclass(frozen=True)
+class Tree:
+    """One tree as parallel node lists; a leaf has feature -1. Children come after their parent, so
+    every walk ends (checked when read)."""
+
+    feature: tuple[int, ...]
+    threshold: tuple[float, ...]
+    left: tuple[int, ...]
+    right: tuple[int, ...]
+    missing_left: tuple[bool, ...]
+    value: tuple[float, ...]
+
+    def depth(self) -> int:
+        """Levels below the root (0: the root is a leaf)."""
+        depths = [0] * len(self.feature)
+        for i, f in enumerate(self.feature):
+            if f >= 0:
+                depths[self.left[i]] = depths[self.right[i]] = depths[i] + 1
+        return max(depths)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "feature": list(self.feature),
+            "threshold": list(self.threshold),
+            "left": list(self.left),
+            "right": list(self.right),
+            "missing_left": list(self.missing_left),
+            "value": list(self.value),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Any, name: str, features: int) -> Tree:
+        raw = parse_object(raw, name)
+        keys = ("feature", "threshold", "left", "right", "missing_left", "value")
+        lists = {k: raw.get(k) for k in keys}
+        if any(not isinstance(v, list) for v in lists.values()):
+            raise AnswerabilityError(f"{name} must hold the lists {', '.join(keys)}")
+        n = len(lists["feature"])
+        if not 1 <= n <= MAX_NODES or any(len(v) != n for v in lists.values()):
+            raise AnswerabilityError(f"{name}: 1 to {MAX_NODES} nodes, every list as long as the others")
+        feature = tuple(_whole(v, f"{name}.feature", -1, features - 1) for v in lists["feature"])
+        left = tuple(_whole(v, f"{name}.left", 0, n - 1) for v in lists["left"])
+        right = tuple(_whole(v, f"{name}.right", 0, n - 1) for v in lists["right"])
+        for i, f in enumerate(feature):
+            if f >= 0 and not (left[i] > i and right[i] > i):
+                raise AnswerabilityError(f"{name}: node {i}'s children must come after it")
+        threshold = parse_floats(lists["threshold"], f"{name}.threshold", n)
+        value = parse_floats(lists["value"], f"{name}.value", n)
+        if any(not isinstance(v, bool) for v in lists["missing_left"]):
+            raise AnswerabilityError(f"{name}.missing_left must be true or false per node")
+        tree = cls(feature, threshold, left, right, tuple(lists["missing_left"]), value)
+        if tree.depth() > MAX_DEPTH:
+            raise AnswerabilityError(f"{name} is deeper than {MAX_DEPTH} levels")
+        return tree
+
+
+def _whole(v: Any, name: str, low: int, high: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+        raise AnswerabilityError(f"{name} must hold whole numbers from {low} to {high}")
+    return v
+
+
+@dataclass(frozen=True)
+class BoostedTrees:
+    """``baseline + sum of the trees' leaf values``: a regression of a candidate's F1 on its features."""
+
+    features: tuple[str, ...]
+    baseline: float
+    trees: tuple[Tree, ...]
+
+    def on_columns(self, x: np.ndarray, names: Sequence[str]) -> np.ndarray:
+        """Each row's score, the columns of ``x`` named by ``names`` (as Linear.on_columns). Every node's
+        test is taken for every row at once; then each row walks each tree's levels by index arithmetic
+        (the trees are laid out as complete binary trees: node i's children are 2i+1 and 2i+2)."""
+        heap = self._heap
+        rows = x[:, [names.index(f) for f in self.features]]
+        n, t = rows.shape[0], len(self.trees)
+        inner = 2**heap.depth - 1
+        seen = rows[:, heap.feature]  # [n, trees * inner nodes]: every node's test for every row
+        goes_left = seen <= heap.threshold
+        if np.isnan(seen).any():
+            goes_left = np.where(np.isnan(seen), heap.missing_left, goes_left)
+        tests = goes_left.ravel()
+        first = (np.arange(n)[:, None] * t + np.arange(t)) * inner  # [n, t]: each (row, tree)'s first test
+        at = np.zeros((n, t), dtype=np.intp)
+        for _ in range(heap.depth):  # left: 2i+1, right: 2i+2
+            at = 2 * at + 2 - tests.take(first + at)
+        parts = np.concatenate(
+            [np.full((n, 1), self.baseline), heap.value.take(at - inner + heap.offsets)], axis=1
+        )
+        return np.cumsum(parts, axis=1)[:, -1]  # in the trees' order, as the fitted model adds them
+
+    @functools.cached_property
+    def _heap(self) -> _Heap:
+        return _Heap.of(self.trees)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": KIND,
+            "features": list(self.features),
+            "baseline": self.baseline,
+            "trees": [tree.to_dict() for tree in self.trees],
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Any, name: str, allowed: Sequence[str]) -> BoostedTrees:
+        raw = parse_object(raw, name)
+        if raw.get("kind") != KIND:
+            raise AnswerabilityError(f"{name}.kind must be {KIND!r}")
+        names = raw.get("features")
+        if not isinstance(names, list) or not names or any(n not in allowed for n in names):
+            raise AnswerabilityError(f"{name}.features must be a non-empty list drawn from {tuple(allowed)}")
+        trees = raw.get("trees")
+        if not isinstance(trees, list) or not 1 <= len(trees) <= MAX_TREES:
+            raise AnswerabilityError(f"{name}.trees must be a list of 1 to {MAX_TREES} trees")
+        return cls(
+            tuple(names),
+            parse_number(raw.get("baseline"), f"{name}.baseline"),
+            tuple(Tree.from_dict(t, f"{name}.trees[{i}]", len(names)) for i, t in enumerate(trees)),
+        )
+
+
+@dataclass(frozen=True)
+class _Heap:
+    """The trees as complete binary trees of one depth, flattened: each internal node's feature column,
+    threshold and where a missing value goes ([trees * (2^depth - 1)]), each leaf's value ([trees *
+    2^depth]). A leaf above the full depth is copied to every leaf below it, through nodes that send every
+    row left (feature 0, threshold infinity, missing values left)."""
+
+    depth: int
+    feature: np.ndarray
+    threshold: np.ndarray
+    missing_left: np.ndarray
+    value: np.ndarray
+    offsets: np.ndarray  # [trees]: where each tree's leaves begin in ``value``
+
+    @classmethod
+    def of(cls, trees: Sequence[Tree]) -> _Heap:
+        depth = max(max(tree.depth() for tree in trees), 1)
+        inner, leaves = 2**depth - 1, 2**depth
+        feature = np.zeros((len(trees), inner), dtype=np.intp)
+        threshold = np.full((len(trees), inner), np.inf)
+        missing_left = np.ones((len(trees), inner), dtype=bool)
+        value = np.zeros((len(trees), leaves))
+        for k, tree in enumerate(trees):
+            stack = [(0, 0)]  # (node of the tree, its place in the complete tree)
+            while stack:
+                node, place = stack.pop()
+                if tree.feature[node] >= 0:
+                    feature[k, place], threshold[k, place] = tree.feature[node], tree.threshold[node]
+                    missing_left[k, place] = tree.missing_left[node]
+                    stack += [(tree.left[node], 2 * place + 1), (tree.right[node], 2 * place + 2)]
+                    continue
+                first, last = place, place  # a leaf: the complete tree's leaves below its place
+                while first < inner:
+                    first, last = 2 * first + 1, 2 * last + 2
+                value[k, first - inner : last - inner + 1] = tree.value[node]
+        offsets = np.arange(len(trees)) * leaves
+        return cls(depth, feature.ravel(), threshold.ravel(), missing_left.ravel(), value.ravel(), offsets)
+
+
+def is_trees(raw: Mapping[str, Any] | Any) -> bool:
+    """Whether stored numbers are a tree ensemble's (else a linear model's)."""
+    return isinstance(raw, Mapping) and raw.get("kind") == KIND

@@ -1,0 +1,102 @@
+"""Boosted trees applied from stored numbers (qa_core.squad.trees): the scores scikit-learn's fitted model
+gives, to the last bit, for trees of uneven depth and missing values; stored numbers that would walk
+forever, read outside a row or hold no number are refused with a clear error."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from sklearn.ensemble import HistGradientBoostingRegressor
+
+from qa_core.squad.answerability_params import AnswerabilityError
+from qa_core.squad.trees import MAX_DEPTH, BoostedTrees
+from train.answerability.rerank_fit import as_trees
+
+NAMES = ("a", "b", "c", "d")
+
+
+def _fitted(seed: int = 0, **settings: Any) -> tuple[HistGradientBoostingRegressor, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(600, len(NAMES)))
+    x[rng.random(x.shape) < 0.05] = np.nan  # missing values: each node learns where they go
+    y = np.sin(np.nan_to_num(x[:, 0]) * 2) + (np.nan_to_num(x[:, 1]) > 0.3) * np.nan_to_num(x[:, 2])
+    settings = {"max_iter": 40, "learning_rate": 0.1, "random_state": 0} | settings
+    return HistGradientBoostingRegressor(**settings).fit(x, y), x
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"max_depth": 3},
+        {"max_depth": 6, "min_samples_leaf": 40},  # leaves at many depths: each padded to the full depth
+        {"max_depth": 1},  # stumps
+    ],
+)
+def test_scores_equal_scikit_learns_to_the_last_bit(settings: dict[str, Any]) -> None:
+    model, x = _fitted(**settings)
+    stored = as_trees(model, NAMES)
+    again = BoostedTrees.from_dict(json.loads(json.dumps(stored.to_dict())), "model", NAMES)
+    assert again == stored
+    rows = np.concatenate([x, np.full((1, len(NAMES)), np.nan), x[:20] * 3.0])
+    assert np.array_equal(again.on_columns(rows, NAMES), model.predict(rows))
+    # the columns are found by name, in whatever order the caller holds them
+    order = [2, 0, 3, 1]
+    assert np.array_equal(again.on_columns(rows[:, order], [NAMES[i] for i in order]), model.predict(rows))
+
+
+def _stored() -> dict[str, Any]:
+    model, _ = _fitted(max_depth=2)
+    return as_trees(model, NAMES).to_dict()
+
+
+def _edit(raw: dict[str, Any], where: str, value: Any) -> dict[str, Any]:
+    raw = json.loads(json.dumps(raw))
+    raw["trees"][0][where][0] = value
+    return raw
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda r: _edit(r, "left", 0), "children must come after"),  # a loop: the root its own child
+        (lambda r: _edit(r, "feature", len(NAMES)), "feature must hold whole numbers"),  # outside a row
+        (lambda r: _edit(r, "feature", True), "feature must hold whole numbers"),
+        (lambda r: _edit(r, "value", "1.0"), "non-finite or non-numeric"),
+        (lambda r: _edit(r, "threshold", float("nan")), "non-finite or non-numeric"),
+        (lambda r: _edit(r, "missing_left", 1), "true or false"),
+        (lambda r: {**r, "trees": []}, "1 to"),
+        (lambda r: {**r, "kind": "linear"}, "kind must be"),
+        (lambda r: {**r, "features": ["a", "nope"]}, "features must be"),
+        (lambda r: {k: v for k, v in r.items() if k != "baseline"}, "baseline"),
+        (lambda r: {**r, "trees": [{**r["trees"][0], "value": []}]}, "as long as the others"),
+    ],
+)
+def test_stored_numbers_are_validated(edit, message: str) -> None:
+    with pytest.raises(AnswerabilityError, match=message):
+        BoostedTrees.from_dict(edit(_stored()), "model", NAMES)
+
+
+def test_a_tree_deeper_than_the_limit_is_refused() -> None:
+    """A chain of splits (each node's right child a leaf) one level deeper than the decoder applies."""
+    depth = MAX_DEPTH + 1
+    feature, left, right = [], [], []
+    for level in range(depth):
+        node = 2 * level
+        feature.append(0)
+        left.append(node + 2)  # the next split, or the last leaf
+        right.append(node + 1)
+        feature.append(-1)  # the right child: a leaf
+        left.append(0)
+        right.append(0)
+    feature.append(-1)  # the last left child
+    left.append(0)
+    right.append(0)
+    n = len(feature)
+    tree = {"feature": feature, "threshold": [0.5] * n, "left": left, "right": right}
+    tree |= {"missing_left": [True] * n, "value": [0.1] * n}
+    raw = {"kind": "boosted_trees", "features": ["a"], "baseline": 0.0, "trees": [tree]}
+    with pytest.raises(AnswerabilityError, match=f"deeper than {MAX_DEPTH}"):
+        BoostedTrees.from_dict(raw, "model", NAMES)
