@@ -11,7 +11,7 @@ done
 .venv/bin/python -m train.crossfit \
   --labelled ../shared/data/squad2/dev-v2.0.cs224n-13.json ../shared/data/squad2/train-v2.0.first10.json \
   --corpus ../shared/data/squad2/test-v2.0.cs224n.json \
-  --folds 4 --synth-steps 600 --finetune-steps 1600 --threads 2 --no-progress --out runs/crossfit-4fold-1600
+  --folds 4 --synth-steps 600 --finetune-steps 1600 --reranker linear --threads 2 --no-progress --out runs/crossfit-4fold-1600
 PYTHONPATH=. .venv/bin/python docs/study/crossfit-steps/compare_readers.py runs/crossfit-4fold \
   runs/crossfit-4fold-1600 > docs/study/crossfit-steps/READERS.md
 # the whole pipeline on the longer-trained readers (re-ranker and rule refitted on their spans), and its
