@@ -29,9 +29,13 @@ SHIPPED = Path(__file__).resolve().parents[1] / "models" / "squad2-small-int8"
 pytestmark = pytest.mark.serial
 
 
-def p99(latencies: list[float]) -> float:
+def tail(latencies: list[float]) -> float:
+    """The 90th percentile: the tail a flood would stretch. Not the 99th: of the 60-100 requests a test
+    sends, that is the single slowest one, which one scheduling hiccup of the 2 cores the suite shares
+    with the server, the flood and the client decides (a red CI from luck, twice in one day); a flood that
+    slows the server (the thread-per-connection metrics server: 3.3x) moves the whole tail."""
     ordered = sorted(latencies)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
 
 
 def served(outcomes: list[tuple[str, float]]) -> tuple[float, list[float]]:
@@ -44,8 +48,8 @@ def test_a_keyless_connection_flood_leaves_key_holders_their_connections(
     onnx_export: Path, tmp_path: Path, tls: bool
 ) -> None:
     """One address keeps twice --max-connections idle connections open (reconnecting at 200/s as the
-    server closes them): a key holder's new connections are still answered, >= 99% of them, with a p99
-    within twice its unflooded one."""
+    server closes them): a key holder's new connections are still answered, >= 99% of them, with a 90th
+    percentile within twice its unflooded one."""
     keys = keys_file(tmp_path / "keys.txt", f"alice: {ALICE}")
     setup = flood_setup("connections-tls" if tls else "connections", tmp_path)
     ca = setup.ca
@@ -60,9 +64,9 @@ def test_a_keyless_connection_flood_leaves_key_holders_their_connections(
     rate, ok = served(flooded)
     assert base_rate == 1.0
     assert rate >= 0.99, [o for o, _ in flooded if o != "200"][:5]
-    # within twice the unflooded p99 (plus 5 ms: with a p99 of a few ms, one scheduling hiccup of the
+    # within twice the unflooded tail (plus 5 ms: with a tail of a few ms, one scheduling hiccup of the
     # machine running the suite is not the server's doing; bench.abuse --flood reports the plain ratio)
-    assert p99(ok) <= 2 * p99(base) + 0.005, (p99(ok), p99(base))
+    assert tail(ok) <= 2 * tail(base) + 0.005, (tail(ok), tail(base))
     assert "closed idle connections" in log  # the flood was there, and it was the one that gave way
 
 
@@ -129,7 +133,7 @@ def test_a_tenant_flooding_the_tokenizer_pays_for_it(tmp_path: Path) -> None:
 
 def test_a_flood_of_the_metrics_port_leaves_the_api_its_speed(onnx_export: Path, tmp_path: Path) -> None:
     """6,000 half-sent requests held on --metrics-port and 2,000 scrapes a second (one process, as the
-    Kubernetes kit runs): the key holder's p99 on the API stays within twice its unflooded one (the
+    Kubernetes kit runs): the key holder's 90th percentile on the API stays within twice its unflooded one (the
     metrics server before, a thread per connection in the API's process: 3.3x)."""
     keys = keys_file(tmp_path / "keys.txt", f"alice: {ALICE}")
     setup = flood_setup("metrics-port", tmp_path, free_port() if OTHER_SERVER_REPO else 0)  # older: no port 0
@@ -145,8 +149,8 @@ def test_a_flood_of_the_metrics_port_leaves_the_api_its_speed(onnx_export: Path,
     base_rate, base = served(unloaded)
     rate, ok = served(flooded)
     assert base_rate == rate == 1.0, [o for o, _ in flooded if o != "200"][:5]
-    # within twice the unflooded p99 (plus 5 ms, as for the connection flood: a p99 of a few ms)
-    assert p99(ok) <= 2 * p99(base) + 0.005, (p99(ok), p99(base))
+    # within twice the unflooded tail (plus 5 ms, as for the connection flood: a tail of a few ms)
+    assert tail(ok) <= 2 * tail(base) + 0.005, (tail(ok), tail(base))
 
 
 def answered_for(url: str, key: str) -> float:
