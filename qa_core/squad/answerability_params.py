@@ -61,6 +61,18 @@ def parse_curve(raw: Any, name: str) -> tuple[tuple[float, ...], tuple[float, ..
     return x, y
 
 
+def feature_columns(model: Any, names: Sequence[str]) -> np.ndarray:
+    """Where ``model.features`` sit among the columns ``names``, found once per layout and kept on the
+    model (a re-ranker's candidates always come in the same columns): for every stored model that scores
+    a matrix of named columns."""
+    cache = model.__dict__.setdefault("_column_cache", {})
+    key = tuple(names)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = np.array([key.index(f) for f in model.features], dtype=np.intp)
+    return found
+
+
 @dataclass(frozen=True)
 class Linear:
     """Standardised features -> a weighted sum: a logistic model's logit, or a regression's score."""
@@ -81,16 +93,7 @@ class Linear:
         ten candidates per question)."""
         center, scale, coef = self._arrays
         # np.dot, not @: the same BLAS product, without matmul's dispatch (a few µs per question)
-        return np.dot((x[:, self._columns(tuple(names))] - center) / scale, coef) + self.intercept
-
-    def _columns(self, names: tuple[str, ...]) -> np.ndarray:
-        """Where this model's features sit among ``names``, found once per layout (the re-ranker's
-        candidates always come in the same columns)."""
-        cache = self.__dict__.setdefault("_column_cache", {})
-        found = cache.get(names)
-        if found is None:
-            found = cache[names] = np.array([names.index(f) for f in self.features], dtype=np.intp)
-        return found
+        return np.dot((x[:, feature_columns(self, names)] - center) / scale, coef) + self.intercept
 
     @functools.cached_property
     def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -20,7 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from .answerability_params import AnswerabilityError, parse_floats, parse_number, parse_object
+from .answerability_params import (
+    AnswerabilityError,
+    feature_columns,
+    parse_floats,
+    parse_number,
+    parse_object,
+)
 
 KIND = "boosted_trees"
 MAX_TREES = 2000
@@ -103,7 +109,7 @@ class BoostedTrees:
         test is taken for every row at once; then each row walks each tree's levels by index arithmetic
         (the trees are laid out as complete binary trees: node i's children are 2i+1 and 2i+2)."""
         heap = self._heap
-        rows = x[:, [names.index(f) for f in self.features]]
+        rows = x[:, feature_columns(self, names)]
         n, t = rows.shape[0], len(self.trees)
         inner = 2**heap.depth - 1
         seen = rows[:, heap.feature]  # [n, trees * inner nodes]: every node's test for every row

@@ -109,17 +109,15 @@ def as_trees(model, names: Sequence[str]) -> BoostedTrees:
     trees = []
     for (predictor,) in model._predictors:  # one tree per round for a regressor
         nodes = predictor.nodes
-        leaf = nodes["is_leaf"].astype(bool)
+        leaf = nodes["is_leaf"].astype(bool)  # a leaf's split fields are unused: stored as -1 / 0
         trees.append(
             Tree(
-                feature=tuple(-1 if lf else int(f) for lf, f in zip(leaf, nodes["feature_idx"], strict=True)),
-                threshold=tuple(
-                    0.0 if lf else float(t) for lf, t in zip(leaf, nodes["num_threshold"], strict=True)
-                ),
-                left=tuple(0 if lf else int(c) for lf, c in zip(leaf, nodes["left"], strict=True)),
-                right=tuple(0 if lf else int(c) for lf, c in zip(leaf, nodes["right"], strict=True)),
-                missing_left=tuple(bool(m) for m in nodes["missing_go_to_left"]),
-                value=tuple(float(v) for v in nodes["value"]),
+                feature=tuple(np.where(leaf, -1, nodes["feature_idx"]).tolist()),
+                threshold=tuple(np.where(leaf, 0.0, nodes["num_threshold"]).tolist()),
+                left=tuple(np.where(leaf, 0, nodes["left"]).astype(np.int64).tolist()),
+                right=tuple(np.where(leaf, 0, nodes["right"]).astype(np.int64).tolist()),
+                missing_left=tuple(nodes["missing_go_to_left"].astype(bool).tolist()),
+                value=tuple(nodes["value"].tolist()),
             )
         )
     baseline = float(np.ravel(model._baseline_prediction)[0])

@@ -485,18 +485,31 @@ def shipped_rule(
     on all folds is a little surer than one trained on three quarters of them)."""
     every = [ex for f in sorted(examples) for ex in examples[f]]
     predictions = {q: p for f in readers for q, p in readers[f].items()}
-    mixed = mixed_articles(every)
-    on = every if rule_articles == "all" else [ex for ex in every if ex.title in mixed]
-    rule = fit_for(
-        "auto", every, every, predictions, rerank=True, rule_examples=on, reranker_model=reranker_model
-    )
+    titles, mixed = {ex.title for ex in every}, mixed_articles(every)
+    rule = _fit_rule(every, predictions, mixed, rule_articles, reranker_model)
     rule.report.setdefault("fitted_on", {})["out_of_fold"] = {
         "folds": len(readers),
-        "articles": len({ex.title for ex in every}),
+        "articles": len(titles),
         "questions": len(every),
-        "rule_articles": sorted({ex.title for ex in on}),
+        "rule_articles": sorted(titles if rule_articles == "all" else mixed),
     }
     return rule
+
+
+def _fit_rule(
+    examples: Sequence[SquadExample],
+    predictions: Mapping[str, Prediction],
+    mixed: set[str],
+    rule_articles: str,
+    reranker_model: str,
+) -> Answerability:
+    """The re-ranker (on every article's spans) and the rule (on the ``mixed`` articles, or on all with
+    ``rule_articles`` "all"), fitted on out-of-fold outputs: a fold's from the other folds', the shipped
+    reader's from all. ValueError when they cannot support a fit."""
+    on = examples if rule_articles == "all" else [ex for ex in examples if ex.title in mixed]
+    return fit_for(
+        "auto", examples, examples, predictions, rerank=True, rule_examples=on, reranker_model=reranker_model
+    )
 
 
 def store_rule(reader: Path, rule: Answerability) -> None:
@@ -527,17 +540,8 @@ def fit_and_report(
     for f in folds:
         others = [ex for g in folds if g != f for ex in examples[g]]
         other_preds = {q: p for g in folds if g != f for q, p in readers[g].items()}
-        on = others if rule_articles == "all" else [ex for ex in others if ex.title in mixed]
         try:
-            rule = fit_for(
-                "auto",
-                others,
-                others,
-                other_preds,
-                rerank=True,
-                rule_examples=on,
-                reranker_model=reranker_model,
-            )
+            rule = _fit_rule(others, other_preds, mixed, rule_articles, reranker_model)
         except ValueError as exc:  # too few questions of either kind to fit on: the reader's cls decides
             print(f"[fold {f}] no rule fitted ({exc}): sigmoid(cls_logit) at 0.5 decides", flush=True)
             rule = Answerability.cls_only(0.5)
