@@ -47,6 +47,19 @@ def test_scores_equal_scikit_learns_to_the_last_bit(settings: dict[str, Any]) ->
     assert np.array_equal(again.on_columns(rows[:, order], [NAMES[i] for i in order]), model.predict(rows))
 
 
+@pytest.mark.parametrize("missing", [False, True])
+def test_every_count_of_candidates_scores_as_scikit_learn(missing: bool) -> None:
+    """A question's candidates come in small groups (1 to the re-ranker's top k): each count has its own
+    repeated node layout, and one row is summed by a running sum, not numpy's pairwise sum."""
+    model, x = _fitted(seed=1, max_depth=3, max_iter=300, learning_rate=0.05)
+    stored = as_trees(model, NAMES)
+    rows = x[~np.isnan(x).any(axis=1)] if not missing else x
+    for n in range(1, 13):
+        for start in range(0, 60, 12):
+            group = rows[start : start + n]
+            assert np.array_equal(stored.on_columns(group, NAMES), model.predict(group)), (n, start)
+
+
 def _stored() -> dict[str, Any]:
     model, _ = _fitted(max_depth=2)
     return as_trees(model, NAMES).to_dict()

@@ -32,6 +32,7 @@ KIND = "boosted_trees"
 MAX_TREES = 2000
 MAX_NODES = 4096  # per tree
 MAX_DEPTH = 8  # a tree is applied as a complete binary tree of its depth: 2^depth leaves
+MAX_LAYOUTS = 64  # row counts whose repeated node arrays are kept
 
 
 @dataclass(frozen=True)
@@ -107,24 +108,27 @@ class BoostedTrees:
     def on_columns(self, x: np.ndarray, names: Sequence[str]) -> np.ndarray:
         """Each row's score, the columns of ``x`` named by ``names`` (as Linear.on_columns). Every node's
         test is taken for every row at once; then each row walks each tree's levels by index arithmetic
-        (the trees are laid out as complete binary trees: node i's children are 2i+1 and 2i+2)."""
+        (the trees are laid out as complete binary trees: node i's children are 2i+1 and 2i+2). Arrays
+        are node-major ([node, row]): a node's test gathers one short row of features, and the leaves'
+        values are added tree after tree (a reduction over the outer axis is a running sum)."""
         heap = self._heap
         rows = x[:, feature_columns(self, names)]
         n, t = rows.shape[0], len(self.trees)
         inner = 2**heap.depth - 1
-        seen = rows[:, heap.feature]  # [n, trees * inner nodes]: every node's test for every row
-        goes_left = seen <= heap.threshold
-        if np.isnan(seen).any():
-            goes_left = np.where(np.isnan(seen), heap.missing_left, goes_left)
-        tests = goes_left.ravel()
-        first = (np.arange(n)[:, None] * t + np.arange(t)) * inner  # [n, t]: each (row, tree)'s first test
-        at = np.zeros((n, t), dtype=np.intp)
+        seen = np.ascontiguousarray(rows.T).take(heap.feature, axis=0).ravel()  # [trees * inner * n]
+        layout = heap.for_rows(n)
+        tests = seen <= layout.threshold
+        if np.isnan(rows).any():
+            tests = np.where(np.isnan(seen), layout.missing_left, tests)
+        at = np.zeros((t, n), dtype=np.intp)  # each (tree, row)'s place in its complete tree
         for _ in range(heap.depth):  # left: 2i+1, right: 2i+2
-            at = 2 * at + 2 - tests.take(first + at)
-        parts = np.concatenate(
-            [np.full((n, 1), self.baseline), heap.value.take(at - inner + heap.offsets)], axis=1
-        )
-        return np.cumsum(parts, axis=1)[:, -1]  # in the trees' order, as the fitted model adds them
+            at = 2 * at + 2 - tests.take(layout.first + at * n)
+        parts = np.empty((t + 1, n))
+        parts[0] = self.baseline
+        parts[1:] = heap.value.take(at - inner + heap.offsets[:, None])
+        if n == 1:  # one column would be summed pairwise: a running sum keeps the trees' order
+            return np.cumsum(parts[:, 0])[-1:]
+        return np.add.reduce(parts, axis=0)  # row after row: in the trees' order, as the fitted model adds
 
     @functools.cached_property
     def _heap(self) -> _Heap:
@@ -193,6 +197,29 @@ class _Heap:
                 value[k, first - inner : last - inner + 1] = tree.value[node]
         offsets = np.arange(len(trees)) * leaves
         return cls(depth, feature.ravel(), threshold.ravel(), missing_left.ravel(), value.ravel(), offsets)
+
+    def for_rows(self, n: int) -> _RowLayout:
+        """The node arrays repeated for ``n`` rows (node-major), made once per row count: a question's
+        candidates are at most the re-ranker's top k, so a few counts recur."""
+        layout = self._layouts.get(n)
+        if layout is None:
+            trees, inner = len(self.offsets), 2**self.depth - 1
+            first = np.arange(trees)[:, None] * (inner * n) + np.arange(n)  # [trees, n]: each root test
+            layout = _RowLayout(np.repeat(self.threshold, n), np.repeat(self.missing_left, n), first)
+            if len(self._layouts) < MAX_LAYOUTS:
+                self._layouts[n] = layout
+        return layout
+
+    @functools.cached_property
+    def _layouts(self) -> dict[int, _RowLayout]:
+        return {}
+
+
+@dataclass(frozen=True)
+class _RowLayout:
+    threshold: np.ndarray  # [trees * inner * n]
+    missing_left: np.ndarray
+    first: np.ndarray  # [trees, n]: where each (tree, row)'s root test is
 
 
 def is_trees(raw: Mapping[str, Any] | Any) -> bool:
