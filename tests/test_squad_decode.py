@@ -385,3 +385,27 @@ def test_decode_all_beam(tok: XLNetTokenizer, dev_examples: list[SquadExample]) 
 def test_decode_options_refuse_what_would_decode_nothing_or_garbage(bad: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
         DecodeOptions.spans(**bad)
+
+
+def test_a_span_ending_on_a_space_token_is_whole_words_without_the_space(tok: XLNetTokenizer) -> None:
+    """sentencepiece gives the space before a number a piece of its own ("summer", "▁", "1", "9"), whose
+    characters end where the number begins: a span the reader ends on it is trimmed, and its whole-word
+    extent (what the re-ranker snaps to and shows) is trimmed too, never a word and a space."""
+    context = "Prices kept increasing by summer 1973 and fell in winter 1974 across the region."
+    (f,) = featurize_one("When did prices peak?", context, tok, **WINDOW)
+    pieces = [(i, context[a:b]) for i, (a, b) in enumerate(f.token_to_char) if f.p_mask[i] == 0]
+    spaces = [i for i, text in pieces if not text.strip()]
+    assert spaces, f"no space token in {pieces}"
+    start, end = np.full(len(f), -20.0), np.full(len(f), -20.0)
+    words = [i for i, text in pieces if text.strip()]
+    for s_tok in words:  # every span of real words that ends on a space token is likely
+        start[s_tok] = 0.0
+    for e_tok in spaces:
+        end[e_tok] = 5.0
+    pred = decode(context, [f], [start], [end], [-5.0], DecodeOptions.spans(20, 30))
+    assert pred.n_best
+    for e in pred.n_best:
+        assert e.text == context[e.start : e.end] == e.text.strip(), e
+        if e.word_start >= 0:
+            whole = context[e.word_start : e.word_end]
+            assert whole == whole.strip() and e.text in whole, (e.text, whole)

@@ -254,6 +254,8 @@ def _finish(
             wa, wb = word_extent(
                 context, f.token_to_char, s, e, 0, f.paragraph_len - 1, options.max_answer_len
             )
+            if not whole:  # from the tokens' characters: trimmed as the span was
+                _, wa, wb = trimmed(context, wa, wb)
         entries.append(NBestEntry(text, a, b, score, 0.0, slp, elp, w, s, e, wa, wb))
     if entries:
         scores = np.array([x.score for x in entries])
