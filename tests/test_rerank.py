@@ -250,11 +250,13 @@ def test_a_decision_answers_with_the_reranked_span() -> None:
     }
 
 
+@pytest.mark.parametrize("model", ["linear", "trees"])
 def test_calibrate_stores_a_reranker_and_the_report_scores_what_evaluate_answers(
-    spm_dir, sample_dir, tmp_path
+    spm_dir, sample_dir, tmp_path, model: str
 ) -> None:
     """A real checkpoint through the commands: train.rerank_report refuses it before a re-ranker is
-    fitted; train.calibrate fits one with the rule; the report's re-ranked spans are train.evaluate's."""
+    fitted; train.calibrate fits one (either form) with the rule; the report's re-ranked spans are
+    train.evaluate's."""
     from harness.tiny_models import tiny_qa_checkpoint
     from train.calibrate import main as calibrate_main
     from train.evaluate import main as evaluate_main
@@ -277,8 +279,9 @@ def test_calibrate_stores_a_reranker_and_the_report_scores_what_evaluate_answers
         report_main(report_args)
     calibration, train = sample_dir / "calibration.json", sample_dir / "train.json"
     argv = ["--checkpoint", str(ck), "--data", str(calibration), "--train-file", str(train), "--no-progress"]
-    assert calibrate_main(argv) == 0
+    assert calibrate_main([*argv, "--reranker", model]) == 0
     stored = json.loads((ck / "metadata.json").read_text())["answerability"]["reranker"]
+    assert (stored["model"].get("kind") == "boosted_trees") == (model == "trees")
     assert stored["top_k"] == 10 and set(stored["report"]["cross_fitted"]) == {
         ex.title for ex in read_squad(calibration)
     }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 
 import httpx
@@ -18,6 +19,7 @@ from server_helpers import ServerProcess, dev_questions
 from harness.server_process import LOOPBACK
 from qa_core.squad import DecodeOptions, decode_head_outputs, featurize_one, pad_batch
 from qa_core.tokenizer import XLNetTokenizer
+from server.answering.host_path import decoding_n_best
 from server.answering.model_spec import resolve_spec
 from server.backends import create_backend
 from server.flags import load_settings
@@ -27,7 +29,7 @@ TOP_K = 5
 SCORE_TOLERANCE = 1e-5
 # Batched calls pad windows (fp32 logits move in the last bits), and an int8 graph quantizes its
 # activations with one dynamic range per call, so a window's logits depend on its batch mates.
-BATCHED_TOLERANCE = {"tiny": 1e-4, "shipped": None}
+BATCHED_TOLERANCE = {"tiny": 1e-4, "tiny, trees": 1e-4, "shipped": None}
 
 
 def reference_answers(model: Path, backend: str, questions: list[tuple[str, str]]) -> list[dict]:
@@ -36,6 +38,7 @@ def reference_answers(model: Path, backend: str, questions: list[tuple[str, str]
     engine = create_backend(spec, load_settings(["--model", str(model), "--backend", backend]))
     tokenizer = XLNetTokenizer.from_dir(spec.tokenizer_dir)
     s = spec.serving
+    pool = max(decoding_n_best(spec, None), TOP_K)  # the spans the server keeps for a top_k of TOP_K
     out = []
     try:
         for question, context in questions:
@@ -47,7 +50,7 @@ def reference_answers(model: Path, backend: str, questions: list[tuple[str, str]
                 outputs = engine.run(pad_batch([f], pad_to=max(spec.min_engine_seq_len or 0, len(f))))
                 rows.append({name: value[0] for name, value in outputs.items()})
             p = decode_head_outputs(
-                spec.head, context, features, rows, DecodeOptions.spans(20, s.max_answer_len, answerability=spec.decision),
+                spec.head, context, features, rows, DecodeOptions.spans(pool, s.max_answer_len, answerability=spec.decision),
                 question=question,
             )  # fmt: skip
             out.append(
@@ -131,11 +134,30 @@ def assert_agree(served: list[dict], reference: list[dict]) -> None:
     assert max(gaps) < NEAR_THRESHOLD
 
 
-@pytest.mark.parametrize(("which", "backend"), [("tiny", "onnx"), ("tiny", "torch"), ("shipped", "onnx")])
+def with_trees(checkpoint: Path, folder: Path) -> Path:
+    """A copy of ``checkpoint`` given a boosted-trees span re-ranker and its rule by train.calibrate."""
+    from train.calibrate import main as calibrate_main
+
+    copy = folder / "trees"
+    shutil.copytree(checkpoint, copy)
+    sample = REPO / "data" / "sample"
+    argv = ["--checkpoint", str(copy), "--data", str(sample / "calibration.json"), "--reranker", "trees"]
+    assert calibrate_main([*argv, "--train-file", str(sample / "train.json"), "--no-progress"]) == 0
+    stored = json.loads((copy / "metadata.json").read_text())["answerability"]["reranker"]
+    assert stored["model"]["kind"] == "boosted_trees"
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("which", "backend"),
+    [("tiny", "onnx"), ("tiny", "torch"), ("tiny, trees", "torch"), ("shipped", "onnx")],
+)
 def test_served_answers_are_the_evaluation_paths(
-    which: str, backend: str, onnx_export: Path, tmp_path: Path
+    which: str, backend: str, onnx_export: Path, qa_checkpoint: Path, tmp_path: Path
 ) -> None:
-    model = onnx_export if which == "tiny" else SHIPPED
+    """The tiny model served from its export and its checkpoint, with a boosted-trees re-ranker (its
+    checkpoint calibrated here), and the shipped model (a linear re-ranker and the expected-gain rule)."""
+    model = {"tiny": onnx_export, "shipped": SHIPPED}.get(which) or with_trees(qa_checkpoint, tmp_path)
     questions = dev_questions()
     reference = reference_answers(model, backend, questions)
     for flags, together in ((("--max-batch-size", "1"), 1), (("--max-batch-size", "8"), 12)):

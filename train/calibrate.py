@@ -20,6 +20,7 @@ from pathlib import Path
 from qa_core.squad import VERIFIER_LOGIT, read_squad
 from qa_core.squad.answerability import from_metadata
 from train.answerability.fit import ANSWERABILITY_CHOICES, CALIBRATION_METHODS, FEATURE_SETS, fit_for
+from train.answerability.rerank_fit import RERANK_MODELS, RERANKER_HELP
 from train.common.atomic_dir import atomic_write_text
 from train.common.cli import Parser, run
 from train.evaluation.predict import predict_checkpoint
@@ -45,6 +46,7 @@ def build_parser() -> Parser:
         action="store_false",
         help="fit no span re-ranker: the rule decides on the reader's own best span",
     )
+    p.add_argument("--reranker", choices=RERANK_MODELS, default="linear", help=RERANKER_HELP)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--dry-run", action="store_true", help="report only; leave metadata.json as it is")
     p.add_argument("--no-progress", action="store_true")
@@ -68,7 +70,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # decided by the default rule: the reader's own span order, which a re-ranker is fitted on
     predictions = predict_checkpoint(loaded, examples, args.batch_size, progress=not args.no_progress)
     train_examples = read_squad(args.train_file) if args.train_file else []
-    a = fit_for(args.answerability, train_examples, examples, predictions, args.calibration, args.rerank)
+    a = fit_for(
+        args.answerability,
+        train_examples,
+        examples,
+        predictions,
+        args.calibration,
+        args.rerank,
+        reranker_model=args.reranker,
+    )
     a.report["fitted_on"]["file"] = str(args.data)
     if "verifier" in a.report:
         a.report["verifier"]["file"] = str(args.train_file)

@@ -82,6 +82,7 @@ GROUPS: dict[str | None, tuple[str, ...]] = {
         "answerability",
         "calibration",
         "rerank",
+        "reranker",
         "log_every",
         "save_every",
         "keep_last",

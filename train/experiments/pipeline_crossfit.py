@@ -47,7 +47,7 @@ from qa_core.squad import (
 )
 from train.answerability.estimators import roc_auc
 from train.answerability.fit import fit_for
-from train.answerability.rerank_fit import RERANK_MODELS
+from train.answerability.rerank_fit import RERANK_MODELS, RERANKER_HELP
 from train.common.atomic_dir import atomic_write_text
 from train.common.cli import Parser
 from train.common.dataclass_flags import add_flags
@@ -308,7 +308,7 @@ def build_parser() -> Parser:
         "--reranker",
         choices=RERANK_MODELS,
         default="linear",
-        help="the span re-ranker's form: a logistic model (linear) or boosted trees regressing F1 (trees)",
+        help=RERANKER_HELP,
     )
     p.add_argument(
         "--final",

@@ -98,7 +98,13 @@ def fit_final_answerability(
         return None
     try:
         a = fit_for(
-            config.answerability, train_examples, dev_examples, predictions, config.calibration, config.rerank
+            config.answerability,
+            train_examples,
+            dev_examples,
+            predictions,
+            config.calibration,
+            config.rerank,
+            reranker_model=config.reranker,
         )
     except ValueError as exc:  # one paragraph's worth of questions, or a single class: nothing to fit
         say(f"answerability: not fitted ({exc}); the final model decides by sigmoid(cls_logit)")

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from qa_core.contract import MAX_N_BEST, WINDOW_AND_DECODING, ModelSettings
 from train.answerability.fit import ANSWERABILITY_CHOICES, CALIBRATION_METHODS
+from train.answerability.rerank_fit import RERANK_MODELS, RERANKER_HELP
 from train.common.dataclass_flags import flag
 from train.engine.optim import LAYER_DECAY_MODES
 from train.engine.session import TrainingConfig
@@ -121,4 +122,5 @@ class FinetuneConfig(TrainingConfig):
         help="fit a span re-ranker on the dev file with the answerability (every answerability but cls); "
         "--no-rerank keeps the reader's own span order",
     )
+    reranker: str = flag("linear", choices=RERANK_MODELS, help=RERANKER_HELP)
     save_every: int = flag(500, help="write a checkpoint every N steps")
