@@ -12,7 +12,7 @@ import pytest
 from sklearn.ensemble import HistGradientBoostingRegressor
 
 from qa_core.squad.answerability_params import AnswerabilityError
-from qa_core.squad.trees import MAX_DEPTH, BoostedTrees
+from qa_core.squad.trees import MAX_APPLIED_NODES, MAX_DEPTH, BoostedTrees
 from train.answerability.rerank_fit import as_trees
 
 NAMES = ("a", "b", "c", "d")
@@ -113,3 +113,38 @@ def test_a_tree_deeper_than_the_limit_is_refused() -> None:
     raw = {"kind": "boosted_trees", "features": ["a"], "baseline": 0.0, "trees": [tree]}
     with pytest.raises(AnswerabilityError, match=f"deeper than {MAX_DEPTH}"):
         BoostedTrees.from_dict(raw, "model", NAMES)
+
+
+def _chain(depth: int) -> dict[str, Any]:
+    """A tree of ``depth`` levels: a chain of splits, each node's right child a leaf."""
+    feature, left, right = [], [], []
+    for level in range(depth):
+        node = 2 * level
+        feature += [0, -1]
+        left += [node + 2, 0]
+        right += [node + 1, 0]
+    feature.append(-1)
+    left.append(0)
+    right.append(0)
+    n = len(feature)
+    return {"feature": feature, "threshold": [0.5] * n, "left": left, "right": right} | {
+        "missing_left": [True] * n,
+        "value": [0.1] * n,
+    }
+
+
+def test_a_model_applied_as_too_many_tests_per_candidate_is_refused() -> None:
+    """Each tree is applied as a complete tree of the deepest one's depth: 257 trees of depth 8 are
+    257 x 255 tests per candidate, over the bound (a question's decode would allocate ~100 MB at a top
+    k of 100); one tree that deep among shallow ones counts as deep. At the bound, accepted."""
+    deep = {"kind": "boosted_trees", "features": ["a"], "baseline": 0.0}
+    per_tree = 2**MAX_DEPTH - 1
+    fits = MAX_APPLIED_NODES // per_tree
+    accepted = BoostedTrees.from_dict({**deep, "trees": [_chain(MAX_DEPTH)] * fits}, "model", NAMES)
+    assert len(accepted.trees) == fits
+    with pytest.raises(AnswerabilityError, match="tests per candidate"):
+        BoostedTrees.from_dict({**deep, "trees": [_chain(MAX_DEPTH)] + [_chain(1)] * fits}, "model", NAMES)
+    # every leaf holds 0.1, wherever a row goes (left at every split, right at the first, or missing)
+    rows = np.array([[0.2], [0.9], [np.nan]])
+    expected = np.cumsum([0.0] + [0.1] * fits)[-1]
+    assert np.array_equal(accepted.on_columns(rows, ["a"]), np.full(3, expected))

@@ -32,7 +32,12 @@ KIND = "boosted_trees"
 MAX_TREES = 2000
 MAX_NODES = 4096  # per tree
 MAX_DEPTH = 8  # a tree is applied as a complete binary tree of its depth: 2^depth leaves
-MAX_LAYOUTS = 64  # row counts whose repeated node arrays are kept
+# Every tree is applied as a complete tree of the deepest one's depth, and every candidate takes every
+# node's test: trees x (2^depth - 1) tests per candidate, bounded so that a stored model cannot make one
+# question's decode allocate hundreds of MB (300 trees of depth 3 take 2,100; 2,000 of depth 5, 62,000).
+MAX_APPLIED_NODES = 2**16
+LAYOUT_CACHE_ELEMENTS = 2**20  # a row count's repeated node arrays are kept up to this size (~9 MB)
+MAX_LAYOUTS = 16
 
 
 @dataclass(frozen=True)
@@ -153,11 +158,14 @@ class BoostedTrees:
         trees = raw.get("trees")
         if not isinstance(trees, list) or not 1 <= len(trees) <= MAX_TREES:
             raise AnswerabilityError(f"{name}.trees must be a list of 1 to {MAX_TREES} trees")
-        return cls(
-            tuple(names),
-            parse_number(raw.get("baseline"), f"{name}.baseline"),
-            tuple(Tree.from_dict(t, f"{name}.trees[{i}]", len(names)) for i, t in enumerate(trees)),
-        )
+        parsed = tuple(Tree.from_dict(t, f"{name}.trees[{i}]", len(names)) for i, t in enumerate(trees))
+        applied = len(parsed) * (2 ** max(max(t.depth() for t in parsed), 1) - 1)
+        if applied > MAX_APPLIED_NODES:
+            raise AnswerabilityError(
+                f"{name}: {len(parsed)} trees as deep as the deepest one would be {applied:,} tests per "
+                f"candidate; at most {MAX_APPLIED_NODES:,} (fewer trees, or shallower ones)"
+            )
+        return cls(tuple(names), parse_number(raw.get("baseline"), f"{name}.baseline"), parsed)
 
 
 @dataclass(frozen=True)
@@ -206,7 +214,7 @@ class _Heap:
             trees, inner = len(self.offsets), 2**self.depth - 1
             first = np.arange(trees)[:, None] * (inner * n) + np.arange(n)  # [trees, n]: each root test
             layout = _RowLayout(np.repeat(self.threshold, n), np.repeat(self.missing_left, n), first)
-            if len(self._layouts) < MAX_LAYOUTS:
+            if len(self._layouts) < MAX_LAYOUTS and layout.threshold.size <= LAYOUT_CACHE_ELEMENTS:
                 self._layouts[n] = layout
         return layout
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from qa_core.squad import Prediction, SquadExample
 from qa_core.squad.answerability_features import match_question
-from qa_core.squad.answerability_params import Linear
+from qa_core.squad.answerability_params import AnswerabilityError, Linear
 from qa_core.squad.rerank import CANDIDATE_FEATURES, TOP_K, SpanReranker, candidate_features, snapped
 from qa_core.squad.trees import BoostedTrees, Tree
 from train.answerability.estimators import as_linear, logistic
@@ -107,7 +107,8 @@ class _TreesFit:
 
 def as_trees(model, names: Sequence[str]) -> BoostedTrees:
     """A fitted scikit-learn ``HistGradientBoostingRegressor`` (squared error, numerical features) as the
-    plain numbers the decoder applies."""
+    plain numbers the decoder applies, checked as a stored model is when read (ValueError: what the
+    decoder would refuse, e.g. more tests per candidate than it applies)."""
     if getattr(model, "is_categorical_", None) is not None and np.any(model.is_categorical_):
         raise ValueError("categorical features are not stored")
     trees = []
@@ -125,7 +126,11 @@ def as_trees(model, names: Sequence[str]) -> BoostedTrees:
             )
         )
     baseline = float(np.ravel(model._baseline_prediction)[0])
-    return BoostedTrees(tuple(names), baseline, tuple(trees))
+    made = BoostedTrees(tuple(names), baseline, tuple(trees))
+    try:
+        return BoostedTrees.from_dict(made.to_dict(), "the fitted trees", names)
+    except AnswerabilityError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _fit(x: np.ndarray, f1: np.ndarray):
