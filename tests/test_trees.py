@@ -12,7 +12,7 @@ import pytest
 from sklearn.ensemble import HistGradientBoostingRegressor
 
 from qa_core.squad.answerability_params import AnswerabilityError
-from qa_core.squad.trees import MAX_APPLIED_NODES, MAX_DEPTH, BoostedTrees
+from qa_core.squad.trees import LAYOUT_CACHE_ELEMENTS, MAX_APPLIED_NODES, MAX_DEPTH, BoostedTrees
 from train.answerability.rerank_fit import as_trees
 
 NAMES = ("a", "b", "c", "d")
@@ -33,6 +33,7 @@ def _fitted(seed: int = 0, **settings: Any) -> tuple[HistGradientBoostingRegress
         {"max_depth": 3},
         {"max_depth": 6, "min_samples_leaf": 40},  # leaves at many depths: each padded to the full depth
         {"max_depth": 1},  # stumps
+        {"max_depth": 8, "min_samples_leaf": 5, "max_leaf_nodes": 64, "max_iter": 30},  # the deepest applied
     ],
 )
 def test_scores_equal_scikit_learns_to_the_last_bit(settings: dict[str, Any]) -> None:
@@ -134,9 +135,9 @@ def _chain(depth: int) -> dict[str, Any]:
 
 
 def test_a_model_applied_as_too_many_tests_per_candidate_is_refused() -> None:
-    """Each tree is applied as a complete tree of the deepest one's depth: 257 trees of depth 8 are
-    257 x 255 tests per candidate, over the bound (a question's decode would allocate ~100 MB at a top
-    k of 100); one tree that deep among shallow ones counts as deep. At the bound, accepted."""
+    """Each tree is applied as a complete tree of the deepest one's depth (255 tests at depth 8): as many
+    such trees as the bound holds are accepted, one more is refused, and one tree that deep among
+    shallow ones counts as deep."""
     deep = {"kind": "boosted_trees", "features": ["a"], "baseline": 0.0}
     per_tree = 2**MAX_DEPTH - 1
     fits = MAX_APPLIED_NODES // per_tree
@@ -148,3 +149,34 @@ def test_a_model_applied_as_too_many_tests_per_candidate_is_refused() -> None:
     rows = np.array([[0.2], [0.9], [np.nan]])
     expected = np.cumsum([0.0] + [0.1] * fits)[-1]
     assert np.array_equal(accepted.on_columns(rows, ["a"]), np.full(3, expected))
+
+
+def test_a_split_of_missing_values_from_the_rest_is_stored_and_applied() -> None:
+    """scikit-learn splits the rows missing a feature from all the others with an infinite threshold:
+    stored as JSON null (JSON has no infinity), read back, applied as the fitted model is."""
+    rng = np.random.default_rng(2)
+    x = np.ones((400, len(NAMES)))
+    missing = rng.random(400) < 0.3
+    x[missing, 0] = np.nan
+    x[:, 1] = rng.normal(size=400)
+    model = HistGradientBoostingRegressor(max_iter=20, max_depth=2, random_state=0).fit(
+        x, missing + 0.1 * x[:, 1]
+    )
+    stored = as_trees(model, NAMES)
+    text = json.dumps(stored.to_dict(), allow_nan=False)  # strict JSON
+    assert "null" in text
+    again = BoostedTrees.from_dict(json.loads(text), "model", NAMES)
+    assert again == stored and np.array_equal(again.on_columns(x, NAMES), model.predict(x))
+
+
+def test_the_repeated_node_arrays_kept_are_bounded() -> None:
+    """Every count of candidates 1 to 100 applied: the arrays kept for recurring counts stay within the
+    bound, each count scores as the fitted model, and a count not kept is made afresh each time."""
+    model, x = _fitted(max_depth=6, min_samples_leaf=5, max_iter=120)
+    stored = as_trees(model, NAMES)
+    heap = stored._heap
+    for n in range(1, 101):
+        assert np.array_equal(stored.on_columns(x[:n], NAMES), model.predict(x[:n]))
+    kept = sum(layout.size for layout in heap._layouts.values())
+    assert kept == heap._cached[0] <= LAYOUT_CACHE_ELEMENTS
+    assert 0 < len(heap._layouts) < 100  # the small counts kept, the large ones not

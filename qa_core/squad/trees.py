@@ -14,8 +14,10 @@ the scores equal scikit-learn's to the last bit.
 from __future__ import annotations
 
 import functools
+import math
+import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,10 +36,13 @@ MAX_NODES = 4096  # per tree
 MAX_DEPTH = 8  # a tree is applied as a complete binary tree of its depth: 2^depth leaves
 # Every tree is applied as a complete tree of the deepest one's depth, and every candidate takes every
 # node's test: trees x (2^depth - 1) tests per candidate, bounded so that a stored model cannot make one
-# question's decode allocate hundreds of MB (300 trees of depth 3 take 2,100; 2,000 of depth 5, 62,000).
-MAX_APPLIED_NODES = 2**16
-LAYOUT_CACHE_ELEMENTS = 2**20  # a row count's repeated node arrays are kept up to this size (~9 MB)
-MAX_LAYOUTS = 16
+# question's decode allocate much (300 trees of depth 3 take 2,100; at the bound and a top k of 100, one
+# call's arrays are about 20 MB).
+MAX_APPLIED_NODES = 2**13
+# The node arrays repeated per candidate count are kept for the counts that recur, up to this many
+# elements in all (about 9 bytes each: ~19 MB at most per loaded model; a top k of 10 with 300 depth-3
+# trees keeps 10 counts in 1.1 MB).
+LAYOUT_CACHE_ELEMENTS = 2**21
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,7 @@ class Tree:
     def to_dict(self) -> dict[str, Any]:
         return {
             "feature": list(self.feature),
-            "threshold": list(self.threshold),
+            "threshold": [None if t == math.inf else t for t in self.threshold],
             "left": list(self.left),
             "right": list(self.right),
             "missing_left": list(self.missing_left),
@@ -86,7 +91,7 @@ class Tree:
         for i, f in enumerate(feature):
             if f >= 0 and not (left[i] > i and right[i] > i):
                 raise AnswerabilityError(f"{name}: node {i}'s children must come after it")
-        threshold = parse_floats(lists["threshold"], f"{name}.threshold", n)
+        threshold = _thresholds(lists["threshold"], f"{name}.threshold")
         value = parse_floats(lists["value"], f"{name}.value", n)
         if any(not isinstance(v, bool) for v in lists["missing_left"]):
             raise AnswerabilityError(f"{name}.missing_left must be true or false per node")
@@ -94,6 +99,17 @@ class Tree:
         if tree.depth() > MAX_DEPTH:
             raise AnswerabilityError(f"{name} is deeper than {MAX_DEPTH} levels")
         return tree
+
+
+def _thresholds(values: list[Any], name: str) -> tuple[float, ...]:
+    """Stored thresholds; ``null`` is +infinity, where scikit-learn splits the missing values from all
+    the others (every value goes left, a missing one where the node says): JSON has no infinity."""
+    return tuple(math.inf if v is None else parse_number(v, f"{name}[{i}]") for i, v in enumerate(values))
+
+
+def applied_depth(trees: Sequence[Tree]) -> int:
+    """The depth every tree is applied at: the deepest one's, at least 1."""
+    return max(max(tree.depth() for tree in trees), 1)
 
 
 def _whole(v: Any, name: str, low: int, high: int) -> int:
@@ -159,7 +175,7 @@ class BoostedTrees:
         if not isinstance(trees, list) or not 1 <= len(trees) <= MAX_TREES:
             raise AnswerabilityError(f"{name}.trees must be a list of 1 to {MAX_TREES} trees")
         parsed = tuple(Tree.from_dict(t, f"{name}.trees[{i}]", len(names)) for i, t in enumerate(trees))
-        applied = len(parsed) * (2 ** max(max(t.depth() for t in parsed), 1) - 1)
+        applied = len(parsed) * (2 ** applied_depth(parsed) - 1)
         if applied > MAX_APPLIED_NODES:
             raise AnswerabilityError(
                 f"{name}: {len(parsed)} trees as deep as the deepest one would be {applied:,} tests per "
@@ -181,10 +197,13 @@ class _Heap:
     missing_left: np.ndarray
     value: np.ndarray
     offsets: np.ndarray  # [trees]: where each tree's leaves begin in ``value``
+    _layouts: dict[int, _RowLayout] = field(default_factory=dict, compare=False, repr=False)
+    _cached: list[int] = field(default_factory=lambda: [0], compare=False, repr=False)  # elements kept
+    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     @classmethod
     def of(cls, trees: Sequence[Tree]) -> _Heap:
-        depth = max(max(tree.depth() for tree in trees), 1)
+        depth = applied_depth(trees)
         inner, leaves = 2**depth - 1, 2**depth
         feature = np.zeros((len(trees), inner), dtype=np.intp)
         threshold = np.full((len(trees), inner), np.inf)
@@ -214,13 +233,13 @@ class _Heap:
             trees, inner = len(self.offsets), 2**self.depth - 1
             first = np.arange(trees)[:, None] * (inner * n) + np.arange(n)  # [trees, n]: each root test
             layout = _RowLayout(np.repeat(self.threshold, n), np.repeat(self.missing_left, n), first)
-            if len(self._layouts) < MAX_LAYOUTS and layout.threshold.size <= LAYOUT_CACHE_ELEMENTS:
-                self._layouts[n] = layout
+            for array in (layout.threshold, layout.missing_left, layout.first):
+                array.setflags(write=False)  # shared by every thread that decodes
+            with self._lock:  # decoding threads may make the same count at once: kept once, counted once
+                if n not in self._layouts and self._cached[0] + layout.size <= LAYOUT_CACHE_ELEMENTS:
+                    self._layouts[n] = layout
+                    self._cached[0] += layout.size
         return layout
-
-    @functools.cached_property
-    def _layouts(self) -> dict[int, _RowLayout]:
-        return {}
 
 
 @dataclass(frozen=True)
@@ -228,6 +247,10 @@ class _RowLayout:
     threshold: np.ndarray  # [trees * inner * n]
     missing_left: np.ndarray
     first: np.ndarray  # [trees, n]: where each (tree, row)'s root test is
+
+    @property
+    def size(self) -> int:
+        return int(self.threshold.size + self.first.size)
 
 
 def is_trees(raw: Mapping[str, Any] | Any) -> bool:

@@ -75,7 +75,7 @@ class CandidateTable:
 RERANK_MODELS = ("linear", "trees")
 RERANKER_HELP = (
     "the span re-ranker's form: a logistic model (linear) or boosted trees regressing each candidate's F1 "
-    "(trees: better spans out of fold, docs/study.md; a few dozen microseconds more to decode a question)"
+    "(trees: better spans out of fold, docs/study.md; about 0.08 ms more to decode a question)"
 )
 # boosted trees' settings: set once before they were measured (docs/study.md), not tuned
 TREES = {"max_depth": 3, "learning_rate": 0.05, "max_iter": 300, "random_state": 0}
