@@ -23,6 +23,7 @@ from server.flags import load_settings
 
 SHIPPED = REPO / "models" / "squad2-small-int8"
 SAMPLE_DEV = REPO / "data" / "sample" / "dev.json"
+TOP_K = 10  # spans a request lists: the most the re-ranker reads, where merged spans show
 
 
 def test_a_span_takes_whole_words_only_within_its_token_budget() -> None:
@@ -52,7 +53,7 @@ def shipped():
     engine.close()
 
 
-def answer(shipped, pools, question: str, context: str):
+def answer(shipped, pools, question: str, context: str, top_k: int = 1):
     """The question through each pool's host path, the engine run once per window."""
     spec, engine, tokenizer = shipped
     hosts = [  # None: the server's default pool
@@ -63,7 +64,7 @@ def answer(shipped, pools, question: str, context: str):
         )
         for n in pools
     ]
-    items = [Question(question, context)]
+    items = [Question(question, context, top_k=top_k)]
     groups, _, contexts = hosts[0].featurize_checked(items, ANONYMOUS)
     rows = [{k: v[0] for k, v in engine.run(pad_batch([f])).items()} for f in groups[0]]
     decoded = [host.decode_answers(items, groups, contexts, [rows]) for host in hosts]
@@ -89,7 +90,9 @@ def test_a_12000_letter_word_gives_a_short_best_span_in_bounded_time(shipped) ->
 
 def test_pools_of_10_20_and_100_answer_every_sample_question_alike(shipped) -> None:
     """And so does the server's default, which decodes only the spans the decision reads (the model
-    records n_best 20; spans past the first 10 change no answer)."""
+    records n_best 20; spans past the first 10 change no answer). Asked for its top 10 spans, every
+    pool lists the same ten (spans that snap to the same words are listed once: a pool of 10 that lists
+    fewer is widened)."""
     spec, _, tokenizer = shipped
     assert (
         spec.serving.n_best == 20 and HostPath(spec, tokenizer).n_best_pool == spec.decision.spans_read == 10
@@ -100,9 +103,12 @@ def test_pools_of_10_20_and_100_answer_every_sample_question_alike(shipped) -> N
     ]
     assert len(questions) > 200
     for question, context in questions:
-        results, _ = answer(shipped, [10, 20, 100, None], question, context)
+        results, _ = answer(shipped, [10, 20, 100, None], question, context, top_k=TOP_K)
         seen = [
             (p.is_impossible, p.text, p.start, p.end, p.best_span_text, round(p.answerable_prob, 9))
             for p, _ in results
         ]
         assert seen[0] == seen[1] == seen[2] == seen[3], (question, seen)
+        listed = [[(e.text, e.start, e.end) for e in p.n_best[:TOP_K]] for p, _ in results]
+        assert listed[0] == listed[1] == listed[2] == listed[3], question
+        assert len(listed[0]) == TOP_K, (question, listed[0])

@@ -17,9 +17,9 @@ from paths import REPO
 from server_helpers import ServerProcess, dev_questions
 
 from harness.server_process import LOOPBACK
+from qa_core.contract import MAX_N_BEST
 from qa_core.squad import DecodeOptions, decode_head_outputs, featurize_one, pad_batch
 from qa_core.tokenizer import XLNetTokenizer
-from server.answering.host_path import decoding_n_best
 from server.answering.model_spec import resolve_spec
 from server.backends import create_backend
 from server.flags import load_settings
@@ -38,7 +38,9 @@ def reference_answers(model: Path, backend: str, questions: list[tuple[str, str]
     engine = create_backend(spec, load_settings(["--model", str(model), "--backend", backend]))
     tokenizer = XLNetTokenizer.from_dir(spec.tokenizer_dir)
     s = spec.serving
-    pool = max(decoding_n_best(spec, None), TOP_K)  # the spans the server keeps for a top_k of TOP_K
+    # every span the windows give (the most a pool may be): the server lists the same first TOP_K, the
+    # pool it decodes widened when spans that snap alike leave too few (tests/test_decode_bounds.py)
+    pool = MAX_N_BEST
     out = []
     try:
         for question, context in questions:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from qa_core.contract import MAX_N_BEST
 from qa_core.squad import DecodeOptions, Feature, Prediction, decode_head_outputs, featurize_encoded
 from qa_core.squad.alignment import offsets_array
 from qa_core.squad.features import TokenizerLike
@@ -254,16 +255,43 @@ class HostPath:
         preds, times = [], []
         for q, feats, context, rows in zip(items, groups, contexts, outputs, strict=True):
             t = time.perf_counter()
-            preds.append(
-                decode_head_outputs(
-                    self.spec.head,
-                    q.context,
-                    feats,
-                    rows,
-                    self.decode_options(q),
-                    question=q.question,
-                    context_index=context.index(q.context) if self._lexical else None,
-                )
-            )
+            preds.append(self._decoded(q, feats, rows, context))
             times.append((time.perf_counter() - t) * 1000)
         return preds, times
+
+    def _decoded(
+        self,
+        q: Question,
+        feats: Sequence[Feature],
+        rows: Sequence[Mapping[str, np.ndarray]],
+        context: EncodedContext,
+    ) -> Prediction:
+        """``q``'s prediction. A re-ranker snaps its spans to whole words, and spans that snap alike are
+        listed once, so a pool can list fewer than ``q.top_k``: then a pool twice as large is decoded
+        (up to MAX_N_BEST) until the list is long enough or grows no more. The list is then the first
+        top_k distinct spans in one order whatever the server's pool (the head the re-ranker reads is
+        the same, the spans after it in the reader's order), and a question asking for one span, or
+        listing enough, is decoded once."""
+        index = context.index(q.context) if self._lexical else None
+        options = self.decode_options(q)
+        p = decode_head_outputs(
+            self.spec.head, q.context, feats, rows, options, question=q.question, context_index=index
+        )
+        while (
+            len(p.n_best) < q.top_k
+            and options.n_best < MAX_N_BEST
+            and self.spec.decision.reranker is not None
+        ):
+            options = DecodeOptions.spans(
+                min(2 * options.n_best, MAX_N_BEST),
+                options.max_answer_len,
+                options.threshold,
+                self.spec.decision,
+            )
+            wider = decode_head_outputs(
+                self.spec.head, q.context, feats, rows, options, question=q.question, context_index=index
+            )
+            if len(wider.n_best) <= len(p.n_best):  # the windows hold no more distinct spans
+                break
+            p = wider
+        return p
