@@ -19,3 +19,6 @@ done
     echo
   done
 } > docs/study/crossfit-trees/COMPARISONS.md
+# does the re-ranker's predicted F1 of its chosen span add to the rule's P(answerable)? (1,600-step run)
+.venv/bin/python docs/study/crossfit-trees/reranker_feature.py runs/crossfit-4fold-1600 \
+  runs/crossfit-trees/crossfit-4fold-1600/questions.json > docs/study/crossfit-trees/RERANKER-FEATURE.md
