@@ -135,3 +135,43 @@ def test_every_article_is_scored_out_of_fold_with_every_view(tmp_path: Path, cap
     assert refit["rule_articles"] == "all" and refit["span_f1"] == report["span_f1"]  # the same spans
     rows = json.loads((tmp_path / "refit" / "questions.json").read_text())
     assert len(rows) == report["questions"]
+
+
+def test_a_reader_stopped_mid_training_resumes_from_its_checkpoint(tmp_path: Path, capsys) -> None:
+    """What a kill -9 after a fold reader's checkpoint at step 4 of 6 leaves (its last checkpoint, no
+    finished model): a second call trains that reader on from step 4, reuses every finished stage, and
+    ends with the same weights as the run that was never stopped (resuming restores the optimiser, the
+    random state and the data position)."""
+    out = tmp_path / "crossfit"
+    labelled = labelled_cut(tmp_path / "labelled.json")
+    args = [*TINY, "--labelled", str(labelled), "--corpus", str(SAMPLE / "corpus.json"), "--folds", "2"]
+    args = [*args, "--finetune-steps", "6", "--checkpoint-every", "2", "--out", str(out)]
+    assert main(args) == 0
+    reader = out / "fold-1" / "reader"
+    whole = (reader / "model.safetensors").read_bytes()
+    checkpoints = reader / "checkpoints"
+    assert (checkpoints / "latest").read_text().strip() == "step-0000006"
+    # the state a kill after step 4's checkpoint leaves: step 4 the latest, nothing finished after it
+    for name in ("metadata.json", "model.safetensors"):
+        (reader / name).unlink()
+    for step in checkpoints.glob("step-0000006"):
+        for f in step.iterdir():
+            f.unlink()
+        step.rmdir()
+    (checkpoints / "latest").write_text("step-0000004\n")
+    (out / "fold-1" / "predictions.json").unlink()  # its spans were never decoded
+    capsys.readouterr()
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "Resumed from" in printed and "at step 4" in printed
+    assert "[reader 0 (" in printed and "reusing" in printed.split("[reader 0 (")[1].splitlines()[0]
+    assert (reader / "model.safetensors").read_bytes() == whole
+    assert json.loads((reader / "metadata.json").read_text())["step"] == 6
+
+
+def test_a_checkpoint_interval_below_one_step_is_refused(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(
+            ["--labelled", "x.json", "--corpus", "y.json", "--checkpoint-every", "0", "--out", str(tmp_path)]
+        )
+    assert stopped.value.code == 2 and "--checkpoint-every must be at least 1" in capsys.readouterr().err

@@ -281,6 +281,12 @@ def build_parser() -> Parser:
     p.add_argument("--vocab", type=int, default=4000, help="the tokenizer's vocabulary")
     p.add_argument("--config", default="small", help="the readers' model preset")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=CHECKPOINT_EVERY,
+        help="each training stage writes a checkpoint every N steps; a stage a kill stopped resumes from its last",
+    )
     add_flags(p, FinetuneConfig, ("steps", "lr"), {"steps": 3000, "lr": 5e-4}, prefix="synth")
     add_flags(p, SynthConfig, ("per_sentence",), {"per_sentence": 4}, prefix="synth")
     add_flags(
@@ -383,7 +389,10 @@ def _read_predictions(path: Path) -> dict[str, Prediction]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.checkpoint_every < 1:
+        parser.error(f"--checkpoint-every must be at least 1 step, not {args.checkpoint_every}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     labelled = merge_datasets(args.labelled)
@@ -418,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "lr": args.synth_lr,
             "batch_size": args.finetune_batch,
             "eval_every": args.synth_steps,
-            "save_every": min(args.synth_steps, CHECKPOINT_EVERY),
+            "save_every": min(args.synth_steps, args.checkpoint_every),
         },
     )
     examples: dict[int, list[SquadExample]] = {}
@@ -471,7 +480,7 @@ def _fine_tuned_reader(
             "lr": args.finetune_lr,
             "batch_size": args.finetune_batch,
             "eval_every": args.finetune_steps,
-            "save_every": min(args.finetune_steps, CHECKPOINT_EVERY),
+            "save_every": min(args.finetune_steps, args.checkpoint_every),
         },
     )
 
