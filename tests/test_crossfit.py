@@ -175,3 +175,51 @@ def test_a_checkpoint_interval_below_one_step_is_refused(tmp_path: Path, capsys)
             ["--labelled", "x.json", "--corpus", "y.json", "--checkpoint-every", "0", "--out", str(tmp_path)]
         )
     assert stopped.value.code == 2 and "--checkpoint-every must be at least 1" in capsys.readouterr().err
+
+
+def test_a_reader_to_ship_can_leave_articles_out_to_score_it(tmp_path: Path, capsys) -> None:
+    """--final-hold-out: the reader to ship trains on the other articles, its re-ranker and rule are
+    fitted on their out-of-fold outputs only, and the held-out articles' questions are kept beside it to
+    score the pipeline; its folder is named by the articles, so another hold-out never reuses it."""
+    out = tmp_path / "crossfit"
+    labelled = labelled_cut(tmp_path / "labelled.json")
+    args = [*TINY, "--labelled", str(labelled), "--corpus", str(SAMPLE / "corpus.json"), "--folds", "2"]
+    examples = read_squad(labelled)
+    titles = sorted({ex.title for ex in examples})
+    kept_out = titles[0]
+    assert main([*args, "--final", "--final-hold-out", kept_out, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    (folder,) = out.glob("final-holdout-*")
+    assert not (out / "final").exists()
+    trained = {ex.title for ex in read_squad(folder / "train.json")}
+    assert trained == set(titles) - {kept_out}
+    assert {ex.title for ex in read_squad(folder / "heldout.json")} == {kept_out}
+    meta = json.loads((folder / "reader" / "metadata.json").read_text())
+    fitted = from_metadata(meta).report["fitted_on"]["out_of_fold"]
+    assert fitted["articles"] == len(titles) - 1
+    assert fitted["questions"] == sum(ex.title != kept_out for ex in examples)
+    assert kept_out not in fitted["rule_articles"]
+    assert str(folder / "heldout.json") in printed
+    # another hold-out: another folder (and the folds' stages reused)
+    assert main([*args, "--final", "--final-hold-out", titles[1], "--out", str(out)]) == 0
+    assert len(list(out.glob("final-holdout-*"))) == 2
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--final-hold-out", "Nowhere"], "give --final too"),
+        (["--final", "--final-hold-out", "Nowhere"], "no labelled article is called 'Nowhere'"),
+    ],
+)
+def test_a_hold_out_that_cannot_be_made_is_refused_before_any_work(
+    tmp_path: Path, capsys, flags: list[str], message: str
+) -> None:
+    labelled = labelled_cut(tmp_path / "labelled.json")
+    out = tmp_path / "crossfit"
+    with pytest.raises(SystemExit) as stopped:
+        main(
+            ["--labelled", str(labelled), "--corpus", str(SAMPLE / "corpus.json"), *flags, "--out", str(out)]
+        )
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+    assert not (out / "tokenizer").exists()  # nothing trained

@@ -27,6 +27,7 @@ about twice that on the AVX2-only machine (docs/study.md).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -322,6 +323,15 @@ def build_parser() -> Parser:
         help="then train the reader to ship on every labelled article (final/reader, the folds' budget) "
         "and store in it the re-ranker and rule fitted on every fold's out-of-fold outputs",
     )
+    p.add_argument(
+        "--final-hold-out",
+        nargs="+",
+        default=[],
+        metavar="TITLE",
+        help="with --final: these labelled articles are left out of the reader to ship and of its re-ranker "
+        "and rule, so they can score the shipped pipeline (its own folder, final-holdout-<hash>/, with "
+        "their questions in heldout.json)",
+    )
     p.add_argument("--out", default="runs/crossfit", help="where every stage and the report go")
     return p
 
@@ -393,10 +403,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.checkpoint_every < 1:
         parser.error(f"--checkpoint-every must be at least 1 step, not {args.checkpoint_every}")
+    if args.final_hold_out and not args.final:
+        parser.error("--final-hold-out leaves articles out of the reader --final trains: give --final too")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     labelled = merge_datasets(args.labelled)
     fold_of = assign_folds(labelled, args.folds)
+    unknown = sorted(set(args.final_hold_out) - set(fold_of))
+    if unknown:
+        parser.error(f"--final-hold-out: no labelled article is called {', '.join(map(repr, unknown))}")
+    if set(args.final_hold_out) == set(fold_of):
+        parser.error("--final-hold-out: every labelled article held out, none left to train the reader on")
     (out / "folds.json").write_text(json.dumps(fold_of, indent=2, ensure_ascii=False) + "\n")
     stages = Stages()
     corpus = [str(c) for c in args.corpus]
@@ -444,20 +461,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     fit_and_report(examples, readers, fold_of, out, args.rule_articles, args.reranker)
     print((out / "RESULTS.md").read_text())
     if args.final:
-        name = f"the shipped reader ({len(fold_of)} articles, every labelled one)"
-        shipped = _fine_tuned_reader(args, stages, name, stage, labelled, out / "final")
-        try:
-            rule = shipped_rule(examples, readers, args.rule_articles, args.reranker)
-        except ValueError as exc:  # too few questions of either kind: the reader's own cls rule stays
-            print(f"[shipped reader] no rule fitted ({exc}): its own sigmoid(cls_logit) decides", flush=True)
-        else:
-            store_rule(shipped, rule)
-            print(f"[shipped reader] answerability: {rule.report.get('decision', rule.rule)}", flush=True)
-        print(
-            f"{shipped}: trained on every labelled article, its rule fitted on the folds' out-of-fold "
-            f"outputs; export it with: python -m export.onnx --checkpoint {shipped} --precision int8"
-        )
+        _final_stage(args, stages, stage, labelled, fold_of, examples, readers, out)
     return 0
+
+
+def _final_stage(
+    args,
+    stages: Stages,
+    stage: Path,
+    labelled: dict[str, Any],
+    fold_of: Mapping[str, int],
+    examples: Mapping[int, list[SquadExample]],
+    readers: Mapping[int, Mapping[str, Prediction]],
+    out: Path,
+) -> Path:
+    """Stage 4: the reader to ship, trained on every labelled article but ``--final-hold-out``'s, with the
+    re-ranker and rule fitted on the other articles' out-of-fold outputs stored in it. Held-out articles
+    get a folder of their own (named by their titles) holding their questions, to score the pipeline."""
+    kept_out = set(args.final_hold_out)
+    folder = out / "final" if not kept_out else out / f"final-holdout-{_titles_hash(kept_out)}"
+    if kept_out:
+        write_squad(_subset(labelled, kept_out), folder / "heldout.json")
+    trained_on = "every labelled article" if not kept_out else f"all but {len(kept_out)} held-out articles"
+    name = f"the shipped reader ({len(fold_of) - len(kept_out)} articles: {trained_on})"
+    shipped = _fine_tuned_reader(
+        args, stages, name, stage, _subset(labelled, set(fold_of) - kept_out), folder
+    )
+    try:
+        rule = shipped_rule(examples, readers, args.rule_articles, args.reranker, held_out=kept_out)
+    except ValueError as exc:  # too few questions of either kind: the reader's own cls rule stays
+        print(f"[shipped reader] no rule fitted ({exc}): its own sigmoid(cls_logit) decides", flush=True)
+    else:
+        store_rule(shipped, rule)
+        print(f"[shipped reader] answerability: {rule.report.get('decision', rule.rule)}", flush=True)
+    print(f"{shipped}: trained on {trained_on}, its rule fitted on their out-of-fold outputs", flush=True)
+    if kept_out:
+        print(f"  the held-out articles' questions, to score it on: {folder / 'heldout.json'}")
+    print(f"  export it with: python -m export.onnx --checkpoint {shipped} --precision int8")
+    return shipped
+
+
+def _titles_hash(titles: set[str]) -> str:
+    """A short name for a set of articles: another hold-out never reuses this one's reader."""
+    return hashlib.sha256("\n".join(sorted(titles)).encode()).hexdigest()[:8]
 
 
 def _fine_tuned_reader(
@@ -490,12 +536,14 @@ def shipped_rule(
     readers: Mapping[int, Mapping[str, Prediction]],
     rule_articles: str = "mixed",
     reranker_model: str = "linear",
+    held_out: set[str] | frozenset[str] = frozenset(),
 ) -> Answerability:
-    """The re-ranker and rule for a reader trained on every article, fitted on every fold's out-of-fold
-    outputs as each fold's rule was on the other folds': what readers that never saw an article made of
+    """The re-ranker and rule for a reader trained on every article (but ``held_out``), fitted on every
+    fold's out-of-fold outputs (but those of ``held_out``'s articles, which are left to score the
+    pipeline) as each fold's rule was on the other folds': what readers that never saw an article made of
     it is what the shipped reader will make of a new one (stacking's usual assumption: a reader trained
     on all folds is a little surer than one trained on three quarters of them)."""
-    every = [ex for f in sorted(examples) for ex in examples[f]]
+    every = [ex for f in sorted(examples) for ex in examples[f] if ex.title not in held_out]
     predictions = {q: p for f in readers for q, p in readers[f].items()}
     titles, mixed = {ex.title for ex in every}, mixed_articles(every)
     rule = _fit_rule(every, predictions, mixed, rule_articles, reranker_model)
