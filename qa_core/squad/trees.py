@@ -198,7 +198,6 @@ class _Heap:
     value: np.ndarray
     offsets: np.ndarray  # [trees]: where each tree's leaves begin in ``value``
     _layouts: dict[int, _RowLayout] = field(default_factory=dict, compare=False, repr=False)
-    _cached: list[int] = field(default_factory=lambda: [0], compare=False, repr=False)  # elements kept
     _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     @classmethod
@@ -236,9 +235,9 @@ class _Heap:
             for array in (layout.threshold, layout.missing_left, layout.first):
                 array.setflags(write=False)  # shared by every thread that decodes
             with self._lock:  # decoding threads may make the same count at once: kept once, counted once
-                if n not in self._layouts and self._cached[0] + layout.size <= LAYOUT_CACHE_ELEMENTS:
+                kept = sum(other.size for other in self._layouts.values())
+                if n not in self._layouts and kept + layout.size <= LAYOUT_CACHE_ELEMENTS:
                     self._layouts[n] = layout
-                    self._cached[0] += layout.size
         return layout
 
 

@@ -273,10 +273,14 @@ class HostPath:
         the same, the spans after it in the reader's order), and a question asking for one span, or
         listing enough, is decoded once."""
         index = context.index(q.context) if self._lexical else None
+
+        def decoded(options: DecodeOptions) -> Prediction:
+            return decode_head_outputs(
+                self.spec.head, q.context, feats, rows, options, question=q.question, context_index=index
+            )
+
         options = self.decode_options(q)
-        p = decode_head_outputs(
-            self.spec.head, q.context, feats, rows, options, question=q.question, context_index=index
-        )
+        p = decoded(options)
         while (
             len(p.n_best) < q.top_k
             and options.n_best < MAX_N_BEST
@@ -288,9 +292,7 @@ class HostPath:
                 options.threshold,
                 self.spec.decision,
             )
-            wider = decode_head_outputs(
-                self.spec.head, q.context, feats, rows, options, question=q.question, context_index=index
-            )
+            wider = decoded(options)
             if len(wider.n_best) <= len(p.n_best):  # the windows hold no more distinct spans
                 break
             p = wider
