@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import gemm_peak, op_profile
+from bench import cpu_bound, gemm_peak, op_profile
 
 
 def test_gemm_peak_reports_each_path_with_the_cpus_flags(tmp_path: Path, capsys) -> None:
@@ -90,3 +90,67 @@ def test_op_profile_refuses_a_directory_that_is_no_export(tmp_path: Path, capsys
     with pytest.raises(SystemExit) as exc:
         op_profile.main(["--model", str(tmp_path)])
     assert exc.value.code == 2 and "not an export directory" in capsys.readouterr().err
+
+
+def _product_event(op: str, inputs: list[list[int]], output: list[int]) -> dict:
+    return {
+        "args": {
+            "op_name": op,
+            "input_type_shape": [{"float": dims} for dims in inputs],
+            "output_type_shape": [{"float": output}],
+        }
+    }
+
+
+def test_cpu_bound_counts_each_product_whatever_its_operands_look_like() -> None:
+    # [2, 5, 3] x [2, 3, 7]: 2 * (2 * 5 * 7) * 3 operations, with B listed, B transposed ([2, 7, 3]) or
+    # a weight left out of the profile's list (K is then A's last axis); scalars are quantization params
+    plain = _product_event("MatMul", [[2, 5, 3], [2, 3, 7]], [2, 5, 7])
+    transposed = _product_event("FusedMatMul", [[2, 5, 3], [2, 7, 3]], [2, 5, 7])
+    weight = _product_event("DynamicQuantizeMatMul", [[2, 5, 3], [], []], [2, 5, 7])
+    broadcast = _product_event("MatMul", [[2, 5, 3], [3, 7]], [2, 5, 7])
+    for event in (plain, transposed, weight, broadcast):
+        assert cpu_bound.product_ops(event) == pytest.approx(2 * 70 * 3)
+    gather = {"args": {"op_name": "Gather"}}
+    int8, floats = cpu_bound.counted_products([plain, weight, weight, gather], runs=2)
+    assert (int8, floats) == (pytest.approx(420.0), pytest.approx(210.0))
+    assert cpu_bound.floor_ms(2e9, 1e9, 1e12, 1e11) == pytest.approx(2.0 + 10.0)
+
+
+def test_cpu_bound_of_a_tiny_model_counts_torchs_products(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "bound.json"
+    args = ["--preset", "tiny", "--shape", "1x24", "--threads", "1", "--runs", "1", "--json", str(out)]
+    assert cpu_bound.main(args) == 0
+    text = capsys.readouterr().out
+    assert "| (a) HF eager |" in text and "| (e) ours ONNX int8 |" in text and "flags:" in text
+    result = json.loads(out.read_text())
+    # the graph onnxruntime runs computes what torch's own count of the same model says it computes
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from bench.latency import make_inputs
+    from qa_core.contract import INPUT_NAMES
+    from train.model import XLNetConfig, XLNetForQuestionAnswering, triton_attention
+    from train.model.inference import QAInference
+
+    torch.manual_seed(0)
+    model = XLNetForQuestionAnswering(
+        XLNetConfig.preset("tiny", vocab_size=32000, dropout=0.0), head="simple"
+    )
+    inference = QAInference(model.eval())  # the position table projected here, once, as in the export
+    feeds = make_inputs(1, 24, 32000)
+    with triton_attention.kernel(False), torch.no_grad(), FlopCounterMode(display=False) as counter:
+        inference(*(torch.from_numpy(feeds[n]) for n in INPUT_NAMES))
+    total = result["int8_product_ops"] + result["float_product_flops"]
+    assert total == pytest.approx(counter.get_total_flops(), rel=1e-9)
+    floors = list(result["floor_ms"].values())
+    assert 0 < floors[1] <= floors[0] and result["target_ms"] == pytest.approx(
+        result["p50_ms"]["(a) HF eager"] / 5
+    )
+
+
+def test_cpu_bound_refuses_what_it_cannot_measure(capsys) -> None:
+    for bad, said in ((["--shape", "1by384"], "--shape is BxT"), (["--preset", "huge"], "--preset: one of")):
+        with pytest.raises(SystemExit) as exc:
+            cpu_bound.main(bad)
+        assert exc.value.code == 2 and said in capsys.readouterr().err

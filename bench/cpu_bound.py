@@ -1,0 +1,236 @@
+"""``python -m bench.cpu_bound``: the fastest our int8 xlnet-base could run on this CPU, beside HF eager.
+
+A floor, not a forecast: the matrix products our int8 export runs (counted from onnxruntime's own
+profile of one run: the int8 ones, the weights' projections, and the float ones, mostly the attention
+products between activations) divided by the best rate this CPU's onnxruntime reaches at the model's
+own shapes, with everything else (softmax, GELU, LayerNorm, the relative shift, quantizing activations)
+taken as free. Two floors: the float products at the attention's fp32 rate (what onnxruntime runs them
+in), and every product at the int8 rate (what a fused int8 attention kernel could reach at best). Measured in one run with HF eager and our int8 export at the same shape, so
+"at most N x HF eager" is a statement about this machine, which the docs' targets can be held to.
+
+    python -m bench.cpu_bound [--threads 2] [--shape 1x384] [--runs 8] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import REFERENCE_PATH, machine_line, markdown_table, pct, time_runs
+
+INT8_PRODUCTS = {"DynamicQuantizeMatMul", "MatMulInteger", "MatMulIntegerToFloat", "QLinearMatMul"}
+FLOAT_PRODUCTS = {"MatMul", "FusedMatMul", "Gemm", "FusedGemm"}
+
+
+def product_ops(event: dict[str, Any]) -> float:
+    """Operations (2 per multiply-add) of one matrix-product node as onnxruntime ran it, from the
+    profile's shapes. With both operands listed, |A| = b M K, |B| = b_B K N and |C| = b M N give
+    K = sqrt(|A| |B| / (|C| b_B)) whichever operand the node transposes; the profile leaves a constant
+    weight out of the list, and then K is A's last axis (weights are not transposed at run time)."""
+    args = event["args"]
+    shapes = [next(iter(entry.values())) for entry in args["input_type_shape"]]
+    (c_dims,) = (next(iter(entry.values())) for entry in args["output_type_shape"][:1])
+    c = math.prod(c_dims)
+    if len(shapes) > 1 and len(shapes[1]) >= 2:
+        b_dims = shapes[1]
+        k = math.sqrt(math.prod(shapes[0]) * math.prod(b_dims) / (c * math.prod(b_dims[:-2])))
+    else:
+        k = shapes[0][-1]
+    return 2.0 * c * k
+
+
+def counted_products(nodes: Sequence[dict[str, Any]], runs: int) -> tuple[float, float]:
+    """(int8 ops, float ops) per run of the profiled graph's matrix products; other nodes are left out
+    (the floor takes them as free)."""
+    int8 = floats = 0.0
+    for e in nodes:
+        op = e["args"].get("op_name", "")
+        if op in INT8_PRODUCTS:
+            int8 += product_ops(e)
+        elif op in FLOAT_PRODUCTS:
+            floats += product_ops(e)
+    return int8 / runs, floats / runs
+
+
+def floor_ms(int8_ops: float, float_ops: float, int8_rate: float, float_rate: float) -> float:
+    """Milliseconds for the products alone at the given rates (operations per second)."""
+    return (int8_ops / int8_rate + float_ops / float_rate) * 1e3
+
+
+def attention_graph(heads: int, m: int, k: int, n: int) -> bytes:
+    """A one-node ONNX model: [heads, m, k] x [heads, k, n], both inputs (activations, as in attention)."""
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("MatMul", ["A", "B"], ["Y"])
+    graph = helper.make_graph(
+        [node],
+        "attention-product",
+        [
+            helper.make_tensor_value_info("A", TensorProto.FLOAT, [heads, m, k]),
+            helper.make_tensor_value_info("B", TensorProto.FLOAT, [heads, k, n]),
+        ],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [heads, m, n])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def attention_rate(heads: int, t: int, d_head: int, threads: int, runs: int, tmp: Path) -> dict[str, Any]:
+    """The best fp32 rate of onnxruntime's batched MatMul at the attention's shapes: scores [T, d] x [d, T]
+    and values [T, T] x [T, d], per head."""
+    from qa_core.runtime.sessions import session
+
+    rng = np.random.default_rng(0)
+    rows: list[dict[str, Any]] = []
+    for m, k, n in ((t, d_head, t), (t, t, d_head)):
+        path = tmp / f"attention-{heads}x{m}x{k}x{n}.onnx"
+        path.write_bytes(attention_graph(heads, m, k, n))
+        sess = session(path, threads=threads, level="all")
+        feeds = {
+            "A": rng.standard_normal((heads, m, k), dtype=np.float32),
+            "B": rng.standard_normal((heads, k, n), dtype=np.float32),
+        }
+
+        def run(sess: Any = sess, feeds: dict[str, np.ndarray] = feeds) -> object:
+            return sess.run(None, feeds)
+
+        p50 = pct(time_runs(run, warmup=3, runs=runs), 50)
+        rate = 2 * heads * m * k * n / p50 / 1e9
+        rows.append({"shape": f"{heads}x{m}x{k}x{n}", "p50_ms": p50 * 1e3, "G_per_s": rate})
+    return {"rows": rows, "best": max(float(r["G_per_s"]) for r in rows)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.cpu_bound", description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="base", help="model shape (random weights): base, small, tiny ...")
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--shape", default="1x384", help="BxT")
+    p.add_argument("--runs", type=int, default=8, help="timed calls of each model (each GEMM: 4x as many)")
+    p.add_argument("--target", type=float, default=5.0, help="the multiple of HF eager to hold the floor to")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    try:
+        b, t = (int(x) for x in args.shape.lower().split("x"))
+    except ValueError:
+        p.error(f"--shape is BxT, got {args.shape!r}")
+    if min(b, t, args.threads, args.runs, args.vocab) < 1 or args.target <= 0:
+        p.error("--shape sizes, --threads, --runs and --vocab must be >= 1, --target > 0")
+
+    import torch
+    import transformers
+
+    from bench.gemm_peak import measure
+    from bench.latency import HFWrapper, export_ours, make_inputs
+    from bench.op_profile import measured_nodes
+    from qa_core.contract import INPUT_NAMES
+    from qa_core.runtime.sessions import session
+    from qa_core.tokenizer import XLNetTokenizer
+    from train.common.sample_data import SAMPLE_CORPUS
+    from train.model import XLNetConfig, XLNetForQuestionAnswering, checkpoint
+    from train.tokenizer import train_spm
+
+    torch.set_num_threads(args.threads)
+    from train.model.config import PRESETS
+
+    if args.preset not in PRESETS:
+        p.error(f"--preset: one of {', '.join(sorted(PRESETS))}")
+    config = XLNetConfig.preset(args.preset, vocab_size=args.vocab, dropout=0.0)
+    torch.manual_seed(0)
+    ours = XLNetForQuestionAnswering(config, head="simple").eval()
+    feeds = make_inputs(b, t, config.vocab_size)
+    tensors = tuple(torch.from_numpy(feeds[n]) for n in INPUT_NAMES)
+
+    with tempfile.TemporaryDirectory(prefix="cpu-bound-") as tmp_name:
+        tmp = Path(tmp_name)
+        train_spm([SAMPLE_CORPUS], tmp / "tok", 2000)
+        checkpoint.save(ours, tmp / "ckpt", tokenizer=XLNetTokenizer.from_dir(tmp / "tok"))
+        hf = transformers.XLNetForQuestionAnsweringSimple.from_pretrained(tmp / "ckpt").eval()
+        int8_path = export_ours(tmp / "ckpt", tmp / "onnx-int8", "int8")
+        if int8_path is None:
+            print("our int8 export does not verify; no floor to compare with", file=sys.stderr)
+            return 1
+        # what the graph computes, as onnxruntime runs it: one profiled run after a warm-up
+        profiled = session(int8_path, threads=args.threads, level="all", profile_prefix=tmp / "profile")
+        for _ in range(2):
+            profiled.run(None, feeds)
+        nodes, _ = measured_nodes(json.loads(Path(profiled.end_profiling()).read_text()), 1)
+        int8_ops, float_ops = counted_products(nodes, 1)
+        print(
+            f"products per forward at {b}x{t}: int8 {int8_ops / 1e9:.2f} GOP, float {float_ops / 1e9:.2f} GFLOP",
+            file=sys.stderr,
+        )
+        d, ff, rows_t = config.d_model, config.d_inner, b * t
+        gemm_shapes = [(rows_t, d, d), (rows_t, d, ff), (rows_t, ff, d)]
+        gemms = measure(gemm_shapes, args.threads, args.runs * 4, warmup=3)
+        int8_rate = max(r["G_per_s"] for r in gemms if "MatMulInteger" in r["path"]) * 1e9
+        attention = attention_rate(config.n_head * b, t, config.d_head, args.threads, args.runs * 4, tmp)
+        fp32_attention_rate = attention["best"] * 1e9
+
+        sess = session(int8_path, threads=args.threads, level="all")  # the server's settings
+        wrapped = HFWrapper(hf)
+
+        def hf_eager() -> object:
+            with torch.inference_mode():
+                return wrapped(*tensors)
+
+        timed: dict[str, Callable[[], object]] = {
+            REFERENCE_PATH: hf_eager,
+            "(e) ours ONNX int8": lambda: sess.run(None, feeds),
+        }
+        measured = {
+            name: pct(time_runs(fn, warmup=2, runs=args.runs), 50) * 1e3 for name, fn in timed.items()
+        }
+
+    hf_ms = measured[REFERENCE_PATH]
+    floors = {
+        "products only, float ones at the attention's fp32 rate": floor_ms(
+            int8_ops, float_ops, int8_rate, fp32_attention_rate
+        ),
+        "products only, all at the int8 rate": floor_ms(int8_ops, float_ops, int8_rate, int8_rate),
+    }
+    table = [[name, ms, hf_ms / ms] for name, ms in measured.items()]
+    table += [[f"floor: {name}", ms, hf_ms / ms] for name, ms in floors.items()]
+    machine = machine_line(args.threads)
+    print(
+        f"Machine: {machine}\nShape {b}x{t}; int8 GEMM rate {int8_rate / 1e9:.0f} GOP/s (best of the model's shapes), "
+        f"fp32 attention products {fp32_attention_rate / 1e9:.0f} GFLOP/s\n"
+    )
+    print(markdown_table(["path", "p50 ms", "x HF eager"], table))
+    budget = hf_ms / args.target
+    print(
+        f"\n{args.target:g}x HF eager needs <= {budget:.1f} ms: the products alone take "
+        + ", ".join(f"{ms:.1f} ms ({name})" for name, ms in floors.items())
+    )
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": machine,
+                    "preset": args.preset,
+                    "shape": f"{b}x{t}",
+                    "threads": args.threads,
+                    "int8_product_ops": int8_ops,
+                    "float_product_flops": float_ops,
+                    "gemms": gemms,
+                    "attention_products": attention["rows"],
+                    "p50_ms": measured,
+                    "floor_ms": floors,
+                    "target_multiple": args.target,
+                    "target_ms": budget,
+                },
+                indent=2,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
