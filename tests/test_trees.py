@@ -72,14 +72,36 @@ def _edit(raw: dict[str, Any], where: str, value: Any) -> dict[str, Any]:
     return raw
 
 
+def _shared_child(raw: dict[str, Any]) -> dict[str, Any]:
+    """The root's two children made one node (its other child's subtree then hangs from nothing)."""
+    raw = json.loads(json.dumps(raw))
+    tree = raw["trees"][0]
+    tree["right"][0] = tree["left"][0]
+    return raw
+
+
+def _unreachable(raw: dict[str, Any]) -> dict[str, Any]:
+    """One more leaf at the end that no node points to."""
+    raw = json.loads(json.dumps(raw))
+    tree = raw["trees"][0]
+    for key, extra in (("feature", -1), ("threshold", 0.0), ("left", 0), ("right", 0)):
+        tree[key].append(extra)
+    tree["missing_left"].append(True)
+    tree["value"].append(0.0)
+    return raw
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
         (lambda r: _edit(r, "left", 0), "children must come after"),  # a loop: the root its own child
+        (lambda r: _shared_child(r), "child of 2 nodes"),  # a walk longer than the stated depth
+        (lambda r: _unreachable(r), "child of 0 nodes"),  # a node no walk reaches: size without use
         (lambda r: _edit(r, "feature", len(NAMES)), "feature must hold whole numbers"),  # outside a row
         (lambda r: _edit(r, "feature", True), "feature must hold whole numbers"),
         (lambda r: _edit(r, "value", "1.0"), "non-finite or non-numeric"),
         (lambda r: _edit(r, "threshold", float("nan")), "non-finite or non-numeric"),
+        (lambda r: _edit(r, "value", 10**400), r"non-finite or non-numeric value 1000.*\(401 digits\)"),
         (lambda r: _edit(r, "missing_left", 1), "true or false"),
         (lambda r: {**r, "trees": []}, "1 to"),
         (lambda r: {**r, "kind": "linear"}, "kind must be"),

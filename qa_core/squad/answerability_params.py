@@ -26,9 +26,14 @@ def parse_floats(value: Any, name: str, n: int | None = None) -> tuple[float, ..
         raise AnswerabilityError(f"{name} must be {want}")
     out = []
     for v in value:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise AnswerabilityError(f"{name} holds a non-finite or non-numeric value {v!r}")
-        out.append(float(v))
+        try:  # a JSON integer too large for a float (10**400) is as unusable as an infinity
+            number = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            shown = f"{str(v)[:20]}... ({len(str(v))} digits)" if type(v) is int else repr(v)
+            raise AnswerabilityError(f"{name} holds a non-finite or non-numeric value {shown[:60]}")
+        out.append(number)
     return tuple(out)
 
 

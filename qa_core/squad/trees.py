@@ -32,8 +32,8 @@ from .answerability_params import (
 
 KIND = "boosted_trees"
 MAX_TREES = 2000
-MAX_NODES = 4096  # per tree
 MAX_DEPTH = 8  # a tree is applied as a complete binary tree of its depth: 2^depth leaves
+MAX_NODES = 2 ** (MAX_DEPTH + 1) - 1  # per tree: a complete tree of MAX_DEPTH levels (every node reachable)
 # Every tree is applied as a complete tree of the deepest one's depth, and every candidate takes every
 # node's test: trees x (2^depth - 1) tests per candidate, bounded so that a stored model cannot make one
 # question's decode allocate much (300 trees of depth 3 take 2,100; at the bound and a top k of 100, one
@@ -47,8 +47,9 @@ LAYOUT_CACHE_ELEMENTS = 2**21
 
 @dataclass(frozen=True)
 class Tree:
-    """One tree as parallel node lists; a leaf has feature -1. Children come after their parent, so
-    every walk ends (checked when read)."""
+    """One tree as parallel node lists; a leaf has feature -1. Node 0 is the root, every other node is
+    the child of exactly one node that comes before it: every walk ends, every node is reachable, and
+    the depth is the longest walk (checked when read)."""
 
     feature: tuple[int, ...]
     threshold: tuple[float, ...]
@@ -88,9 +89,19 @@ class Tree:
         feature = tuple(_whole(v, f"{name}.feature", -1, features - 1) for v in lists["feature"])
         left = tuple(_whole(v, f"{name}.left", 0, n - 1) for v in lists["left"])
         right = tuple(_whole(v, f"{name}.right", 0, n - 1) for v in lists["right"])
+        parents = [0] * n
         for i, f in enumerate(feature):
-            if f >= 0 and not (left[i] > i and right[i] > i):
-                raise AnswerabilityError(f"{name}: node {i}'s children must come after it")
+            if f >= 0:
+                if not (left[i] > i and right[i] > i):
+                    raise AnswerabilityError(f"{name}: node {i}'s children must come after it")
+                parents[left[i]] += 1
+                parents[right[i]] += 1
+        if any(count != 1 for count in parents[1:]):  # shared (a walk longer than depth() says) or cut off
+            node = next(j for j in range(1, n) if parents[j] != 1)
+            raise AnswerabilityError(
+                f"{name}: node {node} is the child of {parents[node]} nodes; every node but the root "
+                "must be the child of exactly one"
+            )
         threshold = _thresholds(lists["threshold"], f"{name}.threshold")
         value = parse_floats(lists["value"], f"{name}.value", n)
         if any(not isinstance(v, bool) for v in lists["missing_left"]):
