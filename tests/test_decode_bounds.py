@@ -112,3 +112,21 @@ def test_pools_of_10_20_and_100_answer_every_sample_question_alike(shipped) -> N
         listed = [[(e.text, e.start, e.end) for e in p.n_best[:TOP_K]] for p, _ in results]
         assert listed[0] == listed[1] == listed[2] == listed[3], question
         assert len(listed[0]) == TOP_K, (question, listed[0])
+
+
+@pytest.mark.parametrize(
+    "context",
+    [
+        "Supercalifragilisticexpialidocious antidisestablishmentarianism floccinaucinihilipilification.",
+        "Pneumonoultramicroscopicsilicovolcanoconiosis, hippopotomonstrosesquippedaliophobia and Llanfairpwllgwyngyll.",
+        "The quick brown fox.",
+    ],
+)
+def test_a_context_of_few_whole_words_lists_the_same_spans_at_every_pool(shipped, context: str) -> None:
+    """Long words are many pieces, and every span inside one snaps to the word: such a context holds
+    fewer distinct spans than a request's 20 may ask for, so a pool is widened until MAX_N_BEST (not
+    until a doubling adds nothing, which a larger pool can still undo): every pool lists the same."""
+    results, _ = answer(shipped, [10, 20, 40, 100], "What is the word?", context, top_k=20)
+    listed = [[(e.start, e.end) for e in p.n_best[:20]] for p, _ in results]
+    assert listed[0] == listed[1] == listed[2] == listed[3]
+    assert all(context[a:b].strip() == context[a:b] != "" for a, b in listed[0])

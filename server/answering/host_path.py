@@ -268,10 +268,11 @@ class HostPath:
     ) -> Prediction:
         """``q``'s prediction. A re-ranker snaps its spans to whole words, and spans that snap alike are
         listed once, so a pool can list fewer than ``q.top_k``: then a pool twice as large is decoded
-        (up to MAX_N_BEST) until the list is long enough or grows no more. The list is then the first
-        top_k distinct spans in one order whatever the server's pool (the head the re-ranker reads is
-        the same, the spans after it in the reader's order), and a question asking for one span, or
-        listing enough, is decoded once."""
+        until the list is long enough or the pool is MAX_N_BEST (a doubling that adds nothing does not
+        stop it: a larger one may still). The list is then the first top_k distinct spans in one order
+        whatever the server's pool (the head the re-ranker reads is the same, the spans after it in the
+        reader's order); a question whose list is long enough at the server's pool is decoded once,
+        and at most 1 + log2(MAX_N_BEST / pool) times in all."""
         index = context.index(q.context) if self._lexical else None
 
         def decoded(options: DecodeOptions) -> Prediction:
@@ -292,8 +293,5 @@ class HostPath:
                 options.threshold,
                 self.spec.decision,
             )
-            wider = decoded(options)
-            if len(wider.n_best) <= len(p.n_best):  # the windows hold no more distinct spans
-                break
-            p = wider
+            p = decoded(options)
         return p
