@@ -100,8 +100,12 @@ class NBestEntry(_Response):
     text: str
     start: int
     end: int
-    score: float
-    probability: float
+    score: float = Field(description="The reader's log-probability of the span: its start's plus its end's")
+    probability: float = Field(
+        description="The span's share of the probability mass of the reader's 10 best spans (the same "
+        "whatever the server's --n-best-pool or the request's top_k; a span past the 10th is measured "
+        "against the same mass)"
+    )
 
 
 class Timing(_Response):

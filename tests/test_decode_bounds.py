@@ -111,6 +111,9 @@ def test_pools_of_10_20_and_100_answer_every_sample_question_alike(shipped) -> N
         assert seen[0] == seen[1] == seen[2] == seen[3], (question, seen)
         listed = [[(e.text, e.start, e.end) for e in p.n_best[:TOP_K]] for p, _ in results]
         assert listed[0] == listed[1] == listed[2] == listed[3], question
+        # what the server sends as each span's probability (routes._entry): its share of the best 10
+        served = [[e.share for e in p.n_best[:TOP_K]] for p, _ in results]
+        assert served[0] == served[1] == served[2] == served[3], question
         assert len(listed[0]) == TOP_K, (question, listed[0])
 
 

@@ -117,7 +117,10 @@ def _answer_fields(answered: Answered, top_k: int, model: str) -> dict[str, Any]
 
 
 def _entry(e) -> dict[str, Any]:
-    return {"text": e.text, "start": e.start, "end": e.end, "score": e.score, "probability": e.probability}
+    """A served span. Its probability is its share of the best TOP_K spans' mass (``NBestEntry.share``),
+    not the softmax over the pool the server decoded (``probability``, the original's n-best file's),
+    which moves with --n-best-pool and with a widened pool."""
+    return {"text": e.text, "start": e.start, "end": e.end, "score": e.score, "probability": e.share}
 
 
 def json_response(content: Any, clock: StageClock | None) -> Response:
