@@ -12,6 +12,7 @@ from paths import REPO
 
 from qa_core.squad import Prediction, SquadExample, read_squad
 from qa_core.squad.answerability import from_metadata
+from train.common.cli import run
 from train.crossfit import main
 from train.experiments.pipeline_crossfit import assign_folds, fit_and_report, load_outputs, mixed_articles
 
@@ -223,3 +224,33 @@ def test_a_hold_out_that_cannot_be_made_is_refused_before_any_work(
         )
     assert stopped.value.code == 2 and message in capsys.readouterr().err
     assert not (out / "tokenizer").exists()  # nothing trained
+
+
+def test_a_folder_made_from_other_inputs_is_refused_not_reused(tmp_path: Path, capsys) -> None:
+    """Every stage records what made it (settings, files by their bytes, earlier stages by their records).
+    Called again into the same --out with other labelled articles or other steps, the first stage they
+    change stops the call with one line naming what differs, before training it: a fold reader that
+    trained on other articles is never taken as out of fold. The same call again reuses everything; work
+    made before records were kept is recorded as this call's, and says so."""
+    out = tmp_path / "crossfit"
+    labelled = labelled_cut(tmp_path / "labelled.json")
+    base = [*TINY, "--corpus", str(SAMPLE / "corpus.json"), "--folds", "2", "--out", str(out)]
+    assert run(main, [*base, "--labelled", str(labelled)], prog="train.crossfit") == 0
+    record = out / "fold-0" / "reader" / "inputs.json"
+    made = record.read_bytes()
+    other = labelled_cut(tmp_path / "other.json", paragraphs=1)
+    for flags, differ in (
+        (["--labelled", str(other)], "dev_file, train_file differ"),
+        (["--labelled", str(labelled), "--finetune-steps", "4"], "eval_every, steps differ"),
+    ):
+        capsys.readouterr()
+        assert run(main, [*base, *flags], prog="train.crossfit") == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("train.crossfit: error: [reader 0 (") and differ in err, err
+        assert "holds work made from other inputs" in err and len(err.splitlines()) == 1
+        assert record.read_bytes() == made  # the record, and the reader, left as they were
+    record.unlink()  # as a folder made before records were kept
+    assert run(main, [*base, "--labelled", str(labelled)], prog="train.crossfit") == 0
+    printed = capsys.readouterr().out
+    assert "no record of what made" in printed and record.read_bytes() == made
+    assert "[reader 1 (" in printed and "reusing" in printed.split("[reader 1 (")[1].splitlines()[0]
