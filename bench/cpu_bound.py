@@ -26,37 +26,58 @@ import numpy as np
 
 from bench.common import REFERENCE_PATH, machine_line, markdown_table, pct, time_runs
 
-INT8_PRODUCTS = {"DynamicQuantizeMatMul", "MatMulInteger", "MatMulIntegerToFloat", "QLinearMatMul"}
+INT8_PRODUCTS = {"DynamicQuantizeMatMul", "MatMulInteger", "MatMulIntegerToFloat"}
 FLOAT_PRODUCTS = {"MatMul", "FusedMatMul", "Gemm", "FusedGemm"}
+# products this count cannot size from a node's shapes: a graph holding one is refused, not floored low
+UNSIZED_PRODUCTS = {
+    "Einsum", "Attention", "MultiHeadAttention", "QAttention", "QLinearMatMul", "MatMulNBits",
+    "Conv", "ConvInteger", "QOrderedMatMul", "GroupQueryAttention",
+}  # fmt: skip
 
 
-def product_ops(event: dict[str, Any]) -> float:
-    """Operations (2 per multiply-add) of one matrix-product node as onnxruntime ran it, from the
-    profile's shapes. With both operands listed, |A| = b M K, |B| = b_B K N and |C| = b M N give
-    K = sqrt(|A| |B| / (|C| b_B)) whichever operand the node transposes; the profile leaves a constant
-    weight out of the list, and then K is A's last axis (weights are not transposed at run time)."""
+def node_attributes(model_path: Path) -> dict[str, dict[str, int]]:
+    """Each node's integer attributes (transA, transB, transBatchA ...) by name, from the graph
+    onnxruntime optimised (its fused nodes are not in the exported file)."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    return {
+        n.name: {a.name: int(a.i) for a in n.attribute if a.type == onnx.AttributeProto.INT}
+        for n in model.graph.node
+    }
+
+
+def product_ops(event: dict[str, Any], attributes: dict[str, int] | None = None) -> float:
+    """Operations (2 per multiply-add) of one matrix-product node as onnxruntime ran it: 2 |C| K, with
+    C's size from the profile's output shape (broadcast batches included) and K, the contracted length,
+    A's last axis (its second last when the node transposes A). A is the first input, which the profile
+    always lists (it omits constant weights, and a bias does not count)."""
+    attributes = attributes or {}
+    if attributes.get("transBatchA") or attributes.get("transBatchB"):
+        raise ValueError(f"{event.get('name')}: a batch-transposed product, which this count does not size")
     args = event["args"]
-    shapes = [next(iter(entry.values())) for entry in args["input_type_shape"]]
-    (c_dims,) = (next(iter(entry.values())) for entry in args["output_type_shape"][:1])
-    c = math.prod(c_dims)
-    if len(shapes) > 1 and len(shapes[1]) >= 2:
-        b_dims = shapes[1]
-        k = math.sqrt(math.prod(shapes[0]) * math.prod(b_dims) / (c * math.prod(b_dims[:-2])))
-    else:
-        k = shapes[0][-1]
-    return 2.0 * c * k
+    a_dims = next(iter(args["input_type_shape"][0].values()))
+    c_dims = next(iter(args["output_type_shape"][0].values()))
+    k = a_dims[-2] if attributes.get("transA") and len(a_dims) >= 2 else a_dims[-1]
+    return 2.0 * math.prod(c_dims) * k
 
 
-def counted_products(nodes: Sequence[dict[str, Any]], runs: int) -> tuple[float, float]:
+def counted_products(
+    nodes: Sequence[dict[str, Any]], runs: int, attributes: dict[str, dict[str, int]] | None = None
+) -> tuple[float, float]:
     """(int8 ops, float ops) per run of the profiled graph's matrix products; other nodes are left out
-    (the floor takes them as free)."""
+    (the floor takes them as free). A product this count cannot size is a ValueError."""
+    attributes = attributes or {}
     int8 = floats = 0.0
     for e in nodes:
         op = e["args"].get("op_name", "")
+        name = str(e.get("name", "")).removesuffix("_kernel_time")
+        if op in UNSIZED_PRODUCTS:
+            raise ValueError(f"{name}: {op} is a product this floor cannot size; it would count it as free")
         if op in INT8_PRODUCTS:
-            int8 += product_ops(e)
+            int8 += product_ops(e, attributes.get(name))
         elif op in FLOAT_PRODUCTS:
-            floats += product_ops(e)
+            floats += product_ops(e, attributes.get(name))
     return int8 / runs, floats / runs
 
 
@@ -101,10 +122,24 @@ def attention_rate(heads: int, t: int, d_head: int, threads: int, runs: int, tmp
         def run(sess: Any = sess, feeds: dict[str, np.ndarray] = feeds) -> object:
             return sess.run(None, feeds)
 
-        p50 = pct(time_runs(run, warmup=3, runs=runs), 50)
-        rate = 2 * heads * m * k * n / p50 / 1e9
-        rows.append({"shape": f"{heads}x{m}x{k}x{n}", "p50_ms": p50 * 1e3, "G_per_s": rate})
+        best = float(np.min(time_runs(run, warmup=3, runs=runs)))  # a floor takes the fastest call seen
+        rate = 2 * heads * m * k * n / best / 1e9
+        rows.append({"shape": f"{heads}x{m}x{k}x{n}", "best_ms": best * 1e3, "G_per_s": rate})
     return {"rows": rows, "best": max(float(r["G_per_s"]) for r in rows)}
+
+
+def int8_gemm_rates(
+    shapes: Sequence[tuple[int, int, int]], threads: int, runs: int, tmp: Path
+) -> list[dict[str, Any]]:
+    """onnxruntime's MatMulInteger (u8 x s8, the int8 export's product) at each shape, from its fastest
+    call (bench.gemm_peak's runner; that tool reports medians)."""
+    from bench.gemm_peak import ort_runner
+
+    rows = []
+    for m, k, n in shapes:
+        best = float(np.min(time_runs(ort_runner(m, k, n, True, threads, tmp), warmup=3, runs=runs)))
+        rows.append({"MxKxN": f"{m}x{k}x{n}", "best_ms": best * 1e3, "G_per_s": 2 * m * k * n / best / 1e9})
+    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,7 +162,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     import transformers
 
-    from bench.gemm_peak import measure
     from bench.latency import HFWrapper, export_ours, make_inputs
     from bench.op_profile import measured_nodes
     from qa_core.contract import INPUT_NAMES
@@ -158,19 +192,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("our int8 export does not verify; no floor to compare with", file=sys.stderr)
             return 1
         # what the graph computes, as onnxruntime runs it: one profiled run after a warm-up
-        profiled = session(int8_path, threads=args.threads, level="all", profile_prefix=tmp / "profile")
+        optimized = tmp / "optimized.onnx"
+        profiled = session(
+            int8_path,
+            threads=args.threads,
+            level="all",
+            profile_prefix=tmp / "profile",
+            optimized_path=optimized,
+        )
         for _ in range(2):
             profiled.run(None, feeds)
         nodes, _ = measured_nodes(json.loads(Path(profiled.end_profiling()).read_text()), 1)
-        int8_ops, float_ops = counted_products(nodes, 1)
+        int8_ops, float_ops = counted_products(nodes, 1, node_attributes(optimized))
         print(
             f"products per forward at {b}x{t}: int8 {int8_ops / 1e9:.2f} GOP, float {float_ops / 1e9:.2f} GFLOP",
             file=sys.stderr,
         )
         d, ff, rows_t = config.d_model, config.d_inner, b * t
         gemm_shapes = [(rows_t, d, d), (rows_t, d, ff), (rows_t, ff, d)]
-        gemms = measure(gemm_shapes, args.threads, args.runs * 4, warmup=3)
-        int8_rate = max(r["G_per_s"] for r in gemms if "MatMulInteger" in r["path"]) * 1e9
+        gemms = int8_gemm_rates(gemm_shapes, args.threads, args.runs * 4, tmp)
+        int8_rate = max(r["G_per_s"] for r in gemms) * 1e9
         attention = attention_rate(config.n_head * b, t, config.d_head, args.threads, args.runs * 4, tmp)
         fp32_attention_rate = attention["best"] * 1e9
 

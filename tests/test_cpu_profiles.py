@@ -103,23 +103,41 @@ def _product_event(op: str, inputs: list[list[int]], output: list[int]) -> dict:
 
 
 def test_cpu_bound_counts_each_product_whatever_its_operands_look_like() -> None:
-    # [2, 5, 3] x [2, 3, 7]: 2 * (2 * 5 * 7) * 3 operations, with B listed, B transposed ([2, 7, 3]) or
-    # a weight left out of the profile's list (K is then A's last axis); scalars are quantization params
+    # C [2, 5, 7] from A [2, 5, 3]: 2 * 70 * 3 operations, whether B is listed, transposed, a weight left
+    # out of the profile's list, broadcast, or beside a bias; A transposed ([2, 3, 5]) contracts axis -2
     plain = _product_event("MatMul", [[2, 5, 3], [2, 3, 7]], [2, 5, 7])
-    transposed = _product_event("FusedMatMul", [[2, 5, 3], [2, 7, 3]], [2, 5, 7])
+    transposed_b = _product_event("FusedMatMul", [[2, 5, 3], [2, 7, 3]], [2, 5, 7])
     weight = _product_event("DynamicQuantizeMatMul", [[2, 5, 3], [], []], [2, 5, 7])
-    broadcast = _product_event("MatMul", [[2, 5, 3], [3, 7]], [2, 5, 7])
-    for event in (plain, transposed, weight, broadcast):
-        assert cpu_bound.product_ops(event) == pytest.approx(2 * 70 * 3)
+    broadcast_a = _product_event("MatMul", [[5, 3], [2, 3, 7]], [2, 5, 7])
+    gemm_bias = _product_event("Gemm", [[10, 3], [7, 3], [1, 7]], [10, 7])
+    for event, attributes in (
+        (plain, None),
+        (transposed_b, {"transB": 1}),
+        (weight, None),
+        (broadcast_a, None),
+        (gemm_bias, {"transB": 1}),
+    ):
+        assert cpu_bound.product_ops(event, attributes) == pytest.approx(2 * 70 * 3)
+    transposed_a = _product_event("FusedMatMul", [[2, 3, 5], [2, 3, 7]], [2, 5, 7])
+    assert cpu_bound.product_ops(transposed_a, {"transA": 1}) == pytest.approx(2 * 70 * 3)
     gather = {"args": {"op_name": "Gather"}}
     int8, floats = cpu_bound.counted_products([plain, weight, weight, gather], runs=2)
     assert (int8, floats) == (pytest.approx(420.0), pytest.approx(210.0))
     assert cpu_bound.floor_ms(2e9, 1e9, 1e12, 1e11) == pytest.approx(2.0 + 10.0)
+    # a product it cannot size is refused, not counted as free
+    with pytest.raises(ValueError, match="MultiHeadAttention is a product this floor cannot size"):
+        cpu_bound.counted_products([_product_event("MultiHeadAttention", [[1, 4, 8]], [1, 4, 8])], runs=1)
+    with pytest.raises(ValueError, match="batch-transposed"):
+        cpu_bound.product_ops(plain, {"transBatchA": 1})
 
 
-def test_cpu_bound_of_a_tiny_model_counts_torchs_products(tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize(("batch", "length"), [(1, 24), (3, 20)])
+def test_cpu_bound_of_a_tiny_model_counts_torchs_products(
+    tmp_path: Path, capsys, batch: int, length: int
+) -> None:
     out = tmp_path / "bound.json"
-    args = ["--preset", "tiny", "--shape", "1x24", "--threads", "1", "--runs", "1", "--json", str(out)]
+    shape = f"{batch}x{length}"
+    args = ["--preset", "tiny", "--shape", shape, "--threads", "1", "--runs", "1", "--json", str(out)]
     assert cpu_bound.main(args) == 0
     text = capsys.readouterr().out
     assert "| (a) HF eager |" in text and "| (e) ours ONNX int8 |" in text and "flags:" in text
@@ -138,7 +156,7 @@ def test_cpu_bound_of_a_tiny_model_counts_torchs_products(tmp_path: Path, capsys
         XLNetConfig.preset("tiny", vocab_size=32000, dropout=0.0), head="simple"
     )
     inference = QAInference(model.eval())  # the position table projected here, once, as in the export
-    feeds = make_inputs(1, 24, 32000)
+    feeds = make_inputs(batch, length, 32000)
     with triton_attention.kernel(False), torch.no_grad(), FlopCounterMode(display=False) as counter:
         inference(*(torch.from_numpy(feeds[n]) for n in INPUT_NAMES))
     total = result["int8_product_ops"] + result["float_product_flops"]
