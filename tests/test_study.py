@@ -9,6 +9,7 @@ from sample_cuts import small_calibration, small_dev
 
 from qa_core.squad import read_squad
 from train.common.cli import run
+from train.experiments.stage_inputs import StageInputsChanged
 from train.experiments.study import Run, parse_runs, parse_seeds
 from train.study import main
 
@@ -60,6 +61,11 @@ def test_study_runs_every_stage_and_reports_on_unseen_questions(tmp_path, capsys
     # a second call reuses every stage
     assert main([*tiny, "--runs", "pretrained+synth,random+match", "--out", str(out)]) == 0
     assert "done in" not in capsys.readouterr().out
+    # one with other steps stops at the first stage they change, before training it
+    other = [*tiny, "--finetune-steps", "4", "--runs", "random+match", "--out", str(out)]
+    with pytest.raises(StageInputsChanged, match=r"\[fine-tune \(random\+match\)\] .* \(steps differ\)"):
+        main(other)
+    assert json.loads((out / "finetune-random-match" / "metadata.json").read_text())["step"] == 3
 
 
 def test_run_names():

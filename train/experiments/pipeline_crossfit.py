@@ -57,8 +57,7 @@ from train.evaluation.predict import redecide
 from train.experiments.article_stats import column, compare_by_article, describe
 from train.experiments.heldout import predict_files
 from train.experiments.runs import given
-from train.experiments.stage_inputs import RECORD, check_stage_inputs
-from train.experiments.study import Stages
+from train.experiments.study import Stages, weights_inputs
 from train.experiments.study_flags import short_batch_flag
 from train.experiments.synth import SynthConfig, write_synthetic
 from train.recipes.finetune import FinetuneConfig, FinetuneRecipe
@@ -347,17 +346,11 @@ def _finetune(args, stages: Stages, name: str, settings: Mapping[str, Any]) -> P
     # left unfinished continues from its last checkpoint
     common |= {"layer_decay": LAYER_DECAY, "plausible_spans": True, "answerability": "cls", "resume": True}
     config = given(FinetuneConfig, **{**common, **settings})
-    # what makes its weights (not where they go, the threads, or how often it checkpoints: a resumed
-    # stage ends with the same weights); a folder holding another call's reader is refused, not reused
-    recorded = {k: v for k, v in {**common, **settings}.items() if k not in NOT_INPUTS}
-    made = (out / "metadata.json").exists() or (out / "checkpoints").exists()
-    check_stage_inputs(out / RECORD, name, recorded, made=made)
-    stages.run(name, out / "metadata.json", FinetuneRecipe(config).run)
+    # a folder holding another call's reader (other articles, steps, start) is refused, not reused
+    stages.run(
+        name, out / "metadata.json", FinetuneRecipe(config).run, weights_inputs({**common, **settings})
+    )
     return out
-
-
-# fine-tuning settings that do not change the weights a stage ends with
-NOT_INPUTS = frozenset({"out", "threads", "no_progress", "resume", "save_every"})
 
 
 def _out_of_fold(
@@ -429,21 +422,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     stages = Stages()
     corpus = [str(c) for c in args.corpus]
     tok = out / "tokenizer"
-    name = "tokenizer (corpus only)"
-    check_stage_inputs(
-        tok / RECORD, name, {"corpus": corpus, "vocab": args.vocab}, made=(tok / "spiece.model").exists()
+    stages.run(
+        "tokenizer (corpus only)",
+        tok / "spiece.model",
+        partial(train_spm, corpus, str(tok), args.vocab),
+        {"corpus": corpus, "vocab": args.vocab},
     )
-    stages.run(name, tok / "spiece.model", partial(train_spm, corpus, str(tok), args.vocab))
     synthetic = out / "synthetic.json"
     cfg = SynthConfig(per_sentence=args.synth_per_sentence, hard_negatives=HARD_NEGATIVES, seed=args.seed)
-    check_stage_inputs(
-        out / "synthetic.inputs.json",
-        "synthetic questions (corpus only)",
-        {"corpus": corpus, "synth": dataclasses.asdict(cfg)},
-        made=synthetic.exists(),
-    )
     stages.run(
-        "synthetic questions (corpus only)", synthetic, partial(write_synthetic, corpus, str(synthetic), cfg)
+        "synthetic questions (corpus only)",
+        synthetic,
+        partial(write_synthetic, corpus, str(synthetic), cfg),
+        {"corpus": corpus, "synth": dataclasses.asdict(cfg)},
+        record=out / "synthetic.inputs.json",
     )
     generated = load_dataset(synthetic)
     synth_dev = write_squad(_subset(generated, {generated["data"][0]["title"]}), out / "synthetic-dev.json")

@@ -22,10 +22,11 @@ side on the evaluated questions, with the difference from answering none and its
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from argparse import Namespace
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -41,6 +42,7 @@ from train.evaluation.predict import evaluate_checkpoint
 from train.experiments import study_flags
 from train.experiments.heldout import compare_rules, plot_reliability, predict_files
 from train.experiments.runs import given, short_pretraining
+from train.experiments.stage_inputs import RECORD, check_stage_inputs
 from train.experiments.study_report import (
     comparison_json,
     comparison_section,
@@ -63,13 +65,38 @@ def build_parser() -> Parser:
     return study_flags.build_parser(__doc__.splitlines()[0] if __doc__ else "")
 
 
+# training settings that do not change the weights a stage ends with (where they go, the threads, the
+# progress bar, resuming, how often it checkpoints: a resumed stage ends with the same weights)
+NOT_INPUTS = frozenset({"out", "threads", "no_progress", "resume", "save_every"})
+
+
+def weights_inputs(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A training stage's settings as its inputs: those that make its weights."""
+    return {k: v for k, v in settings.items() if k not in NOT_INPUTS}
+
+
 class Stages:
-    """Runs each stage once (skipped when its output exists) and records its seconds."""
+    """Runs each stage once (skipped when its output exists) and records its seconds. A stage given its
+    ``inputs`` records them beside it first (``train.experiments.stage_inputs``): work there made from
+    other inputs stops the call instead of being reused."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
 
-    def run(self, name: str, done: Path, stage: Callable[[], object]) -> None:
+    def run(
+        self,
+        name: str,
+        done: Path,
+        stage: Callable[[], object],
+        inputs: Mapping[str, Any] | None = None,
+        record: Path | None = None,
+    ) -> None:
+        """``record``: where the inputs are kept (default: ``inputs.json`` beside ``done``); a stage
+        whose folder holds a checkpoint counts as begun."""
+        if inputs is not None:
+            where = record or done.parent / RECORD
+            begun = done.exists() or (done.parent / "checkpoints").exists()
+            check_stage_inputs(where, name, inputs, made=begun)
         if done.exists():
             print(f"[{name}] reusing {done.parent}", flush=True)
             return
@@ -265,7 +292,7 @@ def _tokenizer_stage(args, out: Path, fit: Path, stages: Stages) -> Path:
         for line in summary_lines(trained, model_path, inputs, args.vocab, True, seconds):
             print(line)
 
-    stages.run("tokenizer", tok / "spiece.model", train_tokenizer)
+    stages.run("tokenizer", tok / "spiece.model", train_tokenizer, {"text": inputs, "vocab": args.vocab})
     return tok
 
 
@@ -285,7 +312,7 @@ def _pretraining_stage(
     settings |= {"optimizer": args.pretrain_optimizer, "weight_decay": args.pretrain_weight_decay}
     settings |= {"out": str(pre), "save_every": 250, **run_flags}
     config = given(PretrainConfig, **settings)
-    stages.run("pretrain", pre / "model.safetensors", PretrainRecipe(config).run)
+    stages.run("pretrain", pre / "model.safetensors", PretrainRecipe(config).run, weights_inputs(settings))
 
 
 def _synthetic_question_stages(
@@ -305,6 +332,8 @@ def _synthetic_question_stages(
             f"synthetic questions{' (hard)' if hard else ''}",
             synth_files[hard],
             partial(write_synthetic, inputs, str(synth_files[hard]), cfg),
+            {"text": inputs, "synth": dataclasses.asdict(cfg)},
+            record=synth_files[hard].with_name(synth_files[hard].stem + ".inputs.json"),
         )
     return synth_files
 
@@ -373,6 +402,7 @@ def _finetune(study: _Study, r: Run, fit: Path, seed: int = 0) -> Path:
             f"synthetic stage ({stage.name})",
             stage / "metadata.json",
             FinetuneRecipe(given(FinetuneConfig, **settings)).run,
+            weights_inputs(settings),
         )
         init = {"init": str(stage), **({"plausible_spans": True} if r.plausible else {})}
     ft = out / _seeded(f"finetune-{r.slug}", seed)
@@ -381,7 +411,9 @@ def _finetune(study: _Study, r: Run, fit: Path, seed: int = 0) -> Path:
     )
     settings["seed"] = seed
     config = given(FinetuneConfig, **settings)
-    study.stages.run(f"fine-tune ({r.name})", ft / "metadata.json", FinetuneRecipe(config).run)
+    study.stages.run(
+        f"fine-tune ({r.name})", ft / "metadata.json", FinetuneRecipe(config).run, weights_inputs(settings)
+    )
     return ft
 
 
@@ -394,7 +426,12 @@ def _evaluate(study: _Study, r: Run, ft: Path, held_examples, seed: int = 0) -> 
         result = evaluate_checkpoint(options)
         print(json.dumps(result.metrics, indent=2))
 
-    study.stages.run(f"evaluate ({r.name})", ev / "metrics.json", evaluate)
+    study.stages.run(
+        f"evaluate ({r.name})",
+        ev / "metrics.json",
+        evaluate,
+        {"checkpoint": str(ft), "data": str(study.held)},
+    )
     metrics = json.loads((ev / "metrics.json").read_text())
     metrics.update(span_quality(held_examples, json.loads((ev / "nbest.json").read_text())))
     return metrics
