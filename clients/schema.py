@@ -102,9 +102,11 @@ class NBestEntry(_Response):
     end: int
     score: float = Field(description="The reader's log-probability of the span: its start's plus its end's")
     probability: float = Field(
-        description="The span's share of the probability mass of the reader's 10 best spans (the same "
-        "whatever the server's --n-best-pool or the request's top_k; a span past the 10th is measured "
-        "against the same mass)"
+        description="The span's share of the probability mass of the reader's 10 best spans, the same "
+        "whatever the request's top_k or the server's --n-best-pool when the server keeps 10 or more (the "
+        "default for a model that does; a smaller pool measures against its own spans). A span past the "
+        "10th is measured against the same mass; spans that snap to the same words are listed once, with "
+        "the first one's share"
     )
 
 
