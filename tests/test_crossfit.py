@@ -15,6 +15,12 @@ from qa_core.squad.answerability import from_metadata
 from train.common.cli import run
 from train.crossfit import main
 from train.experiments.pipeline_crossfit import assign_folds, fit_and_report, load_outputs, mixed_articles
+from train.experiments.stage_inputs import (
+    StageInputsChanged,
+    check_stage_inputs,
+    content_fingerprint,
+    fingerprint,
+)
 
 SAMPLE = REPO / "data" / "sample"
 TINY = ["--config", "tiny", "--vocab", "1000", "--synth-steps", "2", "--synth-per-sentence", "1"]
@@ -237,20 +243,47 @@ def test_a_folder_made_from_other_inputs_is_refused_not_reused(tmp_path: Path, c
     base = [*TINY, "--corpus", str(SAMPLE / "corpus.json"), "--folds", "2", "--out", str(out)]
     assert run(main, [*base, "--labelled", str(labelled)], prog="train.crossfit") == 0
     record = out / "fold-0" / "reader" / "inputs.json"
-    made = record.read_bytes()
-    other = labelled_cut(tmp_path / "other.json", paragraphs=1)
+    kept = {p: p.read_bytes() for p in (record, out / "folds.json", *out.glob("fold-*/*.json"))}
+    # the same articles and questions (so the same folds), one paragraph's text edited
+    edited = json.loads(labelled.read_text())
+    for article in edited["data"]:
+        article["paragraphs"][0]["context"] += " An edit."
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(edited))
     for flags, differ in (
         (["--labelled", str(other)], "dev_file, train_file differ"),
-        (["--labelled", str(labelled), "--finetune-steps", "4"], "eval_every, steps differ"),
+        (["--labelled", str(labelled), "--finetune-steps", "4"], "steps differ"),
     ):
         capsys.readouterr()
         assert run(main, [*base, *flags], prog="train.crossfit") == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("train.crossfit: error: [reader 0 (") and differ in err, err
-        assert "holds work made from other inputs" in err and len(err.splitlines()) == 1
-        assert record.read_bytes() == made  # the record, and the reader, left as they were
+        assert "was made from other inputs" in err and len(err.splitlines()) == 1
+        # the record, the reader and the files describing the folds left as they were
+        assert all(p.read_bytes() == b for p, b in kept.items())
+    # other folds: refused before anything changes, at the folds themselves
+    assert run(main, [*base, "--labelled", str(labelled), "--folds", "3"], prog="train.crossfit") == 2
+    assert "[folds]" in capsys.readouterr().err
+    assert all(p.read_bytes() == b for p, b in kept.items())
+    made = kept[record]
     record.unlink()  # as a folder made before records were kept
     assert run(main, [*base, "--labelled", str(labelled)], prog="train.crossfit") == 0
     printed = capsys.readouterr().out
     assert "no record of what made" in printed and record.read_bytes() == made
     assert "[reader 1 (" in printed and "reusing" in printed.split("[reader 1 (")[1].splitlines()[0]
+
+
+def test_a_record_beside_no_work_is_replaced(tmp_path: Path) -> None:
+    """A call stopped after recording a stage's inputs but before it made anything owns nothing: a
+    call with other inputs replaces the record instead of refusing; once work is there, it refuses."""
+    record = tmp_path / "stage" / "inputs.json"
+    check_stage_inputs(record, "stage", {"steps": 3}, made=False)
+    check_stage_inputs(record, "stage", {"steps": 4}, made=False)
+    assert json.loads(record.read_text()) == {"steps": 4}
+    with pytest.raises(
+        StageInputsChanged, match=r"\[stage\] .*stage was made from other inputs \(steps differ\)"
+    ):
+        check_stage_inputs(record, "stage", {"steps": 5}, made=True)
+    data = tmp_path / "data.json"
+    data.write_bytes(b'{"data": []}')  # a file is recorded by its bytes, as it would be before it is written
+    assert fingerprint(str(data)) == content_fingerprint(b'{"data": []}')

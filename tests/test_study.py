@@ -66,6 +66,15 @@ def test_study_runs_every_stage_and_reports_on_unseen_questions(tmp_path, capsys
     with pytest.raises(StageInputsChanged, match=r"\[fine-tune \(random\+match\)\] .* \(steps differ\)"):
         main(other)
     assert json.loads((out / "finetune-random-match" / "metadata.json").read_text())["step"] == 3
+    # other articles to score: refused before the split files that describe the stages change
+    edited = json.loads((out / "eval.json").read_text())
+    edited["data"][0]["paragraphs"][0]["context"] += " An edit."
+    (tmp_path / "dev-edited.json").write_text(json.dumps(edited))
+    splits = {name: (out / name).read_bytes() for name in ("fit.json", "calibration.json", "eval.json")}
+    retold = [*tiny[:-2], "--eval-file", str(tmp_path / "dev-edited.json")]  # tiny ends with --eval-file
+    with pytest.raises(StageInputsChanged, match=r"\[splits\] .*eval.json differ"):
+        main([*retold, "--runs", "random+match", "--out", str(out)])
+    assert {name: (out / name).read_bytes() for name in splits} == splits
 
 
 def test_run_names():

@@ -27,6 +27,7 @@ from .data import (
     read_squad,
     select_articles,
     split_by_article,
+    squad_bytes,
     write_squad,
 )
 from .decode import DEFAULT_DECODING, DecodeOptions, decode, decode_beam
@@ -92,6 +93,7 @@ __all__ = [
     "span_text",
     "SpanScores",
     "split_by_article",
+    "squad_bytes",
     "SquadExample",
     "TokenizerLike",
     "VERIFIER_LOGIT",

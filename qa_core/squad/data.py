@@ -255,12 +255,16 @@ def split_by_article(
     return select_articles(dataset, indices=order[:n]), select_articles(dataset, indices=order[n:])
 
 
+def squad_bytes(dataset: Dataset) -> bytes:
+    """A SQuAD document as :func:`write_squad` writes it (UTF-8 JSON): what a file's hash is taken of."""
+    return json.dumps(dataset, ensure_ascii=False).encode("utf-8")
+
+
 def write_squad(dataset: Dataset, path: str | PathLike[str]) -> Path:
     """Write a SQuAD document as UTF-8 JSON (creating parent folders); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        json.dump(dataset, f, ensure_ascii=False)
+    path.write_bytes(squad_bytes(dataset))
     return path
 
 

@@ -45,6 +45,7 @@ from qa_core.squad import (
     load_dataset,
     merge_datasets,
     read_squad,
+    squad_bytes,
     write_squad,
 )
 from train.answerability.estimators import roc_auc
@@ -57,6 +58,7 @@ from train.evaluation.predict import redecide
 from train.experiments.article_stats import column, compare_by_article, describe
 from train.experiments.heldout import predict_files
 from train.experiments.runs import given
+from train.experiments.stage_inputs import RECORD, StageInputsChanged, content_fingerprint
 from train.experiments.study import Stages, weights_inputs
 from train.experiments.study_flags import short_batch_flag
 from train.experiments.synth import SynthConfig, write_synthetic
@@ -337,8 +339,27 @@ def build_parser() -> Parser:
     return p
 
 
-def _finetune(args, stages: Stages, name: str, settings: Mapping[str, Any]) -> Path:
+def _finetune(
+    args,
+    stages: Stages,
+    name: str,
+    settings: Mapping[str, Any],
+    files: Mapping[Path, dict[str, Any]] | None = None,
+) -> Path:
+    """A fine-tuning stage. ``files``: SQuAD documents it reads (its train and dev files) or keeps
+    beside it (held-out questions), written only once its inputs are accepted; those among its settings
+    are recorded by their content."""
     out = Path(settings["out"])
+    data = {path: squad_bytes(document) for path, document in (files or {}).items()}
+    by_content = {k: content_fingerprint(data[Path(v)]) for k, v in settings.items() if Path(str(v)) in data}
+
+    def write_files() -> None:
+        for path, content in data.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(content)
+            tmp.replace(path)
+
     common = {"max_seq_len": args.max_seq_len, "doc_stride": args.doc_stride, "seed": args.seed}
     common |= {"threads": args.threads} if args.threads else {}
     common |= {"no_progress": True} if args.no_progress else {}
@@ -347,9 +368,8 @@ def _finetune(args, stages: Stages, name: str, settings: Mapping[str, Any]) -> P
     common |= {"layer_decay": LAYER_DECAY, "plausible_spans": True, "answerability": "cls", "resume": True}
     config = given(FinetuneConfig, **{**common, **settings})
     # a folder holding another call's reader (other articles, steps, start) is refused, not reused
-    stages.run(
-        name, out / "metadata.json", FinetuneRecipe(config).run, weights_inputs({**common, **settings})
-    )
+    inputs = weights_inputs({**common, **settings}) | by_content
+    stages.run(name, out / "metadata.json", FinetuneRecipe(config).run, inputs, prepare=write_files)
     return out
 
 
@@ -418,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--final-hold-out: no labelled article is called {', '.join(map(repr, unknown))}")
     if set(args.final_hold_out) == set(fold_of):
         parser.error("--final-hold-out: every labelled article held out, none left to train the reader on")
-    (out / "folds.json").write_text(json.dumps(fold_of, indent=2, ensure_ascii=False) + "\n")
+    _write_folds(out, fold_of)
     stages = Stages()
     corpus = [str(c) for c in args.corpus]
     tok = out / "tokenizer"
@@ -464,10 +484,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for f in range(args.folds):
         fold_dir = out / f"fold-{f}"
         train = _subset(labelled, set(fold_of) - titles[f])
-        held = write_squad(_subset(labelled, titles[f]), fold_dir / "heldout.json")
+        held = {fold_dir / "heldout.json": _subset(labelled, titles[f])}
         name = f"reader {f} ({len(titles[f])} articles held out)"
-        reader = _fine_tuned_reader(args, stages, name, stage, train, fold_dir)
-        examples[f] = read_squad(held)
+        reader = _fine_tuned_reader(args, stages, name, stage, train, fold_dir, held)
+        examples[f] = read_squad(fold_dir / "heldout.json")
         readers[f] = _out_of_fold(stages, f, reader, examples[f], fold_dir / "predictions.json", args)
     fit_and_report(examples, readers, fold_of, out, args.rule_articles, args.reranker)
     print((out / "RESULTS.md").read_text())
@@ -491,12 +511,11 @@ def _final_stage(
     get a folder of their own (named by their titles) holding their questions, to score the pipeline."""
     kept_out = set(args.final_hold_out)
     folder = out / "final" if not kept_out else out / f"final-holdout-{_titles_hash(kept_out)}"
-    if kept_out:
-        write_squad(_subset(labelled, kept_out), folder / "heldout.json")
+    held = {folder / "heldout.json": _subset(labelled, kept_out)} if kept_out else {}
     trained_on = "every labelled article" if not kept_out else f"all but {len(kept_out)} held-out articles"
     name = f"the shipped reader ({len(fold_of) - len(kept_out)} articles: {trained_on})"
     shipped = _fine_tuned_reader(
-        args, stages, name, stage, _subset(labelled, set(fold_of) - kept_out), folder
+        args, stages, name, stage, _subset(labelled, set(fold_of) - kept_out), folder, held
     )
     try:
         rule = shipped_rule(examples, readers, args.rule_articles, args.reranker, held_out=kept_out)
@@ -518,12 +537,18 @@ def _titles_hash(titles: set[str]) -> str:
 
 
 def _fine_tuned_reader(
-    args, stages: Stages, name: str, stage: Path, train: dict[str, Any], folder: Path
+    args,
+    stages: Stages,
+    name: str,
+    stage: Path,
+    train: dict[str, Any],
+    folder: Path,
+    beside: Mapping[Path, dict[str, Any]] | None = None,
 ) -> Path:
     """A reader fine-tuned from the synthetic stage on ``train``'s articles into ``folder/reader`` (the
-    first article doubles as the dev file fine-tuning asks for: nothing is chosen on it)."""
-    write_squad(train, folder / "train.json")
-    write_squad(_subset(train, {train["data"][0]["title"]}), folder / "dev.json")
+    first article doubles as the dev file fine-tuning asks for: nothing is chosen on it); ``beside``:
+    documents kept in its folder (its held-out questions), written with its own once it is accepted."""
+    files = {folder / "train.json": train, folder / "dev.json": _subset(train, {train["data"][0]["title"]})}
     return _finetune(
         args,
         stages,
@@ -539,7 +564,21 @@ def _fine_tuned_reader(
             "eval_every": args.finetune_steps,
             "save_every": min(args.finetune_steps, args.checkpoint_every),
         },
+        {**files, **(beside or {})},
     )
+
+
+def _write_folds(out: Path, fold_of: Mapping[str, int]) -> None:
+    """folds.json, unless this --out holds fold readers cut from other folds (each would be refused at
+    its stage; refused here first, before the file that describes them changes)."""
+    path = out / "folds.json"
+    text = json.dumps(fold_of, indent=2, ensure_ascii=False) + "\n"
+    if path.exists() and path.read_text() != text and any(out.glob(f"fold-*/reader/{RECORD}")):
+        raise StageInputsChanged(
+            f"[folds] {out} holds fold readers cut into other folds (folds.json differs: other --labelled "
+            "or --folds): give another --out, or remove it to make them again"
+        )
+    path.write_text(text)
 
 
 def shipped_rule(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,11 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def content_fingerprint(data: bytes) -> dict[str, str]:
+    """What :func:`fingerprint` records for a file holding ``data``, before the file is written."""
+    return {"sha256": hashlib.sha256(data).hexdigest()}
+
+
 def fingerprint(value: Any) -> Any:
     """A value as recorded: a file by its bytes' SHA-256, a stage's folder by its own record's, a list
     item by item, anything else as given (JSON-ready)."""
@@ -47,11 +53,15 @@ def fingerprint(value: Any) -> Any:
     return value
 
 
-def check_stage_inputs(record: Path, name: str, inputs: Mapping[str, Any], *, made: bool) -> None:
-    """Record ``inputs`` at ``record`` for a stage about to run or be reused, or refuse when a record of
-    other inputs is there. ``made``: some of the stage's work is there (finished, or a checkpoint); such
-    work without a readable record (made before records were kept) is taken as made from these inputs,
-    and the call says so."""
+def check_stage_inputs(
+    record: Path, name: str, inputs: Mapping[str, Any], *, made: bool, output: Path | None = None
+) -> None:
+    """Record ``inputs`` at ``record`` for a stage about to run or be reused, or refuse when its work
+    there was made from other inputs. ``made``: some of the stage's work is there (finished, or a
+    checkpoint). A record of other inputs beside no work (a call stopped before the stage made anything)
+    is replaced; work without a readable record (made before records were kept) is taken as made from
+    these inputs, and the call says so. ``output``: what the stage makes, named in the refusal (default:
+    the record's folder, a stage's own)."""
     # as JSON keeps it (tuples become lists), so a record read back equals the same inputs given again
     now = json.loads(json.dumps({key: fingerprint(value) for key, value in sorted(inputs.items())}))
     before = None
@@ -60,17 +70,18 @@ def check_stage_inputs(record: Path, name: str, inputs: Mapping[str, Any], *, ma
             before = json.loads(record.read_text())
         except (OSError, ValueError):
             before = None  # damaged: it proves nothing either way
-    if isinstance(before, dict):
-        if before == now:
-            return
+    if before == now:
+        return
+    if isinstance(before, dict) and made:
         differ = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+        what = output if output is not None else record.parent
         raise StageInputsChanged(
-            f"[{name}] {record.parent} holds work made from other inputs ({', '.join(differ)} differ): "
-            "give another --out, or remove that folder to make it again"
+            f"[{name}] {what} was made from other inputs ({', '.join(differ)} differ): give another --out, "
+            f"or remove {what.name}{'' if output is None else f' and {record.name}'} to make it again"
         )
-    if made:
+    if made and before is None:
         print(f"[{name}] no record of what made {record.parent}: recorded as this call's inputs", flush=True)
     record.parent.mkdir(parents=True, exist_ok=True)
-    tmp = record.with_name(record.name + ".tmp")
+    tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")  # two calls into one --out never share one
     tmp.write_text(json.dumps(now, indent=1, ensure_ascii=False) + "\n")
     tmp.replace(record)  # whole or absent

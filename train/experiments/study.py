@@ -32,17 +32,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from qa_core.squad import load_dataset, merge_datasets, read_squad, split_by_article, write_squad
+from qa_core.squad import load_dataset, merge_datasets, read_squad, split_by_article, squad_bytes
 from qa_core.tokenizer import XLNetTokenizer
 from train.common.cli import Parser
 from train.common.sample_data import SAMPLE_DIR as SAMPLE
+from train.engine.run_record import MAY_CHANGE, NOT_RECORDED
 from train.engine.runlog import read_series
 from train.evaluation.options import EvaluationOptions
 from train.evaluation.predict import evaluate_checkpoint
 from train.experiments import study_flags
 from train.experiments.heldout import compare_rules, plot_reliability, predict_files
 from train.experiments.runs import given, short_pretraining
-from train.experiments.stage_inputs import RECORD, check_stage_inputs
+from train.experiments.stage_inputs import RECORD, StageInputsChanged, check_stage_inputs
 from train.experiments.study_report import (
     comparison_json,
     comparison_section,
@@ -65,9 +66,9 @@ def build_parser() -> Parser:
     return study_flags.build_parser(__doc__.splitlines()[0] if __doc__ else "")
 
 
-# training settings that do not change the weights a stage ends with (where they go, the threads, the
-# progress bar, resuming, how often it checkpoints: a resumed stage ends with the same weights)
-NOT_INPUTS = frozenset({"out", "threads", "no_progress", "resume", "save_every"})
+# training settings that do not change the weights a stage ends with: one invocation's own, and those a
+# resumed run may change (the run record's lists: threads, progress, how often it checkpoints or evaluates)
+NOT_INPUTS = NOT_RECORDED | MAY_CHANGE
 
 
 def weights_inputs(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -90,13 +91,18 @@ class Stages:
         stage: Callable[[], object],
         inputs: Mapping[str, Any] | None = None,
         record: Path | None = None,
+        prepare: Callable[[], object] | None = None,
     ) -> None:
         """``record``: where the inputs are kept (default: ``inputs.json`` beside ``done``); a stage
-        whose folder holds a checkpoint counts as begun."""
+        whose folder holds a checkpoint counts as begun. ``prepare`` writes what the stage reads (its
+        data files) once its inputs are accepted, whether it then runs or is reused: a refused call
+        leaves them as they were."""
         if inputs is not None:
             where = record or done.parent / RECORD
             begun = done.exists() or (done.parent / "checkpoints").exists()
-            check_stage_inputs(where, name, inputs, made=begun)
+            check_stage_inputs(where, name, inputs, made=begun, output=done if record else None)
+        if prepare is not None:
+            prepare()
         if done.exists():
             print(f"[{name}] reusing {done.parent}", flush=True)
             return
@@ -212,9 +218,18 @@ def prepare_data(args, out: Path) -> tuple[Path, Path, Path, bool]:
 
 
 def _write_splits(out: Path, fit, calibration, held, honest: bool) -> tuple[Path, Path, Path, bool]:
+    """The three splits' files, unless this --out holds stages made from other splits (each would be
+    refused at its stage; refused here first, before the files that describe them change)."""
     paths = out / "fit.json", out / "calibration.json", out / "eval.json"
-    for data, path in zip((fit, calibration, held), paths, strict=True):
-        write_squad(data, path)
+    documents = [squad_bytes(data) for data in (fit, calibration, held)]
+    changed = [p.name for p, d in zip(paths, documents, strict=True) if p.exists() and p.read_bytes() != d]
+    if changed and any(out.glob(f"*/{RECORD}")):
+        raise StageInputsChanged(
+            f"[splits] {out} holds stages made from other articles ({', '.join(changed)} differ: other "
+            "--labelled, --eval-articles or --calibration-articles): give another --out, or remove it"
+        )
+    for path, document in zip(paths, documents, strict=True):
+        path.write_bytes(document)
     return *paths, honest
 
 
