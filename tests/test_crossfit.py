@@ -134,6 +134,14 @@ def test_every_article_is_scored_out_of_fold_with_every_view(tmp_path: Path, cap
     assert main([*args, "--out", str(out)]) == 0
     assert "fold-0/predictions.json holds other questions" in capsys.readouterr().out
     assert {name: (out / name).read_bytes() for name in first} == first
+    kept = json.loads((out / "fold-1" / "predictions.json").read_text())  # as kept before shares were
+    for prediction in kept.values():
+        for entry in prediction["n_best"]:
+            entry.pop("share", None)
+    (out / "fold-1" / "predictions.json").write_text(json.dumps(kept))
+    assert main([*args, "--out", str(out)]) == 0
+    assert "fold-1/predictions.json lacks the spans' shares" in capsys.readouterr().out
+    assert {name: (out / name).read_bytes() for name in first} == first
     # stage 3 refitted from the kept spans alone: the same report; then the rule on every article
     examples, readers, fold_of = load_outputs(out)
     fit_and_report(examples, readers, fold_of, tmp_path / "same")

@@ -410,6 +410,8 @@ def _kept_predictions(
             why = "is older than its reader"
         elif set(kept) != {ex.qas_id for ex in examples}:
             why = "holds other questions than this fold's"
+        elif any(p.n_best and not any(e.share for e in p.n_best) for p in kept.values()):
+            why = "lacks the spans' shares (kept before they were recorded; the re-ranker reads them)"
     if not why:
         return kept
     print(f"{path} {why}: decoding its spans again", flush=True)
