@@ -44,7 +44,10 @@ def test_missing_and_damaged_parts_are_named_before_anything_is_written(tmp_path
     manifest = split(original, tmp_path / "parts", 100_000)
     (tmp_path / "parts" / "big.whl.part02").unlink()
     damaged = tmp_path / "parts" / "big.whl.part03"
-    damaged.write_bytes(b"x" + damaged.read_bytes()[1:])
+    data = damaged.read_bytes()
+    damaged.write_bytes(
+        bytes([data[0] ^ 0xFF]) + data[1:]
+    )  # a first byte that differs (b"x" was it 1 in 256 times)
     with pytest.raises(PartsError) as exc:
         join(manifest, tmp_path / "joined.whl")
     assert str(exc.value) == (
