@@ -31,7 +31,11 @@ def test_the_held_out_articles_are_disjoint_from_everything_fitted() -> None:
         set(p["articles"][k]) for k in ("held_out", "fine_tuned", "calibration")
     )
     assert held_out and trained and calibration
-    assert not held_out & (trained | calibration) and not trained & calibration
+    assert not held_out & (trained | calibration)
+    # a rule fitted on out-of-fold outputs (train.crossfit) reads articles the shipped reader trained on,
+    # each through a fold reader that never did; fitted on the reader's own outputs, they must be others
+    if not p["articles"].get("calibration_out_of_fold"):
+        assert not trained & calibration
     assert set(p["held_out"]["articles"]) == held_out
     asked = {a["title"] for a in json.loads((SHIPPED / "questions.json").read_text())["data"]}
     assert asked <= held_out
