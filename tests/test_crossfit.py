@@ -225,6 +225,7 @@ def test_a_reader_to_ship_can_leave_articles_out_to_score_it(tmp_path: Path, cap
     [
         (["--final-hold-out", "Nowhere"], "give --final too"),
         (["--final", "--final-hold-out", "Nowhere"], "no labelled article is called 'Nowhere'"),
+        (["--precision", "fp16"], "--precision fp16 needs a CUDA device"),
     ],
 )
 def test_a_hold_out_that_cannot_be_made_is_refused_before_any_work(
@@ -258,14 +259,15 @@ def test_a_folder_made_from_other_inputs_is_refused_not_reused(tmp_path: Path, c
         article["paragraphs"][0]["context"] += " An edit."
     other = tmp_path / "other.json"
     other.write_text(json.dumps(edited))
-    for flags, differ in (
-        (["--labelled", str(other)], "dev_file, train_file differ"),
-        (["--labelled", str(labelled), "--finetune-steps", "4"], "steps differ"),
+    for flags, stage, differ in (
+        (["--labelled", str(other)], "[reader 0 (", "dev_file, train_file differ"),
+        (["--labelled", str(labelled), "--finetune-steps", "4"], "[reader 0 (", "steps differ"),
+        (["--labelled", str(labelled), "--precision", "bf16"], "[synthetic stage]", "precision differ"),
     ):
         capsys.readouterr()
         assert run(main, [*base, *flags], prog="train.crossfit") == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith("train.crossfit: error: [reader 0 (") and differ in err, err
+        assert err.startswith(f"train.crossfit: error: {stage}") and differ in err, err
         assert "was made from other inputs" in err and len(err.splitlines()) == 1
         # the record, the reader and the files describing the folds left as they were
         assert all(p.read_bytes() == b for p, b in kept.items())

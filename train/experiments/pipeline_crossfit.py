@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from qa_core.squad import (
     Answerability,
@@ -304,7 +305,7 @@ def build_parser() -> Parser:
     add_flags(
         p,
         FinetuneConfig,
-        ("max_seq_len", "doc_stride", "threads", "no_progress"),
+        ("max_seq_len", "doc_stride", "precision", "threads", "no_progress"),
         {"max_seq_len": 192, "doc_stride": 128},
     )
     p.add_argument(
@@ -361,6 +362,7 @@ def _finetune(
             tmp.replace(path)
 
     common = {"max_seq_len": args.max_seq_len, "doc_stride": args.doc_stride, "seed": args.seed}
+    common |= {"precision": args.precision}  # every stage's autocast (bf16: ~1.8x faster on AVX-512 BF16)
     common |= {"threads": args.threads} if args.threads else {}
     common |= {"no_progress": True} if args.no_progress else {}
     # the reader-v3 recipe's settings; no rule here (it is fitted later, nested); a stage an interruption
@@ -429,6 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.checkpoint_every < 1:
         parser.error(f"--checkpoint-every must be at least 1 step, not {args.checkpoint_every}")
+    if args.precision == "fp16" and not torch.cuda.is_available():  # refused here, not hours in
+        parser.error("--precision fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
     if args.final_hold_out and not args.final:
         parser.error("--final-hold-out leaves articles out of the reader --final trains: give --final too")
     out = Path(args.out)
