@@ -10,7 +10,7 @@ from sample_cuts import small_calibration, small_dev
 from qa_core.squad import read_squad
 from train.common.cli import run
 from train.experiments.stage_inputs import StageInputsChanged
-from train.experiments.study import Run, parse_runs, parse_seeds
+from train.experiments.study import Run, Stages, parse_runs, parse_seeds
 from train.study import main
 
 TINY = ["--config", "tiny", "--vocab", "1000", "--pretrain-steps", "4", "--pretrain-batch", "2"]
@@ -127,3 +127,23 @@ def test_scored_articles_by_title_and_never_the_samples_calibration(tmp_path, sa
     ):
         with pytest.raises(ValueError, match=message):
             prepare_data(build_parser().parse_args([*base, "--eval-articles", bad]), tmp_path)
+
+
+def test_a_stage_that_returns_unfinished_stops_the_pipeline(tmp_path, capsys) -> None:
+    """A training stage asked to stop (SIGTERM) saves a checkpoint and returns without its final files:
+    the pipeline stops there as interrupted (exit 130 through the command's runner) instead of going on
+    to a stage that would read a model that is not there."""
+    stages = Stages()
+    done = tmp_path / "stage" / "metadata.json"
+    with pytest.raises(KeyboardInterrupt):
+        stages.run("reader 1", done, lambda: (tmp_path / "stage" / "checkpoints").mkdir(parents=True))
+    printed = capsys.readouterr().out
+    assert "[reader 1] stopped before it finished (metadata.json not written)" in printed
+    assert "done in" not in printed
+
+    def pipeline(argv) -> int:
+        stages.run("reader 1", done, lambda: None)
+        return 0
+
+    assert run(pipeline, [], prog="train.crossfit") == 130
+    assert "train.crossfit: interrupted" in capsys.readouterr().err

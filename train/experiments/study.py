@@ -109,6 +109,13 @@ class Stages:
         print(f"[{name}] starting", flush=True)
         t = time.time()
         stage()
+        if not done.exists():  # a training stage asked to stop (SIGTERM) saves a checkpoint and returns
+            print(
+                f"[{name}] stopped before it finished ({done.name} not written): run the same command "
+                "again to go on from its last checkpoint",
+                flush=True,
+            )
+            raise KeyboardInterrupt  # the pipeline stops here, as interrupted, not with the next stage
         self.seconds[name] = time.time() - t
         print(f"[{name}] done in {self.seconds[name] / 60:.1f} min", flush=True)
 
