@@ -52,7 +52,7 @@ from qa_core.squad import (
 from train.answerability.estimators import roc_auc
 from train.answerability.fit import fit_for
 from train.answerability.rerank_fit import RERANK_MODELS, RERANKER_HELP
-from train.common.atomic_dir import atomic_write_text
+from train.common.atomic_dir import atomic_write_bytes, atomic_write_text
 from train.common.cli import Parser
 from train.common.dataclass_flags import add_flags
 from train.evaluation.predict import redecide
@@ -357,9 +357,7 @@ def _finetune(
     def write_files() -> None:
         for path, content in data.items():
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_bytes(content)
-            tmp.replace(path)
+            atomic_write_bytes(path, content)
 
     common = {"max_seq_len": args.max_seq_len, "doc_stride": args.doc_stride, "seed": args.seed}
     common |= {"precision": args.precision}  # every stage's autocast (bf16: ~1.8x faster on AVX-512 BF16)

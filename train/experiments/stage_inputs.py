@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from train.common.atomic_dir import atomic_write_text
 
 RECORD = "inputs.json"
 
@@ -82,6 +83,4 @@ def check_stage_inputs(
     if made and before is None:
         print(f"[{name}] no record of what made {record.parent}: recorded as this call's inputs", flush=True)
     record.parent.mkdir(parents=True, exist_ok=True)
-    tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")  # two calls into one --out never share one
-    tmp.write_text(json.dumps(now, indent=1, ensure_ascii=False) + "\n")
-    tmp.replace(record)  # whole or absent
+    atomic_write_text(record, json.dumps(now, indent=1, ensure_ascii=False) + "\n")  # whole or absent
