@@ -195,3 +195,76 @@ def test_an_idle_engine_runs_a_lone_request_at_once_and_a_busy_one_groups(xlnet_
     shapes.clear()
     asyncio.run(busy())
     assert shapes[0] == (-1, -1) and shapes[1][0] == 1
+
+
+def test_host_work_runs_while_the_engine_runs_once_per_question_and_never_fails_the_call(xlnet_tok) -> None:
+    """``on_running`` (the request path's decision work, done while the engine runs) is called on the
+    loop once the backend call holding the question's first window is in the inference thread, before
+    it ends;
+    once per question however many of its windows the call holds; not for a question already dead;
+    and a hook that raises is logged, the call's answers unharmed."""
+    from server.answering.batching import MicroBatcher
+
+    started, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        started.set()
+        assert release.wait(10)
+        return {"n": batch["attention_mask"].sum(axis=1)}
+
+    long, other, gone = _features(xlnet_tok, [400, 400, 400])  # alike: one backend call holds them all
+    assert len(long) > 1
+
+    async def scenario() -> None:
+        b = MicroBatcher(run, max_batch_size=64, max_delay_s=0.0)
+        b.start()
+
+        def hook(name: str):
+            def called() -> None:
+                assert b.busy and not release.is_set(), "not while the engine's call ran"
+                calls.append(name)
+
+            return called
+
+        def broken() -> None:
+            calls.append("broken")
+            raise RuntimeError("a hook that fails")
+
+        futures = b.submit_many([long], on_running=hook("long"))
+        futures += b.submit_many([other], on_running=broken)
+        dead = b.submit_many([gone], on_running=hook("dead"))
+        dead[0].cancel()  # gone before its window was run: no host work for it
+        await asyncio.sleep(0.2)
+        assert calls == ["long", "broken"]
+        release.set()
+        results = await asyncio.wait_for(asyncio.gather(*futures), 5)
+        assert [int(r["n"]) for r in results[0].rows] == [int(f.attention_mask.sum()) for f in long]
+        assert [int(r["n"]) for r in results[1].rows] == [int(f.attention_mask.sum()) for f in other]
+        await b.drain()
+
+    asyncio.run(scenario())
+    assert calls == ["long", "broken"]
+
+
+def test_a_row_is_finite_exactly_when_every_value_of_its_float_outputs_is() -> None:
+    """The check every answer waits for sums float32/float16 rows in float64: the largest finite values
+    stay finite (no overflow), every NaN and infinity is caught, integer outputs are not read, and
+    float64 outputs, which a sum could overflow, are tested value by value."""
+    from server.answering.batching import _finite_rows
+
+    rng = np.random.default_rng(0)
+    for dtype in (np.float16, np.float32, np.float64):
+        big = np.finfo(dtype).max
+        values = rng.normal(size=(6, 3, 50)).astype(dtype)
+        values[0] = big  # every value the largest finite one: a float32 or float64 sum would overflow
+        values[1] = -big
+        values[2, 1, 7] = np.nan
+        values[3, 0, 0] = np.inf
+        values[4, 2, 49] = -np.inf
+        counts = np.zeros((6, 4), dtype=np.int64)
+        counts[5] = np.iinfo(np.int64).max
+        got = _finite_rows({"logits": values, "top_index": counts}, 6)
+        assert got.tolist() == [True, True, False, False, False, True], dtype
+        assert got.tolist() == np.isfinite(values.reshape(6, -1)).all(axis=1).tolist()
+    assert _finite_rows({"top_index": np.zeros((2, 3), dtype=np.int64)}, 2).tolist() == [True, True]

@@ -133,3 +133,35 @@ def test_a_context_of_few_whole_words_lists_the_same_spans_at_every_pool(shipped
     listed = [[(e.start, e.end) for e in p.n_best[:20]] for p, _ in results]
     assert listed[0] == listed[1] == listed[2] == listed[3]
     assert all(context[a:b].strip() == context[a:b] != "" for a, b in listed[0])
+
+
+def test_a_decision_prepared_while_the_engine_runs_is_the_one_decoding_alone_makes(shipped) -> None:
+    """The server computes the decision's question-only evidence (the question's match with the
+    sentences, the verifier's features) while the engine runs (``HostPath.prepare_decisions``); every
+    sample question's prediction is the same, to the last bit, as one decoded without it (another host
+    path, its own cache: nothing shared), also when the context's index last held another question."""
+    spec, engine, tokenizer = shipped
+    assert spec.decision.uses_lexical and spec.decision.verifier is not None  # there is work to prepare
+    settings = load_settings(["--model", str(SHIPPED)])
+    prepared_host = HostPath.from_settings(spec, tokenizer, settings)
+    data = json.loads(SAMPLE_DEV.read_text())
+    questions = [
+        Question(qa["question"], p["context"])
+        for a in data["data"]
+        for p in a["paragraphs"]
+        for qa in p["qas"]
+    ]
+    for i, q in enumerate(questions):
+        alone_host = HostPath.from_settings(spec, tokenizer, settings)
+        items = [q]
+        groups, _, contexts = prepared_host.featurize_checked(items, ANONYMOUS)
+        rows = [{k: v[0] for k, v in engine.run(pad_batch([f])).items()} for f in groups[0]]
+        prepared_host.prepare_decisions(items, contexts)
+        kept = contexts[0].index(q.context)._match  # what decoding will read, not compute
+        assert kept is not None and kept[0] == q.question and kept[1].verifier_inputs
+        if i % 2:  # another question of the context prepared since: the index holds that one's match
+            prepared_host.prepare_decisions([Question("Who was it?", q.context)], contexts)
+        prepared = prepared_host.decode_answers(items, groups, contexts, [rows])[0][0]
+        alone_groups, _, alone_contexts = alone_host.featurize_checked(items, ANONYMOUS)
+        alone = alone_host.decode_answers(items, alone_groups, alone_contexts, [rows])[0][0]
+        assert prepared.to_dict() == alone.to_dict(), q.question

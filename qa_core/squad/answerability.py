@@ -51,6 +51,7 @@ from .answerability_features import (
     ContextIndex,
     SpanScores,
     all_features,
+    prepare_question,
 )
 from .answerability_params import (
     AnswerabilityError,
@@ -157,6 +158,13 @@ class Answerability:
         return self.reranker is not None or any(f not in MODEL_FEATURES for f in self.features)
 
     # -- applying
+    def prepare(self, question: str, index: ContextIndex) -> None:
+        """Compute ahead what deciding ``question`` reads of it and the context alone (their match, the
+        verifier's features; kept with ``index``), so that deciding after the engine only reads them:
+        the server calls this while the engine runs. Decisions are the same with or without it."""
+        if self.uses_lexical:
+            prepare_question(question, index, self.features, self.verifier)
+
     def probabilities(self, feats: Mapping[str, float]) -> tuple[float, float]:
         """``(P(answerable), P(no answer))``, each computed without cancellation."""
         s = self.model(feats)

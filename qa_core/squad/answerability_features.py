@@ -13,7 +13,7 @@ import bisect
 import functools
 import math
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from qa_core.text import (
@@ -191,6 +191,11 @@ class QuestionMatch:
     kind: str  # the kind of answer it asks for (answer_kind)
     sequence: list[str]  # its content stems as written (repeats kept): word pairs are read off it
     numbers: set[str]  # the numbers it names (text.numbers)
+    # question_features' results by the names asked for: they depend on the question and the context
+    # alone, so a server computes them while the engine runs (Answerability.prepare) and decoding reads them
+    verifier_inputs: dict[frozenset[str] | None, dict[str, float]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
 
 def match_question(question: str, index: ContextIndex) -> QuestionMatch:
@@ -235,8 +240,20 @@ def question_features(
     question: str, index: ContextIndex, m: QuestionMatch | None = None, wanted: Collection[str] | None = None
 ) -> dict[str, float]:
     """The question verifier's evidence (no QA model involved); ``wanted``: the names a model reads
-    (None: all), so that a model fitted before a feature existed does not pay for it."""
+    (None: all), so that a model fitted before a feature existed does not pay for it. Computed once
+    per question and context (kept with their match); the dict returned is shared: read it, do not
+    change it."""
     m = m or match_question(question, index)
+    key = None if wanted is None else frozenset(wanted)
+    kept = m.verifier_inputs.get(key)
+    if kept is None:
+        kept = m.verifier_inputs[key] = _question_features(question, index, m, wanted)
+    return kept
+
+
+def _question_features(
+    question: str, index: ContextIndex, m: QuestionMatch, wanted: Collection[str] | None
+) -> dict[str, float]:
     b = m.best
     total = sum(m.weights.values()) or 1.0
     window = index.sentence_stems[max(0, b - 1) : b + 2]  # the best sentence and its neighbours
@@ -353,6 +370,25 @@ def model_features(scores: SpanScores) -> dict[str, float]:
     }
 
 
+def wanted_features(names: Sequence[str], verifier: Linear | None = None) -> set[str]:
+    """Every feature deciding on ``names`` computes: those, and the verifier's inputs when its logit is one."""
+    return set(names) | (
+        set(verifier.features) if verifier is not None and VERIFIER_LOGIT in names else set()
+    )
+
+
+def prepare_question(
+    question: str, index: ContextIndex, names: Sequence[str], verifier: Linear | None
+) -> None:
+    """Compute ahead what :func:`all_features` will read of ``question`` and the context alone (their
+    match, the verifier's features), kept with the context's index: a server does this while the
+    engine runs, so that decoding after it only reads them. The features are the same either way."""
+    m = match_question(question, index)
+    wanted = wanted_features(names, verifier)
+    if wanted - set(MODEL_FEATURES):
+        question_features(question, index, m, wanted)
+
+
 def all_features(
     question: str,
     context: str | ContextIndex,
@@ -363,9 +399,7 @@ def all_features(
     """The features ``names`` of one decoded question (the lexical ones only when asked for: they
     cost a pass over the context). ``verifier_logit`` needs the question ``verifier``."""
     out = model_features(scores)
-    wanted = set(names) | (
-        set(verifier.features) if verifier is not None and VERIFIER_LOGIT in names else set()
-    )
+    wanted = wanted_features(names, verifier)
     if wanted - set(MODEL_FEATURES):
         index = context if isinstance(context, ContextIndex) else ContextIndex(context)
         m = match_question(question, index)

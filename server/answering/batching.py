@@ -94,6 +94,7 @@ class _Job:
     first_start: float | None = None
     tag: str = ""  # the request id, for the log
     request: Request[_Job] | None = None  # whose ring entry holds its queued windows
+    on_running: Callable[[], None] | None = None  # host work for the loop once its first window runs
 
     @property
     def dead(self) -> bool:
@@ -216,11 +217,15 @@ class MicroBatcher:
         tag: str = "",
         deadline: float | None = None,
         caller: str = "",
+        on_running: Callable[[], None] | None = None,
     ) -> list[asyncio.Future]:
         """Admit one request's questions at once, all or none (a batch request is never half-queued).
 
         ``deadline`` (``time.perf_counter()`` time) lets a large request be scheduled to meet it;
-        ``caller`` (an API key's name) is the lane it waits in: callers take turns. Returns
+        ``caller`` (an API key's name) is the lane it waits in: callers take turns. ``on_running`` is
+        called on the loop right after a backend call holding one of its windows has started (each
+        question's once: make it idempotent for a request of several), so the host's own work for
+        the request overlaps the engine's instead of following it. Returns
         one future per question resolving to a :class:`JobResult`. Raises QueueFull, BatcherClosed or
         BatcherUnhealthy without queueing anything.
         """
@@ -234,7 +239,10 @@ class MicroBatcher:
         futures = []
         for features in groups:
             k = len(features)
-            job = _Job(features, loop.create_future(), now, [None] * k, k, k, tag=tag, request=request)
+            job = _Job(
+                features, loop.create_future(), now, [None] * k, k, k, tag=tag, request=request,
+                on_running=on_running,
+            )  # fmt: skip
             job.future.add_done_callback(
                 cast("Callable[[asyncio.Future], None]", lambda _, job=job: self._forget(job))
             )
@@ -361,7 +369,10 @@ class MicroBatcher:
             )
             call = _Call(chosen, start, limit)
             self._calls.add(call)
-            outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self._run, inputs)
+            loop = asyncio.get_running_loop()
+            outputs = await loop.run_in_executor(
+                self._executor, self._run_with_host_work, inputs, loop, _host_work(chosen)
+            )
         except Exception:  # noqa: BLE001 - any backend failure fails this batch only
             tags = sorted({job.tag for job, _ in chosen})
             logger.exception("backend call failed for a batch of %d windows (requests %s)", len(chosen), tags)
@@ -379,6 +390,21 @@ class MicroBatcher:
         except Exception:  # noqa: BLE001 - outputs of an unexpected shape: fail the batch, never leave it
             logger.exception("backend outputs of a batch of %d windows could not be read", len(chosen))
             self._fail(chosen, InferenceError("the inference backend returned unreadable outputs"))
+
+    def _run_with_host_work(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        loop: asyncio.AbstractEventLoop,
+        host_work: Callable[[], None] | None,
+    ) -> dict[str, np.ndarray]:
+        """In the inference thread: hand the loop the host work its questions asked for (``on_running``),
+        then run the backend. The loop can run that work only while this thread lets go of the GIL,
+        which a backend does for its compute (onnxruntime, torch, TensorRT), so the host work overlaps
+        the engine's instead of delaying its start."""
+        if host_work is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits for the answers
+                loop.call_soon_threadsafe(host_work)
+        return self._run(inputs)
 
     def _deliver(
         self,
@@ -463,10 +489,43 @@ class MicroBatcher:
         self._on_batch(BatchStats(size, int(mask.shape[1]), ratio, seconds, failed, non_finite))
 
 
+def _host_work(chosen: list[tuple[_Job, int]]) -> Callable[[], None] | None:
+    """The host work the call's questions asked for while the engine runs (``on_running``), each
+    question's once, as one callable for the loop (None: none asked); it skips a question dead by
+    then, and a hook that raises is logged and never fails the call."""
+    hooks = []
+    for job, _ in chosen:
+        if job.on_running is not None:
+            hooks.append((job, job.on_running))
+            job.on_running = None
+    if not hooks:
+        return None
+
+    def run_hooks() -> None:
+        for job, hook in hooks:
+            if job.dead:
+                continue
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - the engine's call goes on; the hook's work is optional
+                logger.exception("host work to overlap with the engine failed (request %s)", job.tag)
+
+    return run_hooks
+
+
 def _finite_rows(outputs: Mapping[str, np.ndarray], rows: int) -> np.ndarray:
-    """Per batch row: are all of its floating-point outputs finite?"""
-    ok = np.ones(rows, dtype=bool)
+    """Per batch row: are all of its floating-point outputs finite? A row of float32 or float16 values
+    is summed in float64, which no finite row of them can overflow (it would take 10^269 values of
+    3.4e38), so the sum is finite exactly when every value is: one reduction per output instead of a
+    mask and a test of it (a check every answer waits for). float64 outputs are tested value by value."""
+    ok: np.ndarray | None = None
     for value in outputs.values():
-        if np.issubdtype(value.dtype, np.floating):
-            ok &= np.isfinite(value.reshape(rows, -1)).all(axis=1)
-    return ok
+        if value.dtype.kind != "f":
+            continue
+        flat = value.reshape(rows, -1)
+        if value.dtype.itemsize < 8:
+            finite = np.isfinite(flat.sum(axis=1, dtype=np.float64))
+        else:
+            finite = np.isfinite(flat).all(axis=1)
+        ok = finite if ok is None else ok & finite
+    return np.ones(rows, dtype=bool) if ok is None else ok

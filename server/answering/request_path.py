@@ -9,12 +9,14 @@ at a time, skipped when the request gave up while it waited for that thread.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from qa_core.squad import Prediction
 from server.answering.batching import DeadlineUnreachable, JobResult, QueueFull
+from server.answering.context_cache import EncodedContext
 from server.answering.deadline import within
 from server.answering.fair_executor import FairExecutor
 from server.answering.host_path import Featurized, HostPath, Question, RejectedInput
@@ -23,6 +25,8 @@ from server.answering.window_queue import WindowQueue
 # Below this many normalised characters featurizing/decoding inline is cheaper than a thread hop;
 # above it, a thread keeps a long context from stalling the event loop.
 _INLINE_CHARS = 2000
+
+logger = logging.getLogger(__name__)
 
 
 class RequestTimeout(RuntimeError):
@@ -96,6 +100,26 @@ class AnswerService:
         assert result is not None
         return result
 
+    def _while_engine_runs(
+        self, items: Sequence[Question], contexts: Sequence[EncodedContext]
+    ) -> Callable[[], None]:
+        """The host work a request's questions can have done while the engine runs their windows (the
+        decision's question-only evidence: HostPath.prepare_decisions), once; a failure there is
+        logged and left to decoding, which computes what is missing."""
+        done = False
+
+        def prepare() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            try:
+                self.host.prepare_decisions(items, contexts)
+            except Exception:  # noqa: BLE001 - decoding computes it again and reports a real failure
+                logger.exception("preparing a decision while the engine ran failed; decoding computes it")
+
+        return prepare
+
     async def answer_many(
         self, items: Sequence[Question], tag: str = "", charge: Charge | None = None
     ) -> list[Answered]:
@@ -120,10 +144,16 @@ class AnswerService:
             groups = featurized[0]
             if time.perf_counter() >= t0 + self.timeout_s:  # spent while tokenizing: a timeout, not overload
                 raise asyncio.TimeoutError
+            # short inputs: the decision's question-only work is done on the loop while the engine runs
+            meanwhile = self._while_engine_runs(items, featurized[2]) if inline else None
             futures.extend(
-                await self.queue.submit(groups, tag=tag, deadline=t0 + self.timeout_s, caller=caller)
+                await self.queue.submit(
+                    groups, tag=tag, deadline=t0 + self.timeout_s, caller=caller, on_running=meanwhile
+                )
             )
             charge.windows = sum(len(g) for g in groups)
+            if len(futures) == 1:  # one question (most requests): its future, without a gathering one
+                return featurized, [await futures[0]]
             return featurized, list(await asyncio.gather(*futures))
 
         try:

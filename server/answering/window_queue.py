@@ -7,7 +7,7 @@ per-key limits however many processes answer HTTP.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from qa_core.squad import Feature
@@ -23,11 +23,19 @@ class WindowQueue(Protocol):
         the cheap check before any tokenizing."""
 
     async def submit(
-        self, groups: Sequence[Sequence[Feature]], *, tag: str, deadline: float, caller: str
+        self,
+        groups: Sequence[Sequence[Feature]],
+        *,
+        tag: str,
+        deadline: float,
+        caller: str,
+        on_running: Callable[[], None] | None = None,
     ) -> list[asyncio.Future]:
         """Queue one request's questions, all or none, charging ``caller`` their windows (OverLimit:
         nothing queued); one future per question resolving to a ``JobResult``. ``deadline`` is
-        ``time.perf_counter()`` time. Cancelling the futures drops their windows still queued."""
+        ``time.perf_counter()`` time. Cancelling the futures drops their windows still queued.
+        ``on_running`` is called on the event loop once the engine has the request's first windows
+        (host work to overlap with the engine's); it must not raise."""
         ...
 
     def charge(self, caller: str, windows: int) -> None:
@@ -44,12 +52,20 @@ class LocalQueue:
         self.batcher.check_admission(windows)
 
     async def submit(
-        self, groups: Sequence[Sequence[Feature]], *, tag: str, deadline: float, caller: str
+        self,
+        groups: Sequence[Sequence[Feature]],
+        *,
+        tag: str,
+        deadline: float,
+        caller: str,
+        on_running: Callable[[], None] | None = None,
     ) -> list[asyncio.Future]:
         windows = sum(len(g) for g in groups)
         await self.quotas.acquire(caller, windows)
         try:
-            futures = self.batcher.submit_many(groups, tag=tag, deadline=deadline, caller=caller)
+            futures = self.batcher.submit_many(
+                groups, tag=tag, deadline=deadline, caller=caller, on_running=on_running
+            )
         except BaseException:
             self.quotas.release_windows(caller, windows)
             raise

@@ -243,9 +243,16 @@ def _post_versioned(router: APIRouter, path: str, endpoint: Any, **options: Any)
     router.post(path, deprecated=True, **options)(endpoint)
 
 
-async def answer(body: AnswerRequest, request: Request, runtime: RuntimeDep) -> Response:
+def _runtime(request: Request) -> Lifecycle:
+    """The app's model runtime, read directly on the answer routes: a dependency (:data:`RuntimeDep`)
+    costs FastAPI a resolution per request on the path every answer takes."""
+    return request.app.state.runtime
+
+
+async def answer(body: AnswerRequest, request: Request) -> Response:
     """Answer one question. ``context[start:end] == answer``; unanswerable: answer "" and start = end = -1."""
     clock = _parsed(request)
+    runtime = _runtime(request)
     check_sizes([body], runtime.settings)
     fields = (await answer_items(runtime, [body], request))[0]
     return _with_successor(request, json_response(fields, clock))
@@ -265,9 +272,10 @@ def batch_router(max_items: int) -> APIRouter:
     """``POST /v1/answer/batch`` with a body model that states ``max_items`` in the schema."""
     router = APIRouter(tags=["answers"])
 
-    async def answer_batch(body: BaseBatchRequest, request: Request, runtime: RuntimeDep) -> Response:
+    async def answer_batch(body: BaseBatchRequest, request: Request) -> Response:
         """Answer several questions (at most ``max_batch_items``, else 413); results in request order."""
         clock = _parsed(request)
+        runtime = _runtime(request)
         check_sizes(body.items, runtime.settings)
         results = await answer_items(runtime, body.items, request)
         return _with_successor(request, json_response({"results": results}, clock))

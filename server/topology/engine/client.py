@@ -18,7 +18,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
 import zmq
@@ -106,7 +106,13 @@ class EngineClient:
             raise QueueFull(f"about {self.queued} windows are waiting (limit {self.max_queue})")
 
     async def submit(
-        self, groups: Sequence[Sequence[Feature]], *, tag: str, deadline: float, caller: str
+        self,
+        groups: Sequence[Sequence[Feature]],
+        *,
+        tag: str,
+        deadline: float,
+        caller: str,
+        on_running: Callable[[], None] | None = None,
     ) -> list[asyncio.Future]:
         self.check_admission(0)
         loop = asyncio.get_running_loop()
@@ -123,6 +129,8 @@ class EngineClient:
         self._pending[request] = (futures, caller)
         for f in futures:
             f.add_done_callback(functools.partial(self._maybe_cancel, request))
+        if on_running is not None:  # sent: the engine process queues or runs the windows from now on
+            on_running()
         return futures
 
     def charge(self, caller: str, windows: int) -> None:
