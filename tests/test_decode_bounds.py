@@ -139,7 +139,7 @@ def test_a_decision_prepared_while_the_engine_runs_is_the_one_decoding_alone_mak
     """The server computes the decision's question-only evidence (the question's match with the
     sentences, the verifier's features) while the engine runs (``HostPath.prepare_decisions``); every
     sample question's prediction is the same, to the last bit, as one decoded without it (another host
-    path, its own cache: nothing shared), also when the context's index last held another question."""
+    path, its own cache: nothing shared), also when another question of the context was prepared since."""
     spec, engine, tokenizer = shipped
     assert spec.decision.uses_lexical and spec.decision.verifier is not None  # there is work to prepare
     settings = load_settings(["--model", str(SHIPPED)])
@@ -156,12 +156,13 @@ def test_a_decision_prepared_while_the_engine_runs_is_the_one_decoding_alone_mak
         items = [q]
         groups, _, contexts = prepared_host.featurize_checked(items, ANONYMOUS)
         rows = [{k: v[0] for k, v in engine.run(pad_batch([f])).items()} for f in groups[0]]
-        prepared_host.prepare_decisions(items, contexts)
-        kept = contexts[0].index(q.context)._match  # what decoding will read, not compute
-        assert kept is not None and kept[0] == q.question and kept[1].verifier_inputs
+        ahead = prepared_host.prepare_decisions(items, contexts)
+        assert ahead is not None and ahead[0] is not None and ahead[0].verifier_inputs
         if i % 2:  # another question of the context prepared since: the index holds that one's match
             prepared_host.prepare_decisions([Question("Who was it?", q.context)], contexts)
-        prepared = prepared_host.decode_answers(items, groups, contexts, [rows])[0][0]
+        prepared = prepared_host.decode_answers(items, groups, contexts, [rows], ahead)[0][0]
+        kept = contexts[0].index(q.context)._match
+        assert kept is not None and kept[1] is ahead[0]  # decoding read the prepared match
         alone_groups, _, alone_contexts = alone_host.featurize_checked(items, ANONYMOUS)
         alone = alone_host.decode_answers(items, alone_groups, alone_contexts, [rows])[0][0]
         assert prepared.to_dict() == alone.to_dict(), q.question

@@ -49,6 +49,7 @@ from .answerability_features import (
     SPAN_FEATURES,
     VERIFIER_LOGIT,
     ContextIndex,
+    QuestionMatch,
     SpanScores,
     all_features,
     prepare_question,
@@ -158,12 +159,14 @@ class Answerability:
         return self.reranker is not None or any(f not in MODEL_FEATURES for f in self.features)
 
     # -- applying
-    def prepare(self, question: str, index: ContextIndex) -> None:
+    def prepare(self, question: str, index: ContextIndex) -> QuestionMatch | None:
         """Compute ahead what deciding ``question`` reads of it and the context alone (their match, the
-        verifier's features; kept with ``index``), so that deciding after the engine only reads them:
-        the server calls this while the engine runs. Decisions are the same with or without it."""
-        if self.uses_lexical:
-            prepare_question(question, index, self.features, self.verifier)
+        verifier's features, in the match returned; None: deciding reads nothing lexical), so that
+        deciding after the engine only reads them (handed back with ``index.keep``): the server does
+        this while the engine runs. Decisions are the same with or without it."""
+        if not self.uses_lexical:
+            return None
+        return prepare_question(question, index, self.features, self.verifier)
 
     def probabilities(self, feats: Mapping[str, float]) -> tuple[float, float]:
         """``(P(answerable), P(no answer))``, each computed without cancellation."""

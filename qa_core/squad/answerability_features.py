@@ -113,6 +113,12 @@ class ContextIndex:
         self.idf = {w: math.log(1.0 + n / c) for w, c in df.items()}
         self.unseen_idf = math.log(1.0 + n)  # a word of no sentence is as rare as can be
 
+    def keep(self, question: str, match: QuestionMatch) -> None:
+        """Make ``match`` (``question``'s, from :func:`match_question` on this index) the one kept, so
+        that deciding reads it instead of computing it again: the server prepares a question's match
+        while the engine runs, and another question of the same context may have been kept since."""
+        self._match = (question, match)
+
     def word_positions(self, sentence: int) -> SentenceWords:
         """Where each word of one sentence starts and ends, and its stem; computed once per sentence."""
         cache = self.__dict__.setdefault("_word_positions", {})
@@ -379,14 +385,16 @@ def wanted_features(names: Sequence[str], verifier: Linear | None = None) -> set
 
 def prepare_question(
     question: str, index: ContextIndex, names: Sequence[str], verifier: Linear | None
-) -> None:
+) -> QuestionMatch:
     """Compute ahead what :func:`all_features` will read of ``question`` and the context alone (their
-    match, the verifier's features), kept with the context's index: a server does this while the
-    engine runs, so that decoding after it only reads them. The features are the same either way."""
+    match, the verifier's features, kept in the match returned): a server does this while the engine
+    runs, then hands the match back with :meth:`ContextIndex.keep` just before decoding, so that
+    decoding only reads them. The features are the same either way."""
     m = match_question(question, index)
     wanted = wanted_features(names, verifier)
     if wanted - set(MODEL_FEATURES):
         question_features(question, index, m, wanted)
+    return m
 
 
 def all_features(

@@ -319,9 +319,7 @@ class MicroBatcher:
                 await asyncio.sleep(0)
                 continue
             self._dispatched += 1
-            task = asyncio.get_running_loop().create_task(self._execute(batch))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
+            self._dispatch(batch)
 
     async def _wait_for_fill(self) -> None:
         """While another backend call is in flight, wait for a full batch, at most max_delay from the
@@ -353,10 +351,17 @@ class MicroBatcher:
         self._depth_changed()
         return batch.windows
 
-    async def _execute(self, chosen: list[tuple[_Job, int]]) -> None:
+    def _dispatch(self, chosen: list[tuple[_Job, int]]) -> None:
+        """Hand ``chosen`` to the inference thread now, in the collector's own step, and leave a task to
+        deliver the outputs. The engine never waits for another turn of the loop: answers waiting to be
+        decoded (their futures were resolved first, so their steps come first) would run before a new
+        task's first step, and the engine would idle through every decode (at 16 clients on the shipped
+        model, a fifth of its throughput)."""
         start = time.perf_counter()
+        loop = asyncio.get_running_loop()
         batch: dict[str, np.ndarray] | None = None
         call: _Call | None = None
+        running: asyncio.Future | None = None
         try:
             features = [job.features[i] for job, i in chosen]
             pad_to = max(self.min_length, max(len(f) for f in features)) if self.min_length else None
@@ -369,10 +374,33 @@ class MicroBatcher:
             )
             call = _Call(chosen, start, limit)
             self._calls.add(call)
-            loop = asyncio.get_running_loop()
-            outputs = await loop.run_in_executor(
+            running = loop.run_in_executor(
                 self._executor, self._run_with_host_work, inputs, loop, _host_work(chosen)
             )
+        except Exception as exc:  # noqa: BLE001 - reported by the task, as a failed call is
+            failure: Exception | None = exc
+        else:
+            failure = None
+        task = loop.create_task(self._finish_call(chosen, start, batch, call, running, failure))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _finish_call(
+        self,
+        chosen: list[tuple[_Job, int]],
+        start: float,
+        batch: dict[str, np.ndarray] | None,
+        call: _Call | None,
+        running: asyncio.Future | None,
+        failure: Exception | None,
+    ) -> None:
+        """Wait for the backend call :meth:`_dispatch` started (or report why it could not start), free
+        its slot, and deliver each window its outputs."""
+        try:
+            if failure is not None:
+                raise failure
+            assert running is not None and call is not None and batch is not None
+            outputs = await running
         except Exception:  # noqa: BLE001 - any backend failure fails this batch only
             tags = sorted({job.tag for job, _ in chosen})
             logger.exception("backend call failed for a batch of %d windows (requests %s)", len(chosen), tags)

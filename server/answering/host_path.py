@@ -27,6 +27,7 @@ import numpy as np
 from qa_core.contract import MAX_N_BEST
 from qa_core.squad import DecodeOptions, Feature, Prediction, decode_head_outputs, featurize_encoded
 from qa_core.squad.alignment import offsets_array
+from qa_core.squad.answerability_features import QuestionMatch
 from qa_core.squad.features import TokenizerLike
 from server.answering.context_cache import KEY_SHARE, ContextCache, EncodedContext, context_key
 from server.answering.model_spec import ModelSpec, decision_rule
@@ -243,14 +244,19 @@ class HostPath:
             self.n_best_pool, self.spec.serving.max_answer_len, self.threshold, self.spec.decision
         )
 
-    def prepare_decisions(self, items: Sequence[Question], contexts: Sequence[EncodedContext]) -> None:
+    def prepare_decisions(
+        self, items: Sequence[Question], contexts: Sequence[EncodedContext]
+    ) -> list[QuestionMatch | None] | None:
         """What deciding each question reads of it and its context alone (the question's match with the
-        sentences, the verifier's features), computed ahead and kept with the context's index: run
-        while the engine runs, it leaves decoding less to do after it. Answers are the same without it."""
+        sentences, the verifier's features), computed ahead, for :meth:`decode_answers`'s ``prepared``:
+        run while the engine runs, it leaves decoding less to do after it (None: the decision reads
+        nothing lexical). Answers are the same without it."""
         if not self._lexical:
-            return
-        for q, context in zip(items, contexts, strict=True):
-            self.spec.decision.prepare(q.question, context.index(q.context))
+            return None
+        decision = self.spec.decision
+        return [
+            decision.prepare(q.question, c.index(q.context)) for q, c in zip(items, contexts, strict=True)
+        ]
 
     def decode_answers(
         self,
@@ -258,12 +264,16 @@ class HostPath:
         groups: Sequence[Sequence[Feature]],
         contexts: Sequence[EncodedContext],
         outputs: Sequence[Sequence[Mapping[str, np.ndarray]]],
+        prepared: Sequence[QuestionMatch | None] | None = None,
     ) -> tuple[list[Prediction], list[float]]:
         """Each question's prediction from its windows' output rows (``outputs[i][w][name]``), and the
-        milliseconds each took."""
+        milliseconds each took; ``prepared``: :meth:`prepare_decisions`' for these questions."""
         preds, times = [], []
-        for q, feats, context, rows in zip(items, groups, contexts, outputs, strict=True):
+        matches = prepared if prepared is not None else [None] * len(items)
+        for q, feats, context, rows, match in zip(items, groups, contexts, outputs, matches, strict=True):
             t = time.perf_counter()
+            if match is not None:  # another question of this context may have been kept since
+                context.index(q.context).keep(q.question, match)
             preds.append(self._decoded(q, feats, rows, context))
             times.append((time.perf_counter() - t) * 1000)
         return preds, times

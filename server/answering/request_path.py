@@ -101,11 +101,11 @@ class AnswerService:
         return result
 
     def _while_engine_runs(
-        self, items: Sequence[Question], contexts: Sequence[EncodedContext]
+        self, items: Sequence[Question], contexts: Sequence[EncodedContext], prepared: list
     ) -> Callable[[], None]:
         """The host work a request's questions can have done while the engine runs their windows (the
-        decision's question-only evidence: HostPath.prepare_decisions), once; a failure there is
-        logged and left to decoding, which computes what is missing."""
+        decision's question-only evidence: HostPath.prepare_decisions, put in ``prepared`` for
+        decoding), once; a failure there is logged and left to decoding, which computes it."""
         done = False
 
         def prepare() -> None:
@@ -114,7 +114,7 @@ class AnswerService:
                 return
             done = True
             try:
-                self.host.prepare_decisions(items, contexts)
+                prepared.append(self.host.prepare_decisions(items, contexts))
             except Exception:  # noqa: BLE001 - decoding computes it again and reports a real failure
                 logger.exception("preparing a decision while the engine ran failed; decoding computes it")
 
@@ -138,6 +138,7 @@ class AnswerService:
         normalized = self.host.check_text_size(items)
         inline = normalized <= _INLINE_CHARS
         futures: list[asyncio.Future] = []
+        prepared: list = []  # the decisions' question-only work, once done beside the engine
 
         async def featurize_and_infer() -> tuple[Featurized, list[JobResult]]:
             featurized = await self._featurize(items, normalized, inline, caller)
@@ -145,7 +146,7 @@ class AnswerService:
             if time.perf_counter() >= t0 + self.timeout_s:  # spent while tokenizing: a timeout, not overload
                 raise asyncio.TimeoutError
             # short inputs: the decision's question-only work is done on the loop while the engine runs
-            meanwhile = self._while_engine_runs(items, featurized[2]) if inline else None
+            meanwhile = self._while_engine_runs(items, featurized[2], prepared) if inline else None
             futures.extend(
                 await self.queue.submit(
                     groups, tag=tag, deadline=t0 + self.timeout_s, caller=caller, on_running=meanwhile
@@ -178,7 +179,8 @@ class AnswerService:
                     f.cancel()
         outputs = [r.rows for r in results]
         if inline:
-            preds, dec_ms = self.host.decode_answers(items, groups, contexts, outputs)
+            ahead = prepared[0] if prepared else None
+            preds, dec_ms = self.host.decode_answers(items, groups, contexts, outputs, ahead)
         else:  # in the host-work thread, callers in turn (as for featurizing)
             decoding = self._host_work.submit(
                 caller, lambda: self.host.decode_answers(items, groups, contexts, outputs)
