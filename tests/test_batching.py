@@ -268,3 +268,35 @@ def test_a_row_is_finite_exactly_when_every_value_of_its_float_outputs_is() -> N
         assert got.tolist() == [True, True, False, False, False, True], dtype
         assert got.tolist() == np.isfinite(values.reshape(6, -1)).all(axis=1).tolist()
     assert _finite_rows({"top_index": np.zeros((2, 3), dtype=np.int64)}, 2).tolist() == [True, True]
+
+
+def test_host_work_skips_a_question_dead_by_then_and_logs_a_hook_that_fails(caplog) -> None:
+    """The host work handed to the loop as a call starts: a question whose future is done by the time
+    the loop runs it (client gone, another window failed) gets none; a hook that raises is logged and
+    the next question's still runs; each hook is taken once (a second call holding the same question
+    hands over nothing)."""
+    from server.answering.batching import _host_work, _Job
+
+    loop = asyncio.new_event_loop()
+    try:
+        calls: list[str] = []
+
+        def job(name: str, raises: bool = False) -> _Job:
+            def hook() -> None:
+                calls.append(name)
+                if raises:
+                    raise RuntimeError(f"{name} failed")
+
+            return _Job([], loop.create_future(), 0.0, [], 0, 0, tag=name, on_running=hook)
+
+        gone, broken, alive = job("gone"), job("broken", raises=True), job("alive")
+        work = _host_work([(gone, 0), (broken, 0), (alive, 0)])
+        assert work is not None
+        gone.future.cancel()  # dead before the loop runs the work
+        with caplog.at_level("ERROR", logger="server.answering.batching"):
+            work()
+        assert calls == ["broken", "alive"]
+        assert "broken" in caplog.text and "RuntimeError" in caplog.text
+        assert _host_work([(alive, 1), (broken, 1)]) is None  # taken: nothing left to hand over
+    finally:
+        loop.close()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from qa_core.squad.alignment import offsets_array
-from qa_core.squad.answerability_features import match_question
+from qa_core.squad.answerability_features import match_question, question_features
 from qa_core.tokenizer import XLNetTokenizer
 from server.answering.context_cache import KEY_SHARE, ContextCache, EncodedContext, context_key
 
@@ -46,8 +46,8 @@ def entry(tok: XLNetTokenizer, context: str, indexed: bool = True) -> EncodedCon
 @pytest.mark.parametrize("kind", CONTEXTS)
 def test_an_entrys_count_is_an_upper_bound_of_what_it_holds(tok: XLNetTokenizer, kind: str) -> None:
     """Everything an entry keeps, measured: its arrays, its sentence index with every sentence's word
-    positions built and a question's match kept (the most decoding ever builds), and the text the index
-    keeps."""
+    positions built and a question's match kept with its verifier features (the most decoding ever
+    builds), and the text the index keeps."""
     context = CONTEXTS[kind]()
     tracemalloc.start()
     try:
@@ -56,7 +56,10 @@ def test_an_entrys_count_is_an_upper_bound_of_what_it_holds(tok: XLNetTokenizer,
         index = kept.index(context)
         for sentence in range(len(index.sentences)):
             index.word_positions(sentence)
-        match_question("Which of them came first, and where?", index)  # the question match it keeps
+        question = "Which of them came first, and where?"
+        # the question match it keeps, with the verifier's features memoised in it (every one, the
+        # word-pair ones included, which build the context's pairs): what deciding a question leaves
+        question_features(question, index, match_question(question, index))
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()

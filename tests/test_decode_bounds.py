@@ -163,6 +163,7 @@ def test_a_decision_prepared_while_the_engine_runs_is_the_one_decoding_alone_mak
         prepared = prepared_host.decode_answers(items, groups, contexts, [rows], ahead)[0][0]
         kept = contexts[0].index(q.context)._match
         assert kept is not None and kept[1] is ahead[0]  # decoding read the prepared match
+        assert len(ahead[0].verifier_inputs) == 1  # and its verifier features: none computed again
         alone_groups, _, alone_contexts = alone_host.featurize_checked(items, ANONYMOUS)
         alone = alone_host.decode_answers(items, alone_groups, alone_contexts, [rows])[0][0]
         assert prepared.to_dict() == alone.to_dict(), q.question

@@ -12,8 +12,9 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import NamedTuple
 
 from qa_core.text import (
@@ -108,6 +109,7 @@ class ContextIndex:
             for w in s:
                 df[w] = df.get(w, 0) + 1
         # the last question's match (see match_question): one, so what it holds is one float a sentence
+        # and the question's own (its stems, and the verifier's ~20 features once decided)
         self._match: tuple[str, QuestionMatch] | None = None
         n = len(self.sentences)
         self.idf = {w: math.log(1.0 + n / c) for w, c in df.items()}
@@ -199,7 +201,7 @@ class QuestionMatch:
     numbers: set[str]  # the numbers it names (text.numbers)
     # question_features' results by the names asked for: they depend on the question and the context
     # alone, so a server computes them while the engine runs (Answerability.prepare) and decoding reads them
-    verifier_inputs: dict[frozenset[str] | None, dict[str, float]] = field(
+    verifier_inputs: dict[frozenset[str] | None, Mapping[str, float]] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -244,16 +246,15 @@ _PAIR_FEATURES = frozenset({"bigram_coverage", "key_phrase_elsewhere"})
 
 def question_features(
     question: str, index: ContextIndex, m: QuestionMatch | None = None, wanted: Collection[str] | None = None
-) -> dict[str, float]:
+) -> Mapping[str, float]:
     """The question verifier's evidence (no QA model involved); ``wanted``: the names a model reads
     (None: all), so that a model fitted before a feature existed does not pay for it. Computed once
-    per question and context (kept with their match); the dict returned is shared: read it, do not
-    change it."""
+    per question and context (kept with their match): the mapping returned is shared, so read-only."""
     m = m or match_question(question, index)
     key = None if wanted is None else frozenset(wanted)
     kept = m.verifier_inputs.get(key)
     if kept is None:
-        kept = m.verifier_inputs[key] = _question_features(question, index, m, wanted)
+        kept = m.verifier_inputs[key] = MappingProxyType(_question_features(question, index, m, wanted))
     return kept
 
 

@@ -163,7 +163,7 @@ class MicroBatcher:
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="inference")
         self._running: set[asyncio.Task] = set()
         self._calls: set[_Call] = set()
-        self._dispatched = 0  # batches handed to _execute and not finished (the engine is idle at 0)
+        self._dispatched = 0  # batches handed to _dispatch and not finished (the engine is idle at 0)
         self._closed = False
         self.crashed = False
         self._collector: asyncio.Task | None = None
@@ -223,9 +223,9 @@ class MicroBatcher:
 
         ``deadline`` (``time.perf_counter()`` time) lets a large request be scheduled to meet it;
         ``caller`` (an API key's name) is the lane it waits in: callers take turns. ``on_running`` is
-        called on the loop right after a backend call holding one of its windows has started (each
-        question's once: make it idempotent for a request of several), so the host's own work for
-        the request overlaps the engine's instead of following it. Returns
+        queued for the loop by the inference thread as a backend call holding one of its windows
+        starts (each question's once: make it idempotent for a request of several), so the host's own
+        work for the request runs beside the engine's instead of after it. Returns
         one future per question resolving to a :class:`JobResult`. Raises QueueFull, BatcherClosed or
         BatcherUnhealthy without queueing anything.
         """
@@ -379,6 +379,12 @@ class MicroBatcher:
             )
         except Exception as exc:  # noqa: BLE001 - reported by the task, as a failed call is
             failure: Exception | None = exc
+        except BaseException:  # KeyboardInterrupt, SystemExit: nothing was started, give it all back
+            if call is not None:
+                self._calls.discard(call)
+            self._dispatched -= 1
+            self._slots.release()
+            raise
         else:
             failure = None
         task = loop.create_task(self._finish_call(chosen, start, batch, call, running, failure))
@@ -425,10 +431,10 @@ class MicroBatcher:
         loop: asyncio.AbstractEventLoop,
         host_work: Callable[[], None] | None,
     ) -> dict[str, np.ndarray]:
-        """In the inference thread: hand the loop the host work its questions asked for (``on_running``),
-        then run the backend. The loop can run that work only while this thread lets go of the GIL,
-        which a backend does for its compute (onnxruntime, torch, TensorRT), so the host work overlaps
-        the engine's instead of delaying its start."""
+        """In the inference thread: queue for the loop the host work its questions asked for
+        (``on_running``), then run the backend. The loop runs it while this thread lets go of the GIL,
+        which a backend does for its compute (onnxruntime, torch, TensorRT): then it overlaps the
+        engine's. (Should the loop take the GIL first, the backend's Python prologue waits for it.)"""
         if host_work is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits for the answers
                 loop.call_soon_threadsafe(host_work)

@@ -7,7 +7,7 @@ same text from the same API key: one tenant can never learn, from a faster answe
 a text. The cache is bounded in bytes (``--context-cache-mb``), counting what an entry really holds:
 its token ids and offsets (24 bytes a token) and, where the model's decision rule reads the context's
 sentences, the sentence index and the text it keeps (:data:`INDEX_BYTES_PER_WORD` a word, an upper
-bound a test measures: ~2 MB for a 20,000-character context, against its arrays' ~0.2 MB). Least recently used first out, with a per-key share: one caller's
+bound a test measures: ~3 MB for a 20,000-character context of prose, against its arrays' ~0.2 MB). Least recently used first out, with a per-key share: one caller's
 entries may take at most ``key_share`` of the budget (its own oldest go first beyond it), so one
 tenant's flood of new contexts evicts its own entries, never more than its share of the others'.
 Without API keys every request is the one caller ``anonymous``, who gets the whole budget.
@@ -28,8 +28,9 @@ from qa_core.squad.answerability_features import ContextIndex
 
 # The sentence index's memory, an upper bound per word and per character of its context
 # (tests/test_context_cache.py measures it with tracemalloc on prose, one long word, many short sentences
-# and a list of numbers: 390-550 bytes a word, word positions included).
-INDEX_BYTES_PER_WORD = 640
+# and a list of numbers: 460-820 bytes a word, with the word positions, a question's match and verifier
+# features, and the word pairs a verifier reading them builds; before the pairs were counted, 640 here).
+INDEX_BYTES_PER_WORD = 896
 INDEX_BYTES_PER_CHAR = 8
 ENTRY_OVERHEAD_BYTES = 512  # the entry's objects and its place in the maps
 KEY_SHARE = 0.25  # of the budget, one caller's at most when the server has API keys

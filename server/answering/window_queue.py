@@ -34,8 +34,9 @@ class WindowQueue(Protocol):
         """Queue one request's questions, all or none, charging ``caller`` their windows (OverLimit:
         nothing queued); one future per question resolving to a ``JobResult``. ``deadline`` is
         ``time.perf_counter()`` time. Cancelling the futures drops their windows still queued.
-        ``on_running`` is called on the event loop once the engine has the request's first windows
-        (host work to overlap with the engine's); it must not raise."""
+        ``on_running`` is host work to run on the event loop beside the engine's: called once the
+        request's windows are on their way to the engine (queued by the inference thread as a call
+        holding them starts, or at once when they were sent to an engine process)."""
         ...
 
     def charge(self, caller: str, windows: int) -> None:

@@ -130,7 +130,10 @@ class EngineClient:
         for f in futures:
             f.add_done_callback(functools.partial(self._maybe_cancel, request))
         if on_running is not None:  # sent: the engine process queues or runs the windows from now on
-            on_running()
+            try:
+                on_running()
+            except Exception:  # noqa: BLE001 - the request is sent: its answer must still reach the caller
+                logger.exception("host work to overlap with the engine failed (request %s)", tag)
         return futures
 
     def charge(self, caller: str, windows: int) -> None:
