@@ -15,22 +15,57 @@ import pytest
 from hostile_server import app_server
 from server_helpers import dev_questions
 
-from server.answering.batch_curve import BatchCurve
+from server.answering.batch_curve import BatchCurve, Grouping, measure_grouping
 from server.observability.metrics import sample_total
 
 
-def test_the_saving_of_grouping_decides_which_windows_run_alone() -> None:
-    cpu = BatchCurve(
-        length=192, size=8, one_s=0.00955, many_s=0.0742
-    )  # measured: the shipped model, 1 thread
-    assert cpu.saving(192) == pytest.approx(0.03, abs=0.01)
-    assert cpu.solo_from() is not None and cpu.solo_from() < 192
-    gpu = BatchCurve(length=384, size=8, one_s=0.00101, many_s=0.00383)  # an H200's CUDA graph (BENCHMARKS)
-    assert gpu.saving(384) > 0.5 and gpu.solo_from() is None
-    arithmetic = BatchCurve(length=128, size=8, one_s=0.001, many_s=0.008)
-    assert arithmetic.overhead_s == 0 and arithmetic.solo_from() == 1
-    slower_in_a_batch = BatchCurve(length=128, size=8, one_s=0.001, many_s=0.009)
-    assert slower_in_a_batch.overhead_s == 0 and slower_in_a_batch.solo_from() == 1
+def test_the_measured_saving_at_each_length_decides_which_windows_run_alone() -> None:
+    """Measured on the shipped model, 1 thread (BENCHMARKS.md machine V): no group of 2 saves a fifth at
+    any length, so no window is grouped; an H200's CUDA graph saves most of a call at every length, so
+    all are; in between, windows up to the longest length at which both groups paid are grouped."""
+    cpu = Grouping(
+        (
+            BatchCurve(64, 2, 0.00142, 0.00236),
+            BatchCurve(64, 8, 0.00138, 0.00882),
+            BatchCurve(96, 2, 0.00220, 0.00381),
+            BatchCurve(96, 8, 0.00225, 0.01419),
+            BatchCurve(192, 2, 0.00478, 0.00882),
+            BatchCurve(192, 8, 0.00497, 0.03624),
+        )
+    )
+    assert cpu.curves[0].saving == pytest.approx(0.169, abs=0.001)
+    assert cpu.solo_from() == 1  # a pair of 64-token windows saves 17%: grouping never pays here
+    gpu = Grouping((BatchCurve(48, 2, 0.00090, 0.00095), BatchCurve(384, 8, 0.00101, 0.00383)))
+    assert gpu.solo_from() is None
+    between = Grouping(
+        (
+            BatchCurve(24, 2, 0.001, 0.0012),  # 40% saved
+            BatchCurve(24, 8, 0.001, 0.003),
+            BatchCurve(48, 2, 0.001, 0.0015),  # 25%
+            BatchCurve(48, 8, 0.001, 0.004),
+            BatchCurve(96, 2, 0.001, 0.0018),  # 10%: windows of 49+ tokens run alone
+            BatchCurve(96, 8, 0.001, 0.005),
+        )
+    )
+    assert between.solo_from() == 49 and between.describe()["solo_from_tokens"] == 49
+    assert BatchCurve(128, 8, 0.001, 0.009).saving < 0  # slower in a batch: a negative saving
+
+
+def test_grouping_is_measured_at_lengths_up_to_the_longest_and_never_below_the_shortest() -> None:
+    calls: list[tuple[int, int]] = []
+
+    def run(batch: dict) -> None:
+        calls.append(batch["input_ids"].shape)
+
+    def batch(n: int, length: int) -> dict:
+        import numpy as np
+
+        return {"input_ids": np.zeros((n, length), dtype=np.int64)}
+
+    measured = measure_grouping(run, batch, 192, 8, shortest=30, repeats=1)
+    assert measured.lengths == [30, 48, 96, 192]
+    assert sorted({c.size for c in measured.curves}) == [2, 8]
+    assert {shape for shape in calls} == {(n, length) for length in (30, 48, 96, 192) for n in (1, 2, 8)}
 
 
 def costing(overhead_s: float, per_token_s: float) -> Callable:

@@ -25,7 +25,7 @@ from types import FrameType
 from typing import Any
 
 from qa_core.tokenizer import XLNetTokenizer
-from server.answering.batch_curve import BatchCurve, measure
+from server.answering.batch_curve import Grouping, measure_grouping
 from server.answering.batching import BatcherClosed, BatchStats, MicroBatcher
 from server.answering.host_path import HostPath, Question
 from server.answering.model_spec import ModelSpec
@@ -244,7 +244,7 @@ class ModelLifecycle(Lifecycle):
         self.batcher: MicroBatcher | None = None
         self.quotas = quotas or CallerQuotas(CallerLimits(), settings.max_request_windows)
         self.answers = answers
-        self.batch_curve: BatchCurve | None = None  # measured at load (--batching measured)
+        self.batch_curve: Grouping | None = None  # measured at load (--batching measured)
 
     @property
     def state(self) -> str:
@@ -322,13 +322,15 @@ class ModelLifecycle(Lifecycle):
     async def _measure_batching(self) -> None:
         """Group only windows whose grouping pays here (server.answering.batch_curve): the rest run one per call."""
         assert self.backend is not None and self.batcher is not None
-        length, size = self.spec.serving.max_seq_len, min(8, self.max_batch_size)
-        self.batch_curve = await asyncio.to_thread(measure, self.backend.run, dummy_batch, length, size)
+        longest, size = self.spec.serving.max_seq_len, min(8, self.max_batch_size)
+        shortest = self.spec.min_engine_seq_len or 1
+        self.batch_curve = await asyncio.to_thread(
+            measure_grouping, self.backend.run, dummy_batch, longest, size, shortest
+        )
         solo = self.batcher.policy.solo_from = self.batch_curve.solo_from()
-        c = self.batch_curve
+        savings = ", ".join(f"{c.length}x{c.size} {c.saving:.0%}" for c in self.batch_curve.curves)
         logger.info(
-            "batching: 1 window of %d tokens %.2f ms, %d windows %.2f ms: %s", length, c.one_s * 1000, size,
-            c.many_s * 1000,
+            "batching: grouping saved %s (tokens x windows): %s", savings,
             "grouping pays at every length" if solo is None else f"windows of {solo}+ tokens run one per call",
         )  # fmt: skip
 
