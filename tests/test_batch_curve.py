@@ -20,52 +20,68 @@ from server.observability.metrics import sample_total
 
 
 def test_the_measured_saving_at_each_length_decides_which_windows_run_alone() -> None:
-    """Measured on the shipped model, 1 thread (BENCHMARKS.md machine V): no group of 2 saves a fifth at
-    any length, so no window is grouped; an H200's CUDA graph saves most of a call at every length, so
-    all are; in between, windows up to the longest length at which both groups paid are grouped."""
+    """Measured on the shipped model, 1 thread (docs/bench/request-path-4/grouping-shipped-1.json): groups
+    of 2 and 8 save a fifth at 24 tokens, a pair only 14% at 48, so windows of 25 tokens or more run
+    alone; where every group pays at every length (a GPU's shape) all are grouped; where a group pays
+    too little at the shortest length, or nothing was measured, none is."""
     cpu = Grouping(
         (
-            BatchCurve(64, 2, 0.00142, 0.00236),
-            BatchCurve(64, 8, 0.00138, 0.00882),
-            BatchCurve(96, 2, 0.00220, 0.00381),
-            BatchCurve(96, 8, 0.00225, 0.01419),
-            BatchCurve(192, 2, 0.00478, 0.00882),
-            BatchCurve(192, 8, 0.00497, 0.03624),
+            BatchCurve(24, 2, 0.000615, 0.000959),
+            BatchCurve(24, 8, 0.000607, 0.003015),
+            BatchCurve(48, 2, 0.000961, 0.00165),
+            BatchCurve(48, 8, 0.000967, 0.005847),
+            BatchCurve(96, 2, 0.001826, 0.003364),
+            BatchCurve(192, 8, 0.004054, 0.033392),
         )
     )
-    assert cpu.curves[0].saving == pytest.approx(0.169, abs=0.001)
-    assert cpu.solo_from() == 1  # a pair of 64-token windows saves 17%: grouping never pays here
-    gpu = Grouping((BatchCurve(48, 2, 0.00090, 0.00095), BatchCurve(384, 8, 0.00101, 0.00383)))
-    assert gpu.solo_from() is None
-    between = Grouping(
+    assert cpu.curves[0].saving == pytest.approx(0.22, abs=0.001)
+    assert cpu.curves[-1].saving < 0  # eight of 192 tokens cost more as one call than one by one
+    assert cpu.solo_from() == 25 and cpu.describe()["solo_from_tokens"] == 25
+    gpu = Grouping(
         (
-            BatchCurve(24, 2, 0.001, 0.0012),  # 40% saved
-            BatchCurve(24, 8, 0.001, 0.003),
-            BatchCurve(48, 2, 0.001, 0.0015),  # 25%
-            BatchCurve(48, 8, 0.001, 0.004),
-            BatchCurve(96, 2, 0.001, 0.0018),  # 10%: windows of 49+ tokens run alone
-            BatchCurve(96, 8, 0.001, 0.005),
+            BatchCurve(48, 2, 0.00090, 0.00095),
+            BatchCurve(48, 8, 0.00090, 0.00120),
+            BatchCurve(384, 2, 0.00101, 0.00130),
+            BatchCurve(384, 8, 0.00101, 0.00383),  # an H200's CUDA graph (BENCHMARKS)
         )
     )
-    assert between.solo_from() == 49 and between.describe()["solo_from_tokens"] == 49
-    assert BatchCurve(128, 8, 0.001, 0.009).saving < 0  # slower in a batch: a negative saving
+    assert gpu.solo_from() is None
+    pair_short = Grouping((BatchCurve(48, 2, 0.001, 0.0017), BatchCurve(48, 8, 0.001, 0.004)))
+    assert pair_short.solo_from() == 1  # eight save half, a pair 15%: a window at light load would wait
+    assert Grouping(()).solo_from() == 1
 
 
-def test_grouping_is_measured_at_lengths_up_to_the_longest_and_never_below_the_shortest() -> None:
-    calls: list[tuple[int, int]] = []
+def test_grouping_is_measured_shortest_first_and_stops_where_it_stops_paying() -> None:
+    """The lengths: the longest / 8, / 4, / 2 and itself, as the batcher pads them, never below the
+    engine's shortest or the 4 tokens of the smallest batch; measuring stops at the first group that
+    does not pay (a CPU load times a short length or two), and a larger group only where the pair paid."""
+    import numpy as np
 
-    def run(batch: dict) -> None:
-        calls.append(batch["input_ids"].shape)
+    from server.answering.batch_curve import measured_lengths
+
+    assert measured_lengths(192) == [24, 48, 96, 192]
+    assert measured_lengths(192, shortest=30) == [30, 48, 96, 192]
+    assert measured_lengths(192, multiple_of=64) == [64, 128, 192]
+    assert measured_lengths(16) == [4, 8, 16]
+
+    def costing(overhead_s: float, per_token_s: float, calls: list):
+        def run(batch: dict) -> None:
+            calls.append(batch["input_ids"].shape)
+            time.sleep(overhead_s + per_token_s * batch["input_ids"].size)
+
+        return run
 
     def batch(n: int, length: int) -> dict:
-        import numpy as np
-
         return {"input_ids": np.zeros((n, length), dtype=np.int64)}
 
-    measured = measure_grouping(run, batch, 192, 8, shortest=30, repeats=1)
-    assert measured.lengths == [30, 48, 96, 192]
-    assert sorted({c.size for c in measured.curves}) == [2, 8]
-    assert {shape for shape in calls} == {(n, length) for length in (30, 48, 96, 192) for n in (1, 2, 8)}
+    arithmetic: list = []  # a window costs its tokens, nothing more: the first pair saves nothing
+    measured = measure_grouping(costing(0.0, 2e-4, arithmetic), batch, 192, 8, repeats=1)
+    assert measured.lengths == [24] and [c.size for c in measured.curves] == [2]
+    assert set(arithmetic) == {(1, 24), (2, 24)} and measured.solo_from() == 1
+    overhead: list = []  # a call's overhead dwarfs its tokens: every group pays at every length
+    measured = measure_grouping(costing(0.01, 1e-8, overhead), batch, 192, 8, repeats=1)
+    assert measured.lengths == [24, 48, 96, 192] and measured.solo_from() is None
+    assert set(overhead) == {(n, length) for length in (24, 48, 96, 192) for n in (1, 2, 8)}
 
 
 def costing(overhead_s: float, per_token_s: float) -> Callable:

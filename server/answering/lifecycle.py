@@ -325,7 +325,13 @@ class ModelLifecycle(Lifecycle):
         longest, size = self.spec.serving.max_seq_len, min(8, self.max_batch_size)
         shortest = self.spec.min_engine_seq_len or 1
         self.batch_curve = await asyncio.to_thread(
-            measure_grouping, self.backend.run, dummy_batch, longest, size, shortest
+            measure_grouping,
+            self.backend.run,
+            dummy_batch,
+            longest,
+            size,
+            shortest,
+            self.settings.pad_multiple_of,
         )
         solo = self.batcher.policy.solo_from = self.batch_curve.solo_from()
         savings = ", ".join(f"{c.length}x{c.size} {c.saving:.0%}" for c in self.batch_curve.curves)
