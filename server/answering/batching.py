@@ -380,10 +380,7 @@ class MicroBatcher:
         except Exception as exc:  # noqa: BLE001 - reported by the task, as a failed call is
             failure: Exception | None = exc
         except BaseException:  # KeyboardInterrupt, SystemExit: nothing was started, give it all back
-            if call is not None:
-                self._calls.discard(call)
-            self._dispatched -= 1
-            self._slots.release()
+            self._call_over(call)
             raise
         else:
             failure = None
@@ -414,16 +411,20 @@ class MicroBatcher:
             self._stats(batch, len(chosen), time.perf_counter() - start, failed=True)
             return
         finally:
-            if call is not None:
-                self._calls.discard(call)
-            self._dispatched -= 1
-            self._slots.release()
-            self._wakeup.set()
+            self._call_over(call)
         try:
             self._deliver(chosen, call, batch, outputs, start)
         except Exception:  # noqa: BLE001 - outputs of an unexpected shape: fail the batch, never leave it
             logger.exception("backend outputs of a batch of %d windows could not be read", len(chosen))
             self._fail(chosen, InferenceError("the inference backend returned unreadable outputs"))
+
+    def _call_over(self, call: _Call | None) -> None:
+        """A dispatched call ended (or never started): its slot is free and the collector may go on."""
+        if call is not None:
+            self._calls.discard(call)
+        self._dispatched -= 1
+        self._slots.release()
+        self._wakeup.set()
 
     def _run_with_host_work(
         self,

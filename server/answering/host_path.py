@@ -34,6 +34,9 @@ from server.answering.model_spec import ModelSpec, decision_rule
 from server.door.auth import keys_configured
 from server.settings import ServerSettings
 
+PreparedDecisions = list[QuestionMatch | None]
+"""Per question of a request, what :meth:`HostPath.prepare_decisions` computed ahead (None: nothing)."""
+
 
 class RejectedInput(ValueError):
     """The request is unanswerable as sent: too much work (``too_large``) or no tokens to read.
@@ -246,7 +249,7 @@ class HostPath:
 
     def prepare_decisions(
         self, items: Sequence[Question], contexts: Sequence[EncodedContext]
-    ) -> list[QuestionMatch | None] | None:
+    ) -> PreparedDecisions | None:
         """What deciding each question reads of it and its context alone (the question's match with the
         sentences, the verifier's features), computed ahead, for :meth:`decode_answers`'s ``prepared``:
         run while the engine runs, it leaves decoding less to do after it (None: the decision reads
@@ -264,7 +267,7 @@ class HostPath:
         groups: Sequence[Sequence[Feature]],
         contexts: Sequence[EncodedContext],
         outputs: Sequence[Sequence[Mapping[str, np.ndarray]]],
-        prepared: Sequence[QuestionMatch | None] | None = None,
+        prepared: PreparedDecisions | None = None,
     ) -> tuple[list[Prediction], list[float]]:
         """Each question's prediction from its windows' output rows (``outputs[i][w][name]``), and the
         milliseconds each took; ``prepared``: :meth:`prepare_decisions`' for these questions."""

@@ -15,12 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from qa_core.squad import Prediction
-from qa_core.squad.answerability_features import QuestionMatch
 from server.answering.batching import DeadlineUnreachable, JobResult, QueueFull
 from server.answering.context_cache import EncodedContext
 from server.answering.deadline import within
 from server.answering.fair_executor import FairExecutor
-from server.answering.host_path import Featurized, HostPath, Question, RejectedInput
+from server.answering.host_path import Featurized, HostPath, PreparedDecisions, Question, RejectedInput
 from server.answering.window_queue import WindowQueue
 
 # Below this many normalised characters featurizing/decoding inline is cheaper than a thread hop;
@@ -28,9 +27,6 @@ from server.answering.window_queue import WindowQueue
 _INLINE_CHARS = 2000
 
 logger = logging.getLogger(__name__)
-
-Prepared = list[QuestionMatch | None] | None
-"""What ``HostPath.prepare_decisions`` returns for a request's questions."""
 
 
 class RequestTimeout(RuntimeError):
@@ -105,7 +101,10 @@ class AnswerService:
         return result
 
     def _while_engine_runs(
-        self, items: Sequence[Question], contexts: Sequence[EncodedContext], prepared: list[Prepared]
+        self,
+        items: Sequence[Question],
+        contexts: Sequence[EncodedContext],
+        prepared: list[PreparedDecisions | None],
     ) -> Callable[[], None]:
         """The host work a request's questions can have done while the engine runs their windows (the
         decision's question-only evidence: HostPath.prepare_decisions, put in ``prepared`` for
@@ -142,7 +141,9 @@ class AnswerService:
         normalized = self.host.check_text_size(items)
         inline = normalized <= _INLINE_CHARS
         futures: list[asyncio.Future] = []
-        prepared: list[Prepared] = []  # the decisions' question-only work, once done beside the engine
+        prepared: list[
+            PreparedDecisions | None
+        ] = []  # the decisions' question-only work, once done beside the engine
 
         async def featurize_and_infer() -> tuple[Featurized, list[JobResult]]:
             featurized = await self._featurize(items, normalized, inline, caller)
