@@ -29,6 +29,7 @@ from qa_core.squad.answerability_features import (
     all_features,
     match_question,
     question_features,
+    verifier_logit,
 )
 from qa_core.squad.answerability_params import AnswerabilityError, Linear
 from train.answerability.estimators import fit_span_f1
@@ -109,6 +110,25 @@ def test_a_model_that_does_not_read_the_pair_features_does_not_build_them() -> N
     logit = all_features("Who swore fealty?", index, scores, (VERIFIER_LOGIT,), verifier)[VERIFIER_LOGIT]
     assert "_sentence_pairs" not in index.__dict__ and "pairs" not in index.__dict__
     assert logit == pytest.approx(verifier(question_features("Who swore fealty?", ContextIndex(CONTEXT))))
+
+
+def test_a_verifiers_logit_is_computed_once_per_question_and_verifier() -> None:
+    """It reads question features only, so it is kept with the question's match (the server computes it
+    while the engine runs): the same number as the verifier on those features, once per verifier."""
+    n = len(QUESTION_FEATURES)
+    first = Linear(QUESTION_FEATURES, (0.1,) * n, (2.0,) * n, tuple(np.linspace(-1, 1, n)), 0.2)
+    second = replace(first, intercept=-0.4)
+    index = ContextIndex(CONTEXT)
+    question = "Who swore fealty?"
+    m = match_question(question, index)
+    wanted = set(QUESTION_FEATURES)
+    logit = verifier_logit(question, index, m, first, wanted)
+    assert logit == first(question_features(question, index, m, wanted))
+    assert verifier_logit(question, index, m, first, wanted) == logit and len(m.verifier_logits) == 1
+    assert verifier_logit(question, index, m, second, wanted) == pytest.approx(logit - 0.6)
+    assert len(m.verifier_logits) == 2
+    scores = SpanScores(cls_logit=-1.0, null_log_prob=-3.0, best_log_prob=-1.0, best_probability=0.6)
+    assert all_features(question, index, scores, (VERIFIER_LOGIT,), first)[VERIFIER_LOGIT] == logit
 
 
 def test_span_features_and_model_features() -> None:

@@ -14,6 +14,11 @@ from paths import REPO
 
 from qa_core.squad import pad_batch
 from qa_core.squad.alignment import word_extent
+from qa_core.squad.answerability_features import ContextIndex, match_question, span_features
+from qa_core.squad.decode import DecodeOptions
+from qa_core.squad.head_outputs import decode_head_outputs
+from qa_core.squad.rerank import CANDIDATE_FEATURES, candidate_features
+from qa_core.text import WORD, stem
 from qa_core.tokenizer import XLNetTokenizer
 from server.answering.host_path import HostPath, Question
 from server.answering.model_spec import resolve_spec
@@ -164,6 +169,55 @@ def test_a_decision_prepared_while_the_engine_runs_is_the_one_decoding_alone_mak
         kept = contexts[0].index(q.context)._match
         assert kept is not None and kept[1] is ahead[0]  # decoding read the prepared match
         assert len(ahead[0].verifier_inputs) == 1  # and its verifier features: none computed again
+        assert len(ahead[0].verifier_logits) == 1  # nor the verifier's logit on them
         alone_groups, _, alone_contexts = alone_host.featurize_checked(items, ANONYMOUS)
         alone = alone_host.decode_answers(items, alone_groups, alone_contexts, [rows])[0][0]
         assert prepared.to_dict() == alone.to_dict(), q.question
+
+
+def test_what_the_reranker_read_of_its_best_span_is_what_the_rule_computes(shipped) -> None:
+    """The answerability rule reads the best span's evidence (SPAN_FEATURES) off the re-ranker's own
+    columns rather than computing it again: on every sample question it equals, to the last bit,
+    ``span_features`` of the re-ranked best span. And each candidate's nearness to the question's words
+    (the column the re-ranker finds by bisection) is its definition counted word by word."""
+    spec, engine, tokenizer = shipped
+    reranker = spec.decision.reranker
+    assert reranker is not None
+    host = HostPath(spec, tokenizer)
+    data = json.loads(SAMPLE_DEV.read_text())
+    read_count = near_count = 0
+    for a in data["data"]:
+        for p in a["paragraphs"]:
+            index = ContextIndex(p["context"])
+            for qa in p["qas"]:
+                question = qa["question"]
+                groups, _, _ = host.featurize_checked([Question(question, p["context"])], ANONYMOUS)
+                rows = [{k: v[0] for k, v in engine.run(pad_batch([f])).items()} for f in groups[0]]
+                reader = decode_head_outputs(  # no rule, so no re-ranking: the reader's own n-best
+                    spec.head, p["context"], groups[0], rows, DecodeOptions.spans(20), question=question
+                )
+                entries, read = reranker.rerank_reading(question, index, reader.n_best)
+                m = match_question(question, index)
+                if read is not None:
+                    assert read == span_features(question, index, m, entries[0].start, entries[0].end)
+                    read_count += 1
+                head = entries[: reranker.top_k]
+                near = candidate_features(question, index, m, head)[
+                    :, CANDIDATE_FEATURES.index("near_question")
+                ]
+                for e, got in zip(head, near.tolist(), strict=True):
+                    assert got == _nearness_by_hand(index, set(m.stems), e.start, e.end), (question, e.text)
+                    near_count += 1
+    assert read_count > 200 and near_count > 2000
+
+
+def _nearness_by_hand(index: ContextIndex, q_stems: set[str], start: int, end: int) -> float:
+    """1 / (1 + the fewest words between the span and a question word of its sentence), 0 without one."""
+    a, b = index.sentences[index.sentence_of(start, end)]
+    found = [(w.start(), w.end(), stem(w.group().lower())) for w in WORD.finditer(index.context, a, b)]
+    before = [i for i, (_, e, _) in enumerate(found) if e <= start]  # words wholly before the span
+    after = [i for i, (s, _, _) in enumerate(found) if s >= end]  # and wholly after it
+    gaps = [len(before) - 1 - i for i in before if found[i][2] in q_stems] + [
+        i - (len(found) - len(after)) for i in after if found[i][2] in q_stems
+    ]
+    return 1.0 / (1.0 + min(gaps)) if gaps else 0.0

@@ -77,6 +77,9 @@ class SpanScores:
     best_probability: float  # the best span's share of the top spans' probability mass (0 with none)
     best_start: int = -1  # characters of the context
     best_end: int = -1
+    # span_features of the best span when they were read already (a re-ranker computes them for its
+    # candidates); None: computed from the span when a rule asks
+    best_span_features: Mapping[str, float] | None = field(default=None, compare=False)
 
 
 class SentenceWords(NamedTuple):
@@ -204,6 +207,8 @@ class QuestionMatch:
     verifier_inputs: dict[frozenset[str] | None, Mapping[str, float]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    # a question verifier's logit on them, with the verifier it came from (it reads nothing else)
+    verifier_logits: list[tuple[Linear, float]] = field(default_factory=list, compare=False, repr=False)
 
 
 def match_question(question: str, index: ContextIndex) -> QuestionMatch:
@@ -256,6 +261,20 @@ def question_features(
     if kept is None:
         kept = m.verifier_inputs[key] = MappingProxyType(_question_features(question, index, m, wanted))
     return kept
+
+
+def verifier_logit(
+    question: str, index: ContextIndex, m: QuestionMatch, verifier: Linear, wanted: Collection[str]
+) -> float:
+    """The question ``verifier``'s logit. It reads question features only (``wanted`` holds its inputs),
+    so it is computed once per question and context, kept with their match as its inputs are: the
+    server computes it while the engine runs."""
+    for kept, logit in m.verifier_logits:
+        if kept is verifier:
+            return logit
+    logit = verifier(question_features(question, index, m, wanted))
+    m.verifier_logits.append((verifier, logit))
+    return logit
 
 
 def _question_features(
@@ -349,7 +368,9 @@ def kind_match(kind: str, span: str, span_words: Sequence[str] | None = None) ->
 def span_features(
     question: str, index: ContextIndex, m: QuestionMatch, start: int, end: int
 ) -> dict[str, float]:
-    """Evidence about the best span ``[start, end)`` (``start < 0``: there is none)."""
+    """Evidence about the best span ``[start, end)`` (``start < 0``: there is none). A re-ranker reads
+    the same of each of its candidates (``rerank.candidate_features``), so decoding with one takes its
+    reading (``SpanScores.best_span_features``) rather than calling this."""
     if start < 0:
         return dict.fromkeys(SPAN_FEATURES, 0.0)
     span = index.context[start:end]
@@ -395,6 +416,8 @@ def prepare_question(
     wanted = wanted_features(names, verifier)
     if wanted - set(MODEL_FEATURES):
         question_features(question, index, m, wanted)
+    if verifier is not None and VERIFIER_LOGIT in names:
+        verifier_logit(question, index, m, verifier, wanted)
     return m
 
 
@@ -407,15 +430,17 @@ def all_features(
 ) -> dict[str, float]:
     """The features ``names`` of one decoded question (the lexical ones only when asked for: they
     cost a pass over the context). ``verifier_logit`` needs the question ``verifier``."""
+    if VERIFIER_LOGIT in names and verifier is None:
+        raise AnswerabilityError(f"{VERIFIER_LOGIT} is a feature but there is no question verifier")
     out = model_features(scores)
     wanted = wanted_features(names, verifier)
-    if wanted - set(MODEL_FEATURES):
+    if wanted - set(MODEL_FEATURES):  # always so when the verifier's logit is wanted: it reads these
         index = context if isinstance(context, ContextIndex) else ContextIndex(context)
         m = match_question(question, index)
         out |= question_features(question, index, m, wanted)
-        out |= span_features(question, index, m, scores.best_start, scores.best_end)
-    if VERIFIER_LOGIT in names:
-        if verifier is None:
-            raise AnswerabilityError(f"{VERIFIER_LOGIT} is a feature but there is no question verifier")
-        out[VERIFIER_LOGIT] = verifier(out)
+        out |= scores.best_span_features or span_features(
+            question, index, m, scores.best_start, scores.best_end
+        )
+        if verifier is not None and VERIFIER_LOGIT in names:
+            out[VERIFIER_LOGIT] = verifier_logit(question, index, m, verifier, wanted)
     return {n: out[n] for n in names}

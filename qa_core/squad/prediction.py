@@ -65,10 +65,12 @@ class Prediction:
         rule = deciding.rule()
         where: str | ContextIndex = deciding.index or context
         spans, reranked = self.n_best, self.reranked
+        best_read: dict[str, float] | None = None  # what the re-ranker read of its best span
         if rule.reranker is not None and not reranked and spans:
             where = where if isinstance(where, ContextIndex) else ContextIndex(where)
-            spans, reranked = rule.reranker.rerank(deciding.question, where, spans), True
-        scores = _span_scores(spans, self.null_logit, self.null_log_prob)
+            spans, best_read = rule.reranker.rerank_reading(deciding.question, where, spans)
+            reranked = True
+        scores = _span_scores(spans, self.null_logit, self.null_log_prob, best_read)
         d = decide(rule, deciding.question, where, scores, deciding.threshold)
         best = None if d.is_impossible or not spans else spans[0]
         return Prediction(  # every field named (dataclasses.replace would read them all again by name)
@@ -130,7 +132,12 @@ class Prediction:
         return cls(**{**d, "n_best": [NBestEntry(**e) for e in d.get("n_best", [])]})
 
 
-def _span_scores(n_best: list[NBestEntry], null_logit: float, null_log_prob: float | None) -> SpanScores:
+def _span_scores(
+    n_best: list[NBestEntry],
+    null_logit: float,
+    null_log_prob: float | None,
+    best_span_features: dict[str, float] | None = None,
+) -> SpanScores:
     best = n_best[0] if n_best else None
     return SpanScores(
         cls_logit=null_logit,
@@ -139,6 +146,7 @@ def _span_scores(n_best: list[NBestEntry], null_logit: float, null_log_prob: flo
         best_probability=best.share if best is not None else 0.0,
         best_start=best.start if best is not None else -1,
         best_end=best.end if best is not None else -1,
+        best_span_features=best_span_features,
     )
 
 

@@ -26,7 +26,14 @@ import numpy as np
 
 from qa_core.text import STOPWORDS, stem, words
 
-from .answerability_features import ContextIndex, QuestionMatch, kind_match, match_question
+from .answerability_features import (
+    SPAN_FEATURES,
+    ContextIndex,
+    QuestionMatch,
+    SentenceWords,
+    kind_match,
+    match_question,
+)
 from .answerability_params import AnswerabilityError, Linear, check_format, parse_number, parse_object
 from .candidates import TOP_K, NBestEntry
 from .trees import BoostedTrees, is_trees
@@ -46,6 +53,14 @@ CANDIDATE_FEATURES = (
     "near_question",  # 1 / (1 + words between the span and the nearest question word of its sentence)
     "content_free",  # the span has no content word (stopwords, punctuation)
 )
+
+
+# the columns that are the answerability rule's SPAN_FEATURES, in its order (answerability_features.py
+# computes them from the span alike: tests/test_decode_bounds.py checks they agree)
+_SPAN_COLUMNS = [
+    CANDIDATE_FEATURES.index(c)
+    for c in ("in_best_sentence", "type_match", "in_question", "sentence_coverage")
+]
 
 
 def snap_to_words(context: str, start: int, end: int) -> tuple[int, int]:
@@ -82,24 +97,28 @@ class _QuestionNearness:
 
     def __init__(self, index: ContextIndex, q_stems: set[str]) -> None:
         self.index, self.q_stems = index, q_stems
-        self._hits: dict[int, list[int]] = {}
+        self._sentences: dict[int, tuple[SentenceWords, list[int]]] = {}  # its words, question words' places
 
     def __call__(self, sentence: int, start: int, end: int) -> float:
         """How close ``[start, end)`` sits to a question word of its own sentence (1: adjacent; 0: none
         there). Distances count words between them."""
-        words_of = self.index.word_positions(sentence)
-        hits = self._hits.get(sentence)
-        if hits is None:
-            hits = self._hits[sentence] = [i for i, s in enumerate(words_of.stems) if s in self.q_stems]
+        found = self._sentences.get(sentence)
+        if found is None:
+            words_of = self.index.word_positions(sentence)
+            hits = [i for i, s in enumerate(words_of.stems) if s in self.q_stems]
+            found = self._sentences[sentence] = (words_of, hits)
+        words_of, hits = found
+        if not hits:
+            return 0.0
         first = bisect.bisect_left(words_of.ends, start + 1)  # first word ending inside or after the span
         last = bisect.bisect_left(words_of.starts, end)  # words before it start before the span ends
         # the nearest question word before the span is the last one before ``first``, the nearest after
         # it the first one from ``last`` on (hits are in order; those inside the span do not count)
         before, after = bisect.bisect_left(hits, first), bisect.bisect_left(hits, last)
-        gaps = ([first - hits[before - 1] - 1] if before else []) + (
-            [hits[after] - last] if after < len(hits) else []
-        )
-        return 1.0 / (1.0 + min(gaps)) if gaps else 0.0
+        if after < len(hits):
+            gap = hits[after] - last
+            return 1.0 / (1.0 + (min(gap, first - hits[before - 1] - 1) if before else gap))
+        return 1.0 / (1.0 + (first - hits[before - 1] - 1)) if before else 0.0
 
 
 def candidate_features(
@@ -154,21 +173,26 @@ class SpanReranker:
     ) -> list[NBestEntry]:
         """``entries`` (the reader's n-best, best first) snapped to words, the first ``top_k``
         reordered by the model (ties keep the reader's order), the rest after them unchanged."""
+        return self.rerank_reading(question, context, entries)[0]
+
+    def rerank_reading(
+        self, question: str, context: str | ContextIndex, entries: Sequence[NBestEntry]
+    ) -> tuple[list[NBestEntry], dict[str, float] | None]:
+        """:meth:`rerank`'s list, and what the answerability rule reads about its first span
+        (``SPAN_FEATURES``, equal to ``span_features``' by construction: the same evidence, read off
+        the re-ranker's own columns instead of computed again); None when fewer than two spans were
+        left to rank (nothing was read)."""
         index = context if isinstance(context, ContextIndex) else ContextIndex(context)
         head = snapped(index.context, entries[: self.top_k])  # the reader's first top_k, whatever follows
         taken = {(e.start, e.end) for e in head}
         tail = [e for e in snapped(index.context, entries[self.top_k :]) if (e.start, e.end) not in taken]
         if len(head) < 2:
-            return head + tail
-        scores = self.scores(question, index, head)
+            return head + tail, None
+        x = candidate_features(question, index, match_question(question, index), head)
+        scores = self.model.on_columns(x, CANDIDATE_FEATURES).tolist()
         order = sorted(range(len(head)), key=lambda i: -scores[i])
-        return [head[i] for i in order] + tail
-
-    def scores(self, question: str, index: ContextIndex, head: Sequence[NBestEntry]) -> list[float]:
-        m = match_question(question, index)
-        return self.model.on_columns(
-            candidate_features(question, index, m, head), CANDIDATE_FEATURES
-        ).tolist()
+        best = x[order[0], _SPAN_COLUMNS].tolist()
+        return [head[i] for i in order] + tail, dict(zip(SPAN_FEATURES, best, strict=True))
 
     def summary(self) -> str:
         """One line: what it was fitted on and, per article, the span F1 it gave out of fold."""
