@@ -25,6 +25,7 @@ from qa_core.squad.answerability_features import (
     SPAN_FEATURES,
     VERIFIER_LOGIT,
     ContextIndex,
+    SpanReading,
     SpanScores,
     all_features,
     match_question,
@@ -129,6 +130,24 @@ def test_a_verifiers_logit_is_computed_once_per_question_and_verifier() -> None:
     assert len(m.verifier_logits) == 2
     scores = SpanScores(cls_logit=-1.0, null_log_prob=-3.0, best_log_prob=-1.0, best_probability=0.6)
     assert all_features(question, index, scores, (VERIFIER_LOGIT,), first)[VERIFIER_LOGIT] == logit
+    assert len(m.verifier_logits) == 2  # deciding read the kept logit
+    reads_a_score = Linear(("cls_logit", *QUESTION_FEATURES[:2]), (0.0,) * 3, (1.0,) * 3, (1.0,) * 3, 0.0)
+    with pytest.raises(AnswerabilityError, match="question features only"):
+        verifier_logit(question, index, m, reads_a_score, set(reads_a_score.features))
+
+
+def test_a_reading_of_another_span_is_not_taken_for_the_best_span() -> None:
+    """A span's evidence read elsewhere (a re-ranker's) stands in only for that span: a SpanScores whose
+    best span was replaced since (dataclasses.replace) has its evidence computed from the span again."""
+    index = ContextIndex(CONTEXT)
+    question = "Who swore fealty to King Charles III?"
+    rollo = CONTEXT.index("Rollo")
+    scores = SpanScores(-1.5, -4.0, -1.0, 0.7, rollo, rollo + 5)
+    computed = all_features(question, index, scores, SPAN_FEATURES)
+    stale = SpanReading(0, len("The Normans"), dict.fromkeys(SPAN_FEATURES, 0.25))
+    assert all_features(question, index, replace(scores, best_span_read=stale), SPAN_FEATURES) == computed
+    own = SpanReading(rollo, rollo + 5, dict.fromkeys(SPAN_FEATURES, 0.25))
+    assert all_features(question, index, replace(scores, best_span_read=own), SPAN_FEATURES) == own.features
 
 
 def test_span_features_and_model_features() -> None:

@@ -12,12 +12,20 @@ import numpy as np
 import pytest
 
 from qa_core.squad.alignment import offsets_array
-from qa_core.squad.answerability_features import match_question, question_features
+from qa_core.squad.answerability_features import (
+    QUESTION_FEATURES,
+    match_question,
+    question_features,
+    verifier_logit,
+)
+from qa_core.squad.answerability_params import Linear
 from qa_core.tokenizer import XLNetTokenizer
 from server.answering.context_cache import KEY_SHARE, ContextCache, EncodedContext, context_key
 
 SHIPPED = Path(__file__).resolve().parents[1] / "models" / "squad2-small-int8"
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "dev.json"
+_N = len(QUESTION_FEATURES)
+VERIFIER = Linear(QUESTION_FEATURES, (0.0,) * _N, (1.0,) * _N, (0.1,) * _N, 0.0)  # what one costs to keep
 
 
 def prose() -> str:
@@ -59,7 +67,9 @@ def test_an_entrys_count_is_an_upper_bound_of_what_it_holds(tok: XLNetTokenizer,
         question = "Which of them came first, and where?"
         # the question match it keeps, with the verifier's features memoised in it (every one, the
         # word-pair ones included, which build the context's pairs): what deciding a question leaves
-        question_features(question, index, match_question(question, index))
+        m = match_question(question, index)
+        question_features(question, index, m)
+        verifier_logit(question, index, m, VERIFIER, set(QUESTION_FEATURES))  # and the verifier's logit
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()

@@ -17,7 +17,7 @@ from qa_core.squad.alignment import word_extent
 from qa_core.squad.answerability_features import ContextIndex, match_question, span_features
 from qa_core.squad.decode import DecodeOptions
 from qa_core.squad.head_outputs import decode_head_outputs
-from qa_core.squad.rerank import CANDIDATE_FEATURES, candidate_features
+from qa_core.squad.rerank import CANDIDATE_FEATURES, SpanReranker, candidate_features
 from qa_core.text import WORD, stem
 from qa_core.tokenizer import XLNetTokenizer
 from server.answering.host_path import HostPath, Question
@@ -199,7 +199,11 @@ def test_what_the_reranker_read_of_its_best_span_is_what_the_rule_computes(shipp
                 entries, read = reranker.rerank_reading(question, index, reader.n_best)
                 m = match_question(question, index)
                 if read is not None:
-                    assert read == span_features(question, index, m, entries[0].start, entries[0].end)
+                    assert (read.start, read.end) == (entries[0].start, entries[0].end)
+                    computed = span_features(question, index, m, read.start, read.end)
+                    assert {k: v.hex() for k, v in read.features.items()} == {
+                        k: v.hex() for k, v in computed.items()
+                    }, question
                     read_count += 1
                 head = entries[: reranker.top_k]
                 near = candidate_features(question, index, m, head)[
@@ -209,6 +213,41 @@ def test_what_the_reranker_read_of_its_best_span_is_what_the_rule_computes(shipp
                     assert got == _nearness_by_hand(index, set(m.stems), e.start, e.end), (question, e.text)
                     near_count += 1
     assert read_count > 200 and near_count > 2000
+
+
+def test_deciding_with_the_reranker_s_reading_is_deciding_without_it(shipped, monkeypatch) -> None:
+    """The rule's inputs taken from the re-ranker's reading of the best span (``redecided``) or computed
+    from the span, as before the reading existed: every sample question's prediction is the same, every
+    float to the last bit (their JSON: shortest round-tripping repr)."""
+    spec, engine, tokenizer = shipped
+    data = json.loads(SAMPLE_DEV.read_text())
+    questions = [
+        Question(qa["question"], p["context"], top_k=TOP_K)
+        for a in data["data"]
+        for p in a["paragraphs"]
+        for qa in p["qas"]
+    ]
+    host = HostPath(spec, tokenizer)
+    inputs = []
+    for q in questions:
+        groups, _, contexts = host.featurize_checked([q], ANONYMOUS)
+        rows = [{k: v[0] for k, v in engine.run(pad_batch([f])).items()} for f in groups[0]]
+        inputs.append((groups, contexts, rows))
+
+    def decoded() -> list[str]:
+        fresh = HostPath(spec, tokenizer)  # its own context cache: nothing kept from the other pass
+        out = []
+        for q, (groups, _, rows) in zip(questions, inputs, strict=True):
+            _, _, contexts = fresh.featurize_checked([q], ANONYMOUS)
+            out.append(json.dumps(fresh.decode_answers([q], groups, contexts, [rows])[0][0].to_dict()))
+        return out
+
+    with_reading = decoded()
+    reading = SpanReranker.rerank_reading
+    monkeypatch.setattr(SpanReranker, "rerank_reading", lambda self, *a: (reading(self, *a)[0], None))
+    without = decoded()
+    assert with_reading == without
+    assert sum('"is_impossible": false' in p for p in with_reading) > 20  # answers, not only abstentions
 
 
 def _nearness_by_hand(index: ContextIndex, q_stems: set[str], start: int, end: int) -> float:

@@ -77,9 +77,18 @@ class SpanScores:
     best_probability: float  # the best span's share of the top spans' probability mass (0 with none)
     best_start: int = -1  # characters of the context
     best_end: int = -1
-    # span_features of the best span when they were read already (a re-ranker computes them for its
-    # candidates); None: computed from the span when a rule asks
-    best_span_features: Mapping[str, float] | None = field(default=None, compare=False)
+    # span_features of the best span when they were read already (a re-ranker reads them of its
+    # candidates); None, or a reading of another span: computed from the span when a rule asks
+    best_span_read: SpanReading | None = field(default=None, compare=False)
+
+
+class SpanReading(NamedTuple):
+    """``span_features`` of the span ``[start, end)``, read elsewhere (a re-ranker reads them of each of
+    its candidates): the span is kept with them, so a reading never stands in for another span's."""
+
+    start: int
+    end: int
+    features: Mapping[str, float]
 
 
 class SentenceWords(NamedTuple):
@@ -272,6 +281,8 @@ def verifier_logit(
     for kept, logit in m.verifier_logits:
         if kept is verifier:
             return logit
+    if not set(verifier.features) <= set(QUESTION_FEATURES):
+        raise AnswerabilityError("a question verifier reads question features only")
     logit = verifier(question_features(question, index, m, wanted))
     m.verifier_logits.append((verifier, logit))
     return logit
@@ -370,7 +381,7 @@ def span_features(
 ) -> dict[str, float]:
     """Evidence about the best span ``[start, end)`` (``start < 0``: there is none). A re-ranker reads
     the same of each of its candidates (``rerank.candidate_features``), so decoding with one takes its
-    reading (``SpanScores.best_span_features``) rather than calling this."""
+    reading (``SpanScores.best_span_read``) rather than calling this."""
     if start < 0:
         return dict.fromkeys(SPAN_FEATURES, 0.0)
     span = index.context[start:end]
@@ -438,9 +449,11 @@ def all_features(
         index = context if isinstance(context, ContextIndex) else ContextIndex(context)
         m = match_question(question, index)
         out |= question_features(question, index, m, wanted)
-        out |= scores.best_span_features or span_features(
-            question, index, m, scores.best_start, scores.best_end
-        )
+        read = scores.best_span_read
+        if read is not None and (read.start, read.end) == (scores.best_start, scores.best_end):
+            out |= read.features
+        else:
+            out |= span_features(question, index, m, scores.best_start, scores.best_end)
         if verifier is not None and VERIFIER_LOGIT in names:
             out[VERIFIER_LOGIT] = verifier_logit(question, index, m, verifier, wanted)
     return {n: out[n] for n in names}

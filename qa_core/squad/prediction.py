@@ -13,7 +13,7 @@ from typing import Any
 from qa_core.contract import DEFAULTS
 
 from .answerability import Answerability, decide
-from .answerability_features import ContextIndex, SpanScores
+from .answerability_features import ContextIndex, SpanReading, SpanScores
 from .candidates import NBestEntry
 from .rerank import SpanReranker
 
@@ -65,7 +65,7 @@ class Prediction:
         rule = deciding.rule()
         where: str | ContextIndex = deciding.index or context
         spans, reranked = self.n_best, self.reranked
-        best_read: dict[str, float] | None = None  # what the re-ranker read of its best span
+        best_read: SpanReading | None = None  # what the re-ranker read of its best span
         if rule.reranker is not None and not reranked and spans:
             where = where if isinstance(where, ContextIndex) else ContextIndex(where)
             spans, best_read = rule.reranker.rerank_reading(deciding.question, where, spans)
@@ -136,7 +136,7 @@ def _span_scores(
     n_best: list[NBestEntry],
     null_logit: float,
     null_log_prob: float | None,
-    best_span_features: dict[str, float] | None = None,
+    best_span_read: SpanReading | None = None,
 ) -> SpanScores:
     best = n_best[0] if n_best else None
     return SpanScores(
@@ -146,7 +146,7 @@ def _span_scores(
         best_probability=best.share if best is not None else 0.0,
         best_start=best.start if best is not None else -1,
         best_end=best.end if best is not None else -1,
-        best_span_features=best_span_features,
+        best_span_read=best_span_read,
     )
 
 

@@ -31,6 +31,7 @@ from .answerability_features import (
     ContextIndex,
     QuestionMatch,
     SentenceWords,
+    SpanReading,
     kind_match,
     match_question,
 )
@@ -177,7 +178,7 @@ class SpanReranker:
 
     def rerank_reading(
         self, question: str, context: str | ContextIndex, entries: Sequence[NBestEntry]
-    ) -> tuple[list[NBestEntry], dict[str, float] | None]:
+    ) -> tuple[list[NBestEntry], SpanReading | None]:
         """:meth:`rerank`'s list, and what the answerability rule reads about its first span
         (``SPAN_FEATURES``, equal to ``span_features``' by construction: the same evidence, read off
         the re-ranker's own columns instead of computed again); None when fewer than two spans were
@@ -191,8 +192,16 @@ class SpanReranker:
         x = candidate_features(question, index, match_question(question, index), head)
         scores = self.model.on_columns(x, CANDIDATE_FEATURES).tolist()
         order = sorted(range(len(head)), key=lambda i: -scores[i])
-        best = x[order[0], _SPAN_COLUMNS].tolist()
-        return [head[i] for i in order] + tail, dict(zip(SPAN_FEATURES, best, strict=True))
+        best = head[order[0]]
+        read = dict(zip(SPAN_FEATURES, x[order[0], _SPAN_COLUMNS].tolist(), strict=True))
+        return [head[i] for i in order] + tail, SpanReading(best.start, best.end, read)
+
+    def scores(self, question: str, index: ContextIndex, head: Sequence[NBestEntry]) -> list[float]:
+        """The model's score of each of ``head`` (snapped spans), in their order."""
+        m = match_question(question, index)
+        return self.model.on_columns(
+            candidate_features(question, index, m, head), CANDIDATE_FEATURES
+        ).tolist()
 
     def summary(self) -> str:
         """One line: what it was fitted on and, per article, the span F1 it gave out of fold."""
