@@ -189,8 +189,7 @@ class SpanReranker:
         tail = [e for e in snapped(index.context, entries[self.top_k :]) if (e.start, e.end) not in taken]
         if len(head) < 2:
             return head + tail, None
-        x = candidate_features(question, index, match_question(question, index), head)
-        scores = self.model.on_columns(x, CANDIDATE_FEATURES).tolist()
+        x, scores = self._scored(question, index, head)
         order = sorted(range(len(head)), key=lambda i: -scores[i])
         best = head[order[0]]
         read = dict(zip(SPAN_FEATURES, x[order[0], _SPAN_COLUMNS].tolist(), strict=True))
@@ -198,10 +197,14 @@ class SpanReranker:
 
     def scores(self, question: str, index: ContextIndex, head: Sequence[NBestEntry]) -> list[float]:
         """The model's score of each of ``head`` (snapped spans), in their order."""
-        m = match_question(question, index)
-        return self.model.on_columns(
-            candidate_features(question, index, m, head), CANDIDATE_FEATURES
-        ).tolist()
+        return self._scored(question, index, head)[1]
+
+    def _scored(
+        self, question: str, index: ContextIndex, head: Sequence[NBestEntry]
+    ) -> tuple[np.ndarray, list[float]]:
+        """``head``'s candidate features (one row each) and the model's score of each."""
+        x = candidate_features(question, index, match_question(question, index), head)
+        return x, self.model.on_columns(x, CANDIDATE_FEATURES).tolist()
 
     def summary(self) -> str:
         """One line: what it was fitted on and, per article, the span F1 it gave out of fold."""
